@@ -1,0 +1,12 @@
+"""Adopter: find where optimized kernels fit in PyTorch model source, rewrite it, prove it."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy so that `import adopter` (and `adopter scan`) never imports torch.
+    if name == "optimize":
+        from adopter.optimize import optimize
+
+        return optimize
+    raise AttributeError(name)

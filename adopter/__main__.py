@@ -1,0 +1,5 @@
+import sys
+
+from adopter.cli import main
+
+sys.exit(main())
