@@ -46,6 +46,9 @@ class Span:
     function: str = ""
     stmt_line: int = 0
     stmt_end_line: int = 0
+    # Lines of the call expressions through which this node was inlined (outermost
+    # first); empty for a node written directly in the entry function.
+    inlined_at: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

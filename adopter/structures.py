@@ -30,6 +30,8 @@ class InitBinding:
     conditional: bool = False
     container: str | None = None
     span: Span | None = None
+    # ACT2FN[...]/get_activation(...) key as written (``'gelu'``, ``config.hidden_act``).
+    activation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class FunctionStructures:
     function: str  # "forward", or the module-level function's name
     paths: tuple[PathStructure, ...]
     span: Span | None = None
+    # True when the path count hit the extractor's cap and further paths were dropped.
+    capped: bool = False
 
 
 @dataclass(frozen=True)

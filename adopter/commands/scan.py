@@ -1,13 +1,132 @@
-"""`adopter scan` (placeholder until implemented)."""
+"""`adopter scan PATH...`: find where the rules' kernels fit, without importing the scanned code."""
 
-HELP = "scan (not implemented yet)"
+from __future__ import annotations
+
+import json
+import sys
+
+HELP = "find places in model source where a kernel rule applies (static; optional runtime confirmation)"
+
+PROGRESS_MIN_FILES = 20
 
 
 def add_arguments(parser):
-    pass
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories (recursive over *.py)")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--rules", metavar="NAME,...", help="comma-separated rule names (default: all built-in rules)")
+    parser.add_argument("--rules-file", metavar="FILE", action="append", default=[],
+                        help="additional rules in the DSL (see `adopter rules --help`); may repeat")
+    parser.add_argument("--model", metavar="ID", help="confirm matches by tracing this model id (imports torch)")
+    parser.add_argument("--device", metavar="DEV", default=None, help="device for --model tracing (default: cpu)")
+    parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar on stderr")
 
 
-def run(args):
+def select_rules(args) -> list:
+    """Rules from ``--rules`` / ``--rules-file`` (all built-in ones when neither is given)."""
     from adopter.cli import UserError
+    from adopter.dsl_text import DSLSyntaxError
+    from adopter.rules import UnknownRuleError, all_rules, get_rules, load_rules_file
 
-    raise UserError("not implemented yet")
+    rules = []
+    if args.rules:
+        try:
+            rules = get_rules(args.rules.split(","))
+        except UnknownRuleError as exc:
+            raise UserError(str(exc)) from None
+        if not rules:
+            raise UserError("--rules names no rule")
+    for path in args.rules_file:
+        try:
+            rules.extend(load_rules_file(path))
+        except OSError as exc:
+            raise UserError(f"cannot read rules file {path}: {exc.strerror or exc}") from None
+        except DSLSyntaxError as exc:
+            raise UserError(f"bad rules file: {exc}") from None
+    if not args.rules and not args.rules_file:
+        rules = all_rules()
+    return rules
+
+
+class _Progress:
+    def __init__(self, stream):
+        self.stream = stream
+        self.width = 30
+
+    def __call__(self, done: int, total: int, name: str) -> None:
+        filled = int(self.width * done / max(total, 1))
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.stream.write(f"\rscanning [{bar}] {done}/{total}")
+        if done == total:
+            self.stream.write("\r" + " " * (self.width + 30) + "\r")
+        self.stream.flush()
+
+
+def _format_lines(lines: list[int]) -> str:
+    if not lines:
+        return "-"
+    lo, hi = min(lines), max(lines)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def format_text(report, confirmed: bool) -> str:
+    out: list[str] = []
+    by_file: dict[str, list] = {}
+    for m in report.matches:
+        by_file.setdefault(m.file, []).append(m)
+    for file in sorted(by_file):
+        out.append(file)
+        rows = []
+        for m in sorted(by_file[file], key=lambda m: (m.lines[:1] or [0], m.rule)):
+            where = f"{m.class_name}.{m.function}" if m.class_name else m.function
+            status = m.status + (f" ({m.reason})" if m.reason else "")
+            rows.append((f"line {_format_lines(m.lines)}", m.rule, where, status))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for r in rows:
+            out.append("  " + "  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3])
+        out.append("")
+    for e in report.errors:
+        out.append(f"error: {e.file}: {e.message}")
+    if report.errors:
+        out.append("")
+    counts = report.counts()
+    summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    out.append(
+        f"{len(report.matches)} match{'es' if len(report.matches) != 1 else ''} in {len(by_file)} "
+        f"file{'s' if len(by_file) != 1 else ''} ({report.files_scanned} scanned, {len(report.errors)} "
+        f"error{'s' if len(report.errors) != 1 else ''}, {report.seconds:.2f} s)" + (f": {summary}" if summary else "")
+    )
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    from adopter.cli import UserError
+    from adopter.scan import collect_files, scan_paths
+
+    rules = select_rules(args)
+    try:
+        files = collect_files(args.paths)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise UserError(str(exc)) from None
+    progress = None
+    if not args.no_progress and len(files) > PROGRESS_MIN_FILES and sys.stderr.isatty():
+        progress = _Progress(sys.stderr)
+    report = scan_paths(args.paths, rules, progress=progress)
+
+    if args.model:
+        try:
+            from adopter.tracing import confirm_model_id
+        except ImportError as exc:
+            raise UserError(f"--model needs the tracing extras: {exc}", code=1) from None
+        try:
+            report.matches = list(confirm_model_id(report.matches, args.model, device=args.device))
+        except UserError:
+            raise
+        except Exception as exc:
+            msg = str(exc).strip().splitlines()
+            raise UserError(f"tracing {args.model} failed: {msg[0] if msg else type(exc).__name__}", code=1) from None
+
+    if args.format == "json":
+        sys.stdout.write(json.dumps(report.to_json()) + "\n")
+    else:
+        print(format_text(report, confirmed=bool(args.model)))
+    return 0

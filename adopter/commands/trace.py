@@ -1,13 +1,110 @@
-"""`adopter trace` (placeholder until implemented)."""
+"""`adopter trace --model ID`: scan a model's own source files, then confirm every match
+against a torch.fx capture of the instantiated model (what actually executes)."""
 
-HELP = "trace (not implemented yet)"
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+HELP = "scan a model's source and confirm the matches with a torch.fx trace of the built model"
 
 
 def add_arguments(parser):
-    pass
+    parser.add_argument("--model", required=True, metavar="ID",
+                        help="known model id (see --list-models), or a directory holding config.json")
+    parser.add_argument("--device", choices=("cpu", "cuda", "meta"), default=None,
+                        help="where to build the model (default: cuda if available, else cpu; "
+                             "meta builds without allocating weights)")
+    parser.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None,
+                        help="attention implementation of transformers models (default: the model's)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
+                        help="override a config value, e.g. --set num_hidden_layers=2 (may repeat)")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--rules", metavar="NAME,...", help="comma-separated rule names (default: all built-in rules)")
+    parser.add_argument("--rules-file", metavar="FILE", action="append", default=[],
+                        help="additional rules in the DSL; may repeat")
+    parser.add_argument("--list-models", action="store_true", help="print the known model ids and exit")
 
 
-def run(args):
+def _parse_overrides(items: list[str]) -> dict:
     from adopter.cli import UserError
 
-    raise UserError("not implemented yet")
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw  # a bare string such as gelu_new
+        out[key.strip()] = value
+    return out
+
+
+def run(args) -> int:
+    from adopter.cli import UserError
+    from adopter.configs import known_model_ids
+
+    if args.list_models:
+        print("\n".join(known_model_ids()))
+        return 0
+    from adopter.commands.scan import format_text, select_rules
+    from adopter.scan import scan_paths
+
+    from adopter.tracing import CaptureError, TracingError, build_model, capture_model, confirm_matches
+
+    rules = select_rules(args)
+    overrides = _parse_overrides(args.overrides)
+    start = time.perf_counter()
+    try:
+        built = build_model(
+            args.model, device=args.device, attn_implementation=args.attn_implementation,
+            config_overrides=overrides or None,
+        )
+    except TracingError as exc:
+        raise UserError(str(exc)) from None
+    if not built.source_files:
+        raise UserError(f"no source files found for the classes of {args.model}")
+    report = scan_paths(built.source_files, rules)
+
+    capture_info: dict = {}
+    code = 0
+    try:
+        capture = capture_model(built.model, built.example_inputs)
+        capture_info = {"method": capture.method, "seconds": round(capture.seconds, 3)}
+        if capture.errors:
+            capture_info["failed"] = capture.errors
+        report.matches = confirm_matches(built.model, built.example_inputs, report.matches, capture=capture)
+    except CaptureError as exc:
+        capture_info = {"method": None, "failed": exc.errors}
+        reason = f"model could not be traced: {exc}"
+        from dataclasses import replace
+
+        report.matches = [replace(m, status="untraced", reason=reason) for m in report.matches]
+        print(f"adopter trace: could not trace {args.model}: {exc}; static matches reported as untraced",
+              file=sys.stderr)
+        code = 1
+    seconds = time.perf_counter() - start
+
+    if args.format == "json":
+        payload = report.to_json()
+        payload["model"] = {
+            "id": built.model_id,
+            "class": type(built.model).__name__,
+            "device": built.device,
+            "attn_implementation": getattr(built.config, "_attn_implementation", None),
+            "source_files": built.source_files,
+        }
+        payload["capture"] = capture_info
+        payload["seconds"] = round(seconds, 3)
+        sys.stdout.write(json.dumps(payload) + "\n")
+    else:
+        attn = getattr(built.config, "_attn_implementation", None)
+        how = (f"captured with {capture_info['method']} in {capture_info['seconds']:.2f} s"
+               if capture_info.get("method") else "not captured")
+        print(f"model {built.model_id}: {type(built.model).__name__} on {built.device}"
+              + (f", attention {attn}" if attn else "") + f"; {how}; {seconds:.2f} s total")
+        print(format_text(report, confirmed=True))
+    return code

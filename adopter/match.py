@@ -1,0 +1,561 @@
+"""Pattern matching (paper §3.4): rule patterns against extracted model structures.
+
+For every entry function and every one of its control-flow paths, the forward
+source pattern of each rule variant is matched as a *sub-sequence*: pattern nodes
+must match path nodes in order, other path nodes may sit between them. Abstract
+variables (``$x``) are bound consistently across the pattern — a variable binds to
+a concrete :class:`Var` (name *and* SSA version) or to a :class:`Const` (its text) —
+so only data-connected nodes match. Then the init pattern is matched, in any order,
+against the ``__init__`` bindings of the class (and of its bases in the same file),
+sharing the bindings made by the forward pattern (``@$drop`` links the called module
+to its ``self.dropout = nn.Dropout(...)``). Finally the rule's preconditions run;
+each returns a reason string when the match must be dropped.
+
+Node matching details (all documented because rules depend on them):
+
+* Layer types: the pattern type is ``a|b|...``; the concrete FQN must equal one of them.
+* Arguments: for layer types with a known signature (:data:`SIGNATURES`: constructor
+  signatures for ``torch.nn`` classes, applied to calls that are not made through a
+  module, i.e. constructions in ``__init__`` and function calls) positional and
+  keyword arguments are normalized to parameter names on both sides, so
+  ``nn.Dropout(0.1)`` and ``nn.Dropout(p=0.1)`` are the same. A positional pattern
+  argument is required; a keyword pattern argument that the concrete call does not
+  pass is simply left unbound (the default applies). Extra concrete arguments are ignored.
+* Tensor ops: same operator and arity; ``+`` and ``*`` are commutative (both argument
+  orders are tried).
+* Variables in patterns that are not abstract (``self.training``) match a concrete
+  variable of that name (any version) or a constant with that text; constants match
+  constants with the same value (``'gelu'`` == ``"gelu"``).
+* ``self.<attr>`` variables compare by name only (attributes carry no SSA version).
+
+Results are de-duplicated with :meth:`Match.key` after re-homing: a match whose nodes all
+lie in one function other than the entry (a helper inlined into several ``forward``s,
+e.g. ``eager_attention_forward``) is reported once, under that function.
+"""
+
+from __future__ import annotations
+
+import ast
+from bisect import bisect_left
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+
+from adopter.dsl import Arg, Const, Layer, Node, Pattern, RuleText, TensorOp, Value, Var, Wildcard
+from adopter.structures import (
+    ClassInfo,
+    FileStructures,
+    FunctionStructures,
+    InitBinding,
+    Match,
+    MatchedNode,
+    PathStructure,
+)
+
+__all__ = [
+    "SIGNATURES",
+    "MatchContext",
+    "RuleLike",
+    "match_pattern",
+    "match_init",
+    "match_structures",
+    "class_init_bindings",
+    "reads",
+    "uses_outside",
+]
+
+# Parameter names of layer constructors / functions whose arguments rules bind.
+SIGNATURES: dict[str, tuple[str, ...]] = {
+    "torch.nn.Dropout": ("p", "inplace"),
+    "torch.nn.LayerNorm": ("normalized_shape", "eps", "elementwise_affine", "bias"),
+    "torch.nn.Linear": ("in_features", "out_features", "bias"),
+    "torch.nn.Conv2d": (
+        "in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias",
+        "padding_mode",
+    ),
+    "torch.nn.BatchNorm1d": ("num_features", "eps", "momentum", "affine", "track_running_stats"),
+    "torch.nn.BatchNorm2d": ("num_features", "eps", "momentum", "affine", "track_running_stats"),
+    "torch.nn.GELU": ("approximate",),
+    "torch.nn.Softmax": ("dim",),
+    "torch.nn.functional.softmax": ("input", "dim", "_stacklevel", "dtype"),
+    "torch.softmax": ("input", "dim", "dtype"),
+    "torch.Tensor.softmax": ("self", "dim", "dtype"),
+    "torch.nn.functional.dropout": ("input", "p", "training", "inplace"),
+    "torch.nn.functional.gelu": ("input", "approximate"),
+    "torch.matmul": ("input", "other"),
+    "torch.Tensor.matmul": ("self", "other"),
+    "torch.bmm": ("input", "mat2"),
+    "torch.Tensor.transpose": ("self", "dim0", "dim1"),
+}
+
+Bindings = dict  # str -> Value
+
+
+class RuleLike(Protocol):
+    name: str
+    variants: tuple[RuleText, ...]
+    preconditions: tuple[Callable[["MatchContext"], str | None], ...]
+    dedup: str  # "lines" or "class"
+
+
+@dataclass
+class MatchContext:
+    """Everything a precondition may look at."""
+
+    match: Match
+    structures: FileStructures
+    function: FunctionStructures
+    path: PathStructure
+    cls: ClassInfo | None
+    init_bindings: tuple[InitBinding, ...]
+    node_indices: tuple[int, ...]  # positions in path.nodes of the matched nodes
+    variant: RuleText | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def binding(self, name: str) -> Value | None:
+        return self.match.bindings.get(name)
+
+    def init_binding_for(self, attr: Value | None) -> InitBinding | None:
+        """The ``__init__`` binding of ``self.<attr>`` (the last one when several)."""
+        if not isinstance(attr, Var):
+            return None
+        found = None
+        for ib in self.init_bindings:
+            if ib.attr == attr.name:
+                found = ib
+        return found
+
+
+# ---------------------------------------------------------------- values
+
+
+def _const_key(text: str) -> Any:
+    try:
+        return ("lit", repr(ast.literal_eval(text)))
+    except Exception:
+        return ("text", text.replace(" ", ""))
+
+
+def same_value(a: Value, b: Value) -> bool:
+    if isinstance(a, Var) and isinstance(b, Var):
+        if a.name != b.name:
+            return False
+        if a.name.startswith("self.") or a.version == 0 and b.version == 0:
+            return True
+        return a.version == b.version
+    if isinstance(a, Const) and isinstance(b, Const):
+        return a.text == b.text or _const_key(a.text) == _const_key(b.text)
+    return False
+
+
+def _bind(pv: Value, cv: Value | None, b: Bindings) -> Bindings | None:
+    if cv is None:
+        return None
+    if isinstance(pv, Var):
+        if pv.is_abstract:
+            bound = b.get(pv.name)
+            if bound is None:
+                nb = dict(b)
+                nb[pv.name] = cv
+                return nb
+            return b if same_value(bound, cv) else None
+        if isinstance(cv, Var):
+            return b if cv.name == pv.name and (pv.version == 0 or pv.version == cv.version) else None
+        return b if cv.text == pv.name else None
+    # pattern constant
+    if isinstance(cv, Const):
+        return b if same_value(pv, cv) else None
+    return None
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def _normalize_args(type_: str, args: Sequence[Arg]) -> tuple[list[Value], dict[str, Value], set[str]]:
+    """(positional beyond the signature, keyword -> value, keywords that came from positions)."""
+    sig = SIGNATURES.get(type_)
+    positional: list[Value] = []
+    keywords: dict[str, Value] = {}
+    from_pos: set[str] = set()
+    i = 0
+    for a in args:
+        if a.keyword is not None:
+            keywords[a.keyword] = a.value
+            continue
+        if sig is not None and i < len(sig):
+            keywords[sig[i]] = a.value
+            from_pos.add(sig[i])
+        else:
+            positional.append(a.value)
+        i += 1
+    return positional, keywords, from_pos
+
+
+def _match_args(p_args: Sequence[Arg], c_args: Sequence[Arg], c_type: str, b: Bindings) -> Bindings | None:
+    """``c_type`` selects the signature: a constructor's for a layer constructed in ``__init__``
+    or called as a function, none (positions as written) for a call through a module."""
+    p_pos, p_kw, p_req = _normalize_args(c_type, p_args)
+    c_pos, c_kw, _ = _normalize_args(c_type, c_args)
+    if len(p_pos) > len(c_pos):
+        return None
+    for pv, cv in zip(p_pos, c_pos):
+        b = _bind(pv, cv, b)
+        if b is None:
+            return None
+    for kw, pv in p_kw.items():
+        cv = c_kw.get(kw)
+        if cv is None:
+            if kw in p_req:
+                return None
+            continue  # optional keyword: default applies
+        b = _bind(pv, cv, b)
+        if b is None:
+            return None
+    return b
+
+
+def _type_alternatives(t: str) -> tuple[str, ...]:
+    return tuple(t.split("|"))
+
+
+_COMMUTATIVE = {"+", "*"}
+
+
+def match_node(pn: Node, cn: Node, b: Bindings) -> Bindings | None:
+    """Bindings extended so that pattern node ``pn`` matches concrete node ``cn``, or None."""
+    if isinstance(pn, Wildcard):
+        return b
+    if isinstance(pn, Layer):
+        if not isinstance(cn, Layer) or cn.type not in _type_alternatives(pn.type):
+            return None
+        if pn.module is not None:
+            b = _bind(pn.module, cn.module, b)
+            if b is None:
+                return None
+        b = _match_args(pn.args, cn.args, cn.type if cn.module is None else "", b)
+        if b is None:
+            return None
+        if pn.output is not None:
+            b = _bind(pn.output, cn.output, b)
+        return b
+    if isinstance(pn, TensorOp):
+        if not isinstance(cn, TensorOp) or cn.op != pn.op or len(cn.args) != len(pn.args):
+            return None
+        orders = [cn.args]
+        if pn.op in _COMMUTATIVE and len(cn.args) == 2:
+            orders.append((cn.args[1], cn.args[0]))
+        for c_args in orders:
+            nb: Bindings | None = b
+            for pa, ca in zip(pn.args, c_args):
+                nb = _bind(pa.value, ca.value, nb)
+                if nb is None:
+                    break
+            if nb is not None and pn.output is not None:
+                nb = _bind(pn.output, cn.output, nb)
+            if nb is not None:
+                return nb
+        return None
+    return None
+
+
+def _node_key(n: Node) -> str | None:
+    if isinstance(n, Layer):
+        return "L:" + n.type
+    if isinstance(n, TensorOp):
+        return "T:" + n.op
+    return None
+
+
+def _pattern_keys(pn: Node) -> tuple[str, ...] | None:
+    if isinstance(pn, Layer):
+        return tuple("L:" + t for t in _type_alternatives(pn.type))
+    if isinstance(pn, TensorOp):
+        return ("T:" + pn.op,)
+    return None  # wildcard
+
+
+class _PathIndex:
+    """Positions of the nodes of one path by type, for fast candidate lookup."""
+
+    def __init__(self, nodes: Sequence[Node]):
+        self.nodes = nodes
+        self.by_key: dict[str, list[int]] = {}
+        for i, n in enumerate(nodes):
+            k = _node_key(n)
+            if k is not None:
+                self.by_key.setdefault(k, []).append(i)
+
+    def candidates(self, pn: Node, start: int) -> Iterable[int]:
+        keys = _pattern_keys(pn)
+        if keys is None:
+            return range(start, len(self.nodes))
+        if len(keys) == 1:
+            lst = self.by_key.get(keys[0], ())
+            return lst[bisect_left(lst, start):] if lst else ()
+        merged: list[int] = []
+        for k in keys:
+            lst = self.by_key.get(k)
+            if lst:
+                merged.extend(lst[bisect_left(lst, start):])
+        merged.sort()
+        return merged
+
+    def has_all(self, pattern: Pattern) -> bool:
+        for pn in pattern.nodes:
+            keys = _pattern_keys(pn)
+            if keys is not None and not any(k in self.by_key for k in keys):
+                return False
+        return True
+
+
+MAX_MATCHES_PER_PATH = 200
+
+
+def _search(pattern: Pattern, index: _PathIndex, b: Bindings) -> Iterator[tuple[tuple[int, ...], Bindings]]:
+    pnodes = pattern.nodes
+    n_p = len(pnodes)
+
+    def rec(pi: int, start: int, b: Bindings, acc: tuple[int, ...]):
+        if pi == n_p:
+            yield acc, b
+            return
+        pn = pnodes[pi]
+        for ni in index.candidates(pn, start):
+            nb = match_node(pn, index.nodes[ni], b)
+            if nb is not None:
+                yield from rec(pi + 1, ni + 1, nb, acc + (ni,))
+
+    count = 0
+    for result in rec(0, 0, b, ()):
+        yield result
+        count += 1
+        if count >= MAX_MATCHES_PER_PATH:
+            return
+
+
+def match_pattern(
+    pattern: Pattern, nodes: Sequence[Node], bindings: Bindings | None = None
+) -> list[tuple[tuple[int, ...], Bindings]]:
+    """All sub-sequence matches of ``pattern`` in ``nodes``: (node positions, bindings)."""
+    index = _PathIndex(nodes)
+    if not index.has_all(pattern):
+        return []
+    return list(_search(pattern, index, dict(bindings or {})))
+
+
+# ---------------------------------------------------------------- init
+
+
+def class_init_bindings(structures: FileStructures, cls: ClassInfo | None) -> tuple[InitBinding, ...]:
+    """``__init__`` bindings of ``cls`` followed by those of its bases defined in the same file
+    (a subclass that does not rebind an attribute inherits the base's binding)."""
+    if cls is None:
+        return ()
+    by_name = {c.name: c for c in structures.classes}
+    out: list[InitBinding] = []
+    seen_attrs: set[str] = set()
+    seen_classes: set[str] = set()
+    todo = [cls]
+    while todo:
+        c = todo.pop(0)
+        if c.name in seen_classes:
+            continue
+        seen_classes.add(c.name)
+        attrs_here = set()
+        for ib in c.init_bindings:
+            if ib.attr not in seen_attrs:
+                out.append(ib)
+                attrs_here.add(ib.attr)
+        seen_attrs |= attrs_here
+        for base in c.bases:
+            short = base.rsplit(".", 1)[-1]
+            if short in by_name:
+                todo.append(by_name[short])
+    return tuple(out)
+
+
+def match_init(
+    pattern: Pattern, bindings_list: Sequence[InitBinding], b: Bindings
+) -> tuple[tuple[InitBinding, ...], Bindings] | None:
+    """Match every init pattern node against a distinct ``__init__`` binding (any order)."""
+    pnodes = pattern.nodes
+
+    def rec(pi: int, used: tuple[int, ...], b: Bindings):
+        if pi == len(pnodes):
+            return used, b
+        pn = pnodes[pi]
+        for j, ib in enumerate(bindings_list):
+            if j in used:
+                continue
+            nb = match_node(pn, ib.layer, b)
+            if nb is not None:
+                r = rec(pi + 1, used + (j,), nb)
+                if r is not None:
+                    return r
+        return None
+
+    r = rec(0, (), b)
+    if r is None:
+        return None
+    used, nb = r
+    return tuple(bindings_list[j] for j in used), nb
+
+
+# ---------------------------------------------------------------- data-flow helpers
+
+
+def _arg_vars(n: Node) -> Iterator[Var]:
+    for a in getattr(n, "args", ()):
+        if isinstance(a.value, Var):
+            yield a.value
+    mod = getattr(n, "module", None)
+    if isinstance(mod, Var):
+        yield mod
+
+
+def reads(n: Node, v: Value) -> bool:
+    """Whether node ``n`` reads value ``v`` (as an argument or the module it calls)."""
+    if not isinstance(v, Var):
+        return False
+    return any(same_value(a, v) for a in _arg_vars(n))
+
+
+def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
+    """Nodes of the matched path, other than the matched ones, that read ``v``."""
+    if not isinstance(v, Var):
+        return []
+    inside = set(ctx.node_indices)
+    return [n for i, n in enumerate(ctx.path.nodes) if i not in inside and reads(n, v)]
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _qualname(fs: FunctionStructures) -> str:
+    return f"{fs.class_name}.{fs.function}" if fs.class_name else fs.function
+
+
+def _rehome(m: Match, structures: FileStructures) -> Match:
+    """Report a match whose nodes all lie in one other function under that function."""
+    funcs = {mn.node.span.function for mn in m.nodes if mn.node.span is not None and mn.node.span.function}
+    if len(funcs) != 1:
+        return m
+    (qual,) = funcs
+    entry = f"{m.class_name}.{m.function}" if m.class_name else m.function
+    if qual == entry:
+        return m
+    class_names = {c.name for c in structures.classes}
+    head, _, tail = qual.rpartition(".")
+    if head and head in class_names:
+        return replace(m, class_name=head, function=tail)
+    if head:
+        # nested function or method of an unknown class: keep the entry's class
+        return replace(m, function=qual)
+    return replace(m, class_name=None, function=qual)
+
+
+def _match_function(
+    rule: RuleLike,
+    structures: FileStructures,
+    fs: FunctionStructures,
+    cls: ClassInfo | None,
+    accepted: dict,
+    rejected: dict,
+) -> None:
+    init_list = class_init_bindings(structures, cls)
+    seen_paths: set[tuple[int, ...]] = set()
+    for path in fs.paths:
+        pkey = tuple(id(n) for n in path.nodes)
+        if pkey in seen_paths:
+            continue
+        seen_paths.add(pkey)
+        index = _PathIndex(path.nodes)
+        for variant in rule.variants:
+            if not index.has_all(variant.forward.source):
+                continue
+            for positions, b in _search(variant.forward.source, index, {}):
+                nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
+                m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
+                          function=fs.function, nodes=nodes, bindings=b)
+                if variant.init is not None:
+                    r = match_init(variant.init.source, init_list, b)
+                    if r is None:
+                        continue
+                    init_nodes, ib = r
+                    init_only = {k: v for k, v in ib.items() if k not in b}
+                    m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
+                homed = _rehome(m, structures) if getattr(rule, "rehome", True) else m
+                key = homed.key()
+                veto = getattr(rule, "veto_across_paths", True)
+                if veto and key in rejected:
+                    continue
+                ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant)
+                reason = None
+                for pre in rule.preconditions:
+                    reason = pre(ctx)
+                    if reason:
+                        break
+                extra = ctx.extra.get("extra_nodes")
+                if not reason and extra:
+                    # nodes a precondition found part of the match (attention projections)
+                    more = tuple(MatchedNode(-1, n) for n in extra if all(n is not mn.node for mn in m.nodes))
+                    both = sorted(m.nodes + more, key=lambda mn: (mn.node.span.line, mn.node.span.col)
+                                  if mn.node.span is not None else (0, 0))
+                    m = replace(m, nodes=tuple(both))
+                    homed = _rehome(m, structures) if getattr(rule, "rehome", True) else m
+                if reason:
+                    # The fused code would run on every path through these statements:
+                    # a violation on any of them vetoes the match.
+                    rejected.setdefault(key, replace(homed, reason=reason))
+                    if veto:
+                        accepted.pop(key, None)
+                    continue
+                accepted.setdefault(key, homed)
+
+
+def match_structures(
+    structures: FileStructures, rules: Iterable[RuleLike], rejected: list[Match] | None = None
+) -> list[Match]:
+    """All matches of ``rules`` in one file's structures, de-duplicated, in source order.
+
+    Matches dropped by a precondition are appended to ``rejected`` (with ``reason`` set)
+    when a list is given.
+    """
+    classes = {c.name: c for c in structures.classes}
+    results: list[Match] = []
+    for rule in rules:
+        accepted: dict = {}
+        rejected_here: dict = {}
+        for fs in structures.functions:
+            cls = classes.get(fs.class_name) if fs.class_name else None
+            _match_function(rule, structures, fs, cls, accepted, rejected_here)
+        results.extend(_resolve_overlaps(rule, list(accepted.values())))
+        if rejected is not None:
+            rejected.extend(m for k, m in rejected_here.items() if k not in accepted)
+    results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
+    return results
+
+
+def _node_ids(m: Match) -> set:
+    return {(mn.node.span.line, mn.node.span.col) for mn in m.nodes if mn.node.span is not None}
+
+
+def _resolve_overlaps(rule: RuleLike, found: list[Match]) -> list[Match]:
+    """One rule must not claim the same statement twice (e.g. a fourth Linear on the same
+    input for fused_QKV): keep the earliest match; with ``dedup == "class"`` keep one match
+    per class and function (several paths through one attention computation)."""
+    found = sorted(found, key=lambda m: (m.lines, -len(m.nodes)))
+    kept: list[Match] = []
+    claimed: set = set()
+    per_class: set = set()
+    for m in found:
+        if getattr(rule, "dedup", "lines") == "class":
+            ck = (m.class_name, m.function)
+            if ck in per_class:
+                continue
+            per_class.add(ck)
+        ids = _node_ids(m)
+        if ids & claimed:
+            continue
+        claimed |= ids
+        kept.append(m)
+    return kept

@@ -1,0 +1,709 @@
+"""``optimize(model_cls)``: the same model class, rebuilt from rewritten source, in memory.
+
+Steps (ARCHITECTURE.md data flow):
+
+1. build an instance to analyse — from ``config`` or, for transformers classes, the class's
+   default config shrunk for speed — with example inputs (:func:`adopter.tracing.build_model`);
+2. scan the source files that define the model's classes (the modeling file and the other
+   files of the same package it draws module classes from) with the rules;
+3. trace the instance and keep the ``confirmed`` matches (an untraceable model falls back to
+   the static matches, with a warning);
+4. per rule: rewrite those files with that rule's matches, load the rewritten modules in
+   memory, build the rewritten class with the same constructor arguments, load the original
+   weights strictly and check equivalence forward and backward (:mod:`adopter.verify`);
+   a rule that is not equivalent (or fails to rewrite/load) is dropped, with the reason;
+5. rewrite with all the rules that passed, check the combination again (if it fails, add
+   rules one at a time and keep those that stay equivalent), and return that class.
+
+The rewritten modules are loaded under ``<package>.<module>__adopter_<hash>`` with the
+original's package context (relative imports work), registered in ``sys.modules``; while
+they execute, imports of the other rewritten modules resolve to their rewritten versions.
+Nothing is ever written to the user's files.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import copy
+import hashlib
+import importlib.abc
+import importlib.util
+import linecache
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from adopter.structures import Match
+
+__all__ = [
+    "AdopterWarning",
+    "AppliedRewrite",
+    "OptimizeError",
+    "OptimizeReport",
+    "Pipeline",
+    "SkippedRewrite",
+    "load_rewritten_modules",
+    "optimize",
+    "shrink_config",
+]
+
+
+class AdopterWarning(UserWarning):
+    """Something optimize() could not do fully (e.g. the model cannot be traced)."""
+
+
+class OptimizeError(Exception):
+    """optimize() cannot work on this class at all (one line, for the user)."""
+
+
+# ---------------------------------------------------------------- report
+
+
+@dataclass
+class AppliedRewrite:
+    rule: str
+    file: str
+    lines: list[int]
+    class_name: str | None
+    function: str
+    status: str  # trace status of the match: "confirmed", or "static" when untraced
+
+    @property
+    def where(self) -> str:
+        line = f":{self.lines[0]}" if self.lines else ""
+        scope = ".".join(p for p in (self.class_name, self.function) if p)
+        return f"{os.path.basename(self.file)}{line}" + (f" ({scope})" if scope else "")
+
+    def to_json(self) -> dict:
+        return {
+            "rule": self.rule,
+            "file": self.file,
+            "lines": self.lines,
+            "class": self.class_name,
+            "function": self.function,
+            "status": self.status,
+            "where": self.where,
+        }
+
+
+@dataclass
+class SkippedRewrite:
+    rule: str
+    file: str
+    lines: list[int]
+    reason: str
+    max_abs_diff: float | None = None  # when dropped for not being equivalent
+
+    @property
+    def where(self) -> str:
+        line = f":{self.lines[0]}" if self.lines else ""
+        return f"{os.path.basename(self.file)}{line}" if self.file else "-"
+
+    def to_json(self) -> dict:
+        return {
+            "rule": self.rule,
+            "file": self.file,
+            "lines": self.lines,
+            "reason": self.reason,
+            "where": self.where,
+            **({"max_abs_diff": self.max_abs_diff} if self.max_abs_diff is not None else {}),
+        }
+
+
+@dataclass
+class OptimizeReport:
+    """What ``optimize`` did; attached to the returned class as ``.adopter_report``."""
+
+    model_class: str
+    applied: list[AppliedRewrite] = field(default_factory=list)
+    skipped: list[SkippedRewrite] = field(default_factory=list)
+    diff: str = ""
+    traced: bool = False
+    equivalence: Any = None  # adopter.verify.EquivalenceResult of the final class, on the analysed instance
+    warnings: list[str] = field(default_factory=list)
+    modules: dict[str, str] = field(default_factory=dict)  # original module -> generated module name
+    files: list[str] = field(default_factory=list)  # files scanned
+
+    @property
+    def applied_rules(self) -> list[str]:
+        return sorted({a.rule for a in self.applied})
+
+    def summary(self) -> str:
+        lines = [f"{self.model_class}: {len(self.applied)} rewrite(s) applied, {len(self.skipped)} not applied"]
+        lines += [f"  applied  {a.rule:<18} {a.where}  [{a.status}]" for a in self.applied]
+        lines += [f"  skipped  {s.rule:<18} {s.where}  {s.reason}" for s in self.skipped]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "model_class": self.model_class,
+            "traced": self.traced,
+            "applied": [a.to_json() for a in self.applied],
+            "skipped": [s.to_json() for s in self.skipped],
+            "warnings": list(self.warnings),
+            "modules": dict(self.modules),
+            "equivalence": self.equivalence.to_json() if self.equivalence is not None else None,
+        }
+
+
+# ---------------------------------------------------------------- pipeline (scan, trace, rewrite)
+
+
+@dataclass
+class RewriteOutput:
+    """What the pipeline's rewrite step returns for one file (mirrors ``adopter.rewrite.RewriteResult``)."""
+
+    new_text: str
+    applied: list[Match]
+    failed: list[tuple[Match, str]]  # (match, reason)
+    diff: str
+
+
+def _default_scan(files: Sequence[str], rules: Sequence[Any]) -> tuple[list[Match], list[Match]]:
+    """(matches, rejected-by-precondition) over the files, without importing them."""
+    from adopter.extract import extract_source
+    from adopter.match import match_structures
+
+    matches: list[Match] = []
+    rejected: list[Match] = []
+    for path in files:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        try:
+            structures = extract_source(text, path)
+        except SyntaxError:
+            continue
+        matches.extend(match_structures(structures, rules, rejected))
+    return matches, rejected
+
+
+def _default_confirm(model, example_inputs, matches: list[Match]) -> list[Match]:
+    from adopter.tracing import confirm_matches
+
+    return list(confirm_matches(model, example_inputs, matches))
+
+
+def _default_rewrite(text: str, matches: list[Match], filename: str) -> RewriteOutput:
+    from adopter.rewrite import rewrite_source
+
+    result = rewrite_source(text, matches, filename=filename)
+    applied = [o.match for o in result.outcomes if o.applied]
+    failed = [(o.match, o.reason or "not applied by the rewriter") for o in result.outcomes if not o.applied]
+    return RewriteOutput(result.new_text, applied, failed, result.diff or "")
+
+
+@dataclass
+class Pipeline:
+    """The scan / trace / rewrite steps optimize() drives (replaceable in tests)."""
+
+    scan: Callable[[Sequence[str], Sequence[Any]], tuple[list[Match], list[Match]]] = _default_scan
+    confirm: Callable[[Any, Any, list[Match]], list[Match]] = _default_confirm
+    rewrite: Callable[[str, list[Match], str], RewriteOutput] = _default_rewrite
+
+
+# ---------------------------------------------------------------- config shrinking
+
+# Sizes small enough that building, tracing and checking a model takes well under a second,
+# while keeping every code path (layers, heads, heads dividing the hidden size).
+_SHRINK_SCALARS = {
+    "num_hidden_layers": 2, "num_layers": 2, "num_decoder_layers": 2, "n_layer": 2,
+    "encoder_layers": 2, "decoder_layers": 2, "n_layers": 2,
+    "hidden_size": 64, "d_model": 64, "n_embd": 64, "dim": 64, "embed_dim": 64,
+    "intermediate_size": 128, "d_ff": 128, "hidden_dim": 128, "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128, "ffn_dim": 128,
+    "num_attention_heads": 4, "num_heads": 4, "n_head": 4, "n_heads": 4,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "num_key_value_heads": 4,
+    "d_kv": 16, "head_dim": 16, "embedding_size": 32,
+}  # fmt: skip
+
+
+def shrink_config(config):
+    """A copy of a transformers config with small sizes (never larger than the original)."""
+    small = copy.deepcopy(config)
+    for key, value in _SHRINK_SCALARS.items():
+        current = getattr(small, key, None)
+        if isinstance(current, int) and not isinstance(current, bool) and current > value:
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                setattr(small, key, value)
+    if getattr(small, "n_inner", None):
+        small.n_inner = 128
+    depths = getattr(small, "depths", None)
+    if isinstance(depths, (list, tuple)) and depths:
+        small.depths = [1] * len(depths)
+    sizes = getattr(small, "hidden_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes:
+        small.hidden_sizes = [min(int(s), 32 * 2**i) for i, s in enumerate(sizes)]
+    image_size = getattr(small, "image_size", None)
+    patch = getattr(small, "patch_size", None)
+    if isinstance(image_size, int) and isinstance(patch, int) and image_size > 4 * patch:
+        small.image_size = 4 * patch
+    return small
+
+
+# ---------------------------------------------------------------- in-memory loading
+
+
+class _RewrittenSourceLoader(importlib.abc.Loader):
+    """Executes rewritten source text as a module (no file behind it)."""
+
+    def __init__(self, text: str, code_filename: str, original_file: str):
+        self.text = text
+        self.code_filename = code_filename
+        self.original_file = original_file
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        code = compile(self.text, self.code_filename, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+
+    def get_source(self, fullname: str) -> str:
+        return self.text
+
+
+def _imported_modules(text: str, package: str) -> set[str]:
+    """Absolute names of the modules a source imports (relative imports resolved)."""
+    names: set[str] = set()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                prefix = ".".join(base)
+                module = f"{prefix}.{node.module}" if node.module else prefix
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _dependency_order(sources: dict[str, tuple[str, str]]) -> list[str]:
+    """Rewritten modules ordered so that a module comes after the rewritten ones it imports."""
+    deps = {}
+    for name, (_, text) in sources.items():
+        package = name.rpartition(".")[0]
+        imported = _imported_modules(text, package)
+        deps[name] = {other for other in sources if other != name and other in imported}
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order or name in visiting:
+            return  # a cycle: plain import semantics (partially initialized module) apply
+        visiting.add(name)
+        for dep in sorted(deps[name]):
+            visit(dep)
+        visiting.discard(name)
+        order.append(name)
+
+    for name in sources:
+        visit(name)
+    return order
+
+
+@contextlib.contextmanager
+def _imports_resolve_to(replacements: dict[str, Any]):
+    """While active, importing one of the original module names (absolutely, relatively or as
+    ``from package import module``) gives its rewritten module."""
+    saved_modules = {}
+    saved_attrs = []
+    missing = object()
+    try:
+        for name, module in replacements.items():
+            saved_modules[name] = sys.modules.get(name, missing)
+            sys.modules[name] = module
+            parent_name, _, child = name.rpartition(".")
+            parent = sys.modules.get(parent_name)
+            if parent is not None:
+                saved_attrs.append((parent, child, getattr(parent, child, missing)))
+                setattr(parent, child, module)
+        yield
+    finally:
+        for parent, child, value in reversed(saved_attrs):
+            if value is missing:
+                with contextlib.suppress(AttributeError):
+                    delattr(parent, child)
+            else:
+                setattr(parent, child, value)
+        for name, value in saved_modules.items():
+            if value is missing:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = value
+
+
+def load_rewritten_modules(sources: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """Load rewritten sources in memory. ``sources`` maps an original module name to
+    ``(original file, new source text)``; returns original module name -> new module.
+
+    Each new module is named ``<package>.<module>__adopter_<hash>`` (hash of all the new
+    texts, so identical rewrites share modules), has ``__package__`` of the original (relative
+    imports work) and ``__file__`` of the original (files next to it are found), and is
+    registered in ``sys.modules``. Its code is compiled under a pseudo file name whose lines
+    are in ``linecache`` so tracebacks show the rewritten source.
+    """
+    digest = hashlib.sha1()
+    for name in sorted(sources):
+        digest.update(name.encode())
+        digest.update(sources[name][1].encode())
+    tag = digest.hexdigest()[:12]
+    generated = {name: f"{name}__adopter_{tag}" for name in sources}
+    if all(g in sys.modules for g in generated.values()):
+        return {name: sys.modules[g] for name, g in generated.items()}
+
+    modules = {}
+    for name, (original_file, text) in sources.items():
+        new_name = generated[name]
+        code_filename = f"<adopter rewrite of {original_file} [{tag}]>"
+        loader = _RewrittenSourceLoader(text, code_filename, original_file)
+        spec = importlib.util.spec_from_loader(new_name, loader, origin=original_file)
+        module = importlib.util.module_from_spec(spec)
+        module.__package__ = name.rpartition(".")[0]
+        module.__file__ = original_file
+        linecache.cache[code_filename] = (len(text), None, text.splitlines(keepends=True), code_filename)
+        modules[name] = module
+
+    for name in modules:
+        sys.modules[generated[name]] = modules[name]
+    try:
+        with _imports_resolve_to(modules):
+            for name in _dependency_order(sources):
+                modules[name].__spec__.loader.exec_module(modules[name])
+    except BaseException:
+        for name in modules:
+            sys.modules.pop(generated[name], None)
+        raise
+    return modules
+
+
+# ---------------------------------------------------------------- optimize
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _module_file(module_name: str) -> str | None:
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return None
+    return os.path.realpath(path)
+
+
+def _package_files(model, model_cls: type) -> dict[str, str]:
+    """module name -> file for the model class's module and every module (of the same top-level
+    package) that defines the class of one of the model's submodules."""
+    top = model_cls.__module__.split(".")[0]
+    found: dict[str, str] = {}
+    root_file = _module_file(model_cls.__module__)
+    if root_file is None:
+        raise OptimizeError(
+            f"cannot find the source file of {model_cls.__qualname__} (module {model_cls.__module__})"
+        )
+    found[model_cls.__module__] = root_file
+    for module in model.modules():
+        name = type(module).__module__
+        if name in found or name.split(".")[0] != top or "__adopter_" in name:
+            continue
+        path = _module_file(name)
+        if path:
+            found[name] = path
+    return found
+
+
+def _resolve_rules(rules) -> list[Any]:
+    from adopter.rules import all_rules, get_rules
+
+    if rules is None:
+        return all_rules()
+    if isinstance(rules, str):
+        rules = [r for r in rules.split(",")]
+    out = []
+    names = []
+    for rule in rules:
+        if isinstance(rule, str):
+            names.append(rule)
+        else:
+            out.append(rule)
+    return get_rules(names) + out if names else out
+
+
+def _is_transformers_class(model_cls: type) -> bool:
+    return getattr(model_cls, "config_class", None) is not None and any(
+        c.__module__.startswith("transformers.") for c in model_cls.__mro__
+    )
+
+
+@dataclass
+class _Subject:
+    """The instance optimize() analyses, and how to build the same thing from a new class."""
+
+    model: Any
+    example_inputs: Any
+    make: Callable[[type], Any]
+
+
+def _as_keyword_inputs(model_cls: type, example_inputs):
+    """Positional example inputs (a tensor or a tuple) as forward keyword arguments: the
+    tracing API takes a dict."""
+    if example_inputs is None or isinstance(example_inputs, dict):
+        return example_inputs
+    import inspect
+
+    values = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    try:
+        params = [
+            p for p in inspect.signature(model_cls.forward).parameters.values()
+            if p.name != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]  # fmt: skip
+    except (TypeError, ValueError):
+        params = []
+    if len(params) < len(values):
+        raise OptimizeError(
+            f"{model_cls.__name__}.forward takes {len(params)} positional inputs, example_inputs has {len(values)}; "
+            "pass a dict of keyword arguments"
+        )
+    return {p.name: v for p, v in zip(params, values)}
+
+
+def _build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs) -> _Subject:
+    from adopter.tracing import TracingError, build_model
+
+    device = device or "cpu"
+    args: tuple = tuple(init_args or ())
+    kwargs: dict = dict(init_kwargs or {})
+    if config is not None and not args and not kwargs:
+        if isinstance(config, dict) and not _is_transformers_class(model_cls):
+            kwargs = dict(config)
+        elif isinstance(config, (tuple, list)):
+            args = tuple(config)
+        else:
+            args = (config,)
+    elif _is_transformers_class(model_cls) and not args and not kwargs:
+        default = model_cls.config_class()
+        args = (shrink_config(default),)
+    if args and hasattr(args[0], "to_dict") and hasattr(args[0], "use_cache"):
+        args = (copy.deepcopy(args[0]),) + args[1:]
+        args[0].use_cache = False  # caches in outputs are not compared and not traced
+    example_inputs = _as_keyword_inputs(model_cls, example_inputs)
+    try:
+        built = build_model(
+            model_cls,
+            device=device,
+            init_args=args,
+            init_kwargs=kwargs,
+            example_inputs=example_inputs,
+        )
+    except TracingError as exc:
+        raise OptimizeError(str(exc)) from None
+
+    def make(cls):
+        fresh_args = tuple(copy.deepcopy(a) if hasattr(a, "to_dict") else a for a in args)
+        instance = cls(*fresh_args, **kwargs)
+        return instance.to(device).eval()
+
+    return _Subject(built.model, built.example_inputs, make)
+
+
+def optimize(
+    model_cls: type,
+    *,
+    rules=None,
+    config=None,
+    example_inputs=None,
+    device=None,
+    init_args: tuple = (),
+    init_kwargs: dict | None = None,
+    check: bool = True,
+    pipeline: Pipeline | None = None,
+    _subject: _Subject | None = None,
+) -> type:
+    """Return ``model_cls`` rebuilt from its rewritten source (same name and constructor),
+    with ``.adopter_report`` (:class:`OptimizeReport`).
+
+    ``rules``: rule names or rule objects (default: every built-in rule).
+    ``config``: what to build the analysed instance from — a transformers config (default for
+    transformers classes: ``model_cls.config_class()`` shrunk), or for plain modules a dict of
+    keyword / tuple of positional constructor arguments (or use ``init_args``/``init_kwargs``).
+    ``example_inputs``: a dict of forward keyword arguments (generated for transformers models).
+    ``check``: verify equivalence per rule and combined (rules that fail are dropped); turning
+    it off applies every confirmed match unchecked — only for debugging.
+    """
+    import torch  # noqa: F401  (optimize always needs torch; import errors surface here)
+
+    from adopter.verify import check_equivalence
+
+    pipe = pipeline or Pipeline()
+    if not (isinstance(model_cls, type)):
+        raise OptimizeError(f"optimize() expects a model class, got {type(model_cls).__name__}")
+    subject = _subject or _build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs)
+    report = OptimizeReport(model_class=f"{model_cls.__module__}.{model_cls.__qualname__}")
+
+    files = _package_files(subject.model, model_cls)
+    report.files = list(files.values())
+    texts = {}
+    for name, path in files.items():
+        with open(path, encoding="utf-8") as fh:
+            texts[name] = fh.read()
+    module_of_file = {path: name for name, path in files.items()}
+
+    rule_objects = _resolve_rules(rules)
+    matches, rejected = pipe.scan(list(files.values()), rule_objects)
+    for m in rejected:
+        report.skipped.append(SkippedRewrite(m.rule, m.file, m.lines, f"precondition: {m.reason}"))
+
+    # trace: keep confirmed matches; untraceable -> static matches, with a warning
+    untraceable = ""
+    try:
+        confirmed = pipe.confirm(subject.model, subject.example_inputs, matches) if matches else []
+    except Exception as exc:  # noqa: BLE001 - any tracing failure: static result with a warning
+        untraceable = _one_line(exc)
+    else:
+        static = [m for m in confirmed if m.status != "runtime-only"]
+        if static and all(m.status == "untraced" for m in static):
+            # the tracing API reports a model it cannot capture as every match "untraced"
+            untraceable = static[0].reason or "no trace"
+    if untraceable:
+        message = (
+            f"{model_cls.__name__} could not be traced ({untraceable}); "
+            "using the static matches, each still checked for equivalence"
+        )
+        warnings.warn(message, AdopterWarning, stacklevel=2)
+        report.warnings.append(message)
+        candidates = list(matches)
+    else:
+        report.traced = True
+        candidates = [m for m in confirmed if m.status == "confirmed"]
+        for m in confirmed:
+            if m.status != "confirmed":
+                report.skipped.append(
+                    SkippedRewrite(m.rule, m.file, m.lines, m.status + (f": {m.reason}" if m.reason else ""))
+                )
+
+    candidates = [m for m in candidates if os.path.realpath(m.file) in module_of_file]
+
+    def build(selected: list[Match]):
+        """Rewrite, load and instantiate with ``selected`` matches -> (class, applied, failed, diff)."""
+        by_file: dict[str, list[Match]] = {}
+        for m in selected:
+            by_file.setdefault(os.path.realpath(m.file), []).append(m)
+        sources = {}
+        applied: list[Match] = []
+        failed: list[tuple[Match, str]] = []
+        diffs = []
+        for name, path in files.items():
+            file_matches = by_file.get(path, [])
+            if file_matches:
+                out = pipe.rewrite(texts[name], file_matches, path)
+                applied += out.applied
+                failed += out.failed
+                if out.applied:
+                    sources[name] = (path, out.new_text)
+                    if out.diff:
+                        diffs.append(out.diff)
+        root = model_cls.__module__
+        if root not in sources:
+            sources[root] = (files[root], texts[root])
+        modules = load_rewritten_modules(sources)
+        new_cls = getattr(modules[root], model_cls.__qualname__.split(".")[0])
+        for part in model_cls.__qualname__.split(".")[1:]:
+            new_cls = getattr(new_cls, part)
+        return new_cls, modules, applied, failed, "".join(diffs)
+
+    def equivalent(new_cls):
+        try:
+            candidate = subject.make(new_cls)
+        except Exception as exc:  # noqa: BLE001
+            return None, f"rewritten class cannot be built: {_one_line(exc)}"
+        return check_equivalence(subject.model, candidate, subject.example_inputs), ""
+
+    by_rule: dict[str, list[Match]] = {}
+    for m in candidates:
+        by_rule.setdefault(m.rule, []).append(m)
+
+    accepted: dict[str, list[Match]] = {}
+    for rule, rule_matches in by_rule.items():
+        try:
+            new_cls, _, applied, failed, _ = build(rule_matches)
+        except Exception as exc:  # noqa: BLE001 - a rewrite that does not load is dropped
+            for m in rule_matches:
+                report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewritten source fails to load: {_one_line(exc)}"))
+            continue
+        for m, reason in failed:
+            report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewrite: {reason}"))
+        if not applied:
+            continue
+        if check:
+            result, error = equivalent(new_cls)
+            if result is None or not result.equivalent:
+                reason = error or (
+                    f"not equivalent: max |diff| {result.max_abs_diff:.3g} at {result.worst}"
+                    if not result.error
+                    else f"not equivalent: {result.error}"
+                )
+                for m in applied:
+                    report.skipped.append(
+                        SkippedRewrite(rule, m.file, m.lines, reason, None if result is None else result.max_abs_diff)
+                    )
+                continue
+        accepted[rule] = applied
+
+    def combine(rules_in_order: list[str]):
+        selected = [m for r in rules_in_order for m in accepted[r]]
+        return build(selected)
+
+    final_rules = list(accepted)
+    new_cls, modules, applied, _, diff = combine(final_rules)
+    if check:
+        result, error = equivalent(new_cls)
+        if result is None or not result.equivalent:
+            # Rules that pass alone but not together: add them one at a time, keep what stays equivalent.
+            kept: list[str] = []
+            for rule in final_rules:
+                trial_cls, *_ = combine(kept + [rule])
+                trial, _ = equivalent(trial_cls)
+                if trial is not None and trial.equivalent:
+                    kept.append(rule)
+                else:
+                    for m in accepted[rule]:
+                        report.skipped.append(
+                            SkippedRewrite(rule, m.file, m.lines, "not equivalent in combination with the other rules",
+                                           None if trial is None else trial.max_abs_diff)
+                        )
+            final_rules = kept
+            new_cls, modules, applied, _, diff = combine(final_rules)
+            result, error = equivalent(new_cls)
+            if result is None or not result.equivalent:
+                raise OptimizeError(
+                    f"the rewritten {model_cls.__name__} is not equivalent even with the remaining rules "
+                    f"({error or result.summary()})"
+                )
+        report.equivalence = result
+
+    for m in applied:
+        report.applied.append(AppliedRewrite(m.rule, m.file, m.lines, m.class_name, m.function, m.status))
+    report.diff = diff
+    report.modules = {name: module.__name__ for name, module in modules.items()}
+    new_cls.adopter_report = report
+    return new_cls
+
+
+def optimize_instance(model, example_inputs, make: Callable[[type], Any], **kwargs) -> type:
+    """``optimize`` for an already-built instance (``adopter verify``): ``make(cls)`` builds a
+    new instance of a class the same way ``model`` was built."""
+    return optimize(type(model), _subject=_Subject(model, example_inputs, make), **kwargs)
+

@@ -1,0 +1,245 @@
+"""Shared analysis for the three attention rules (BertSelfAttention, T5Attention, GPT2Attention).
+
+The forward pattern is the eager attention core — ``scores = q @ kᵀ``, ``softmax``,
+``probs @ v`` — in its ``torch.matmul``/``@`` spellings; the rest is data flow checked here:
+
+* scores reach the softmax input only through element-wise score ops (scale ``*``/``/``,
+  mask ``+``/``-``, ``torch.where``/``masked_fill``, dtype casts);
+* the softmax output reaches the second matmul only through dropout, casts or a head-mask
+  multiply;
+* the key operand is a transpose of a key tensor;
+* q, k and v are traced back (through view/reshape/transpose/permute/contiguous/casts,
+  cache concatenation, and helper functions inlined by extraction) to their projection.
+
+The result (:class:`AttentionFacts`) says how q/k/v were produced (separate Linears, one
+fused projection split in three, or something else such as rotary embeddings or
+``repeat_kv``) and whether a position bias is added to the scores: each rule accepts one
+combination, so the three rules never claim the same computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from adopter.dsl import Const, Layer, Node, TensorOp, Value, Var
+from adopter.match import MatchContext, same_value
+from adopter.rules._common import producer
+
+MATMULS = ("torch.matmul", "torch.Tensor.matmul")
+SOFTMAXES = ("torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax", "torch.nn.Softmax")
+
+
+def attention_dsl(name: str) -> str:
+    """Forward-only variants of the attention core for rule ``name`` (matmul spelled as a call or ``@``)."""
+    mm = "|".join(MATMULS)
+    sm = "|".join(SOFTMAXES)
+    first = (f"{mm}($q, $kt) -> $scores", "$q @ $kt -> $scores")
+    second = (f"{mm}($probs, $v) -> $out", "$probs @ $v -> $out")
+    blocks = []
+    for a in first:
+        for b in second:
+            blocks.append(
+                f"rule {name}\nforward:\n    {a};\n    {sm}($logits) -> $weights;\n    {b}\n"
+                f"    => adopter.kernels.attention($q, $k, $v) -> $out\n"
+            )
+    return "\n".join(blocks)
+
+
+# Ops a tensor may pass through between a projection and the attention core.
+RESHAPE_METHODS = {
+    "view", "reshape", "transpose", "permute", "contiguous", "to", "float", "half", "bfloat16", "type",
+    "type_as", "clone", "view_as", "reshape_as", "unflatten", "squeeze", "unsqueeze", "flatten",
+    "expand", "detach",
+}
+SPLIT_METHODS = {"split", "chunk", "unbind", "tensor_split", "split_with_sizes"}
+CONCAT = {"torch.cat", "torch.concat", "torch.concatenate"}
+PROJECTIONS = {"torch.nn.Linear", "transformers.pytorch_utils.Conv1D", "transformers.modeling_utils.Conv1D"}
+
+# Ops allowed between the score matmul and the softmax input.
+SCORE_METHODS = {"to", "float", "half", "type", "type_as", "masked_fill", "masked_fill_", "clamp", "clamp_min",
+                 "contiguous", "view", "reshape", "mul", "div", "add", "mul_", "div_", "add_", "double"}
+SCORE_FUNCS = {"torch.where", "torch.masked_fill", "torch.clamp", "torch.mul", "torch.div", "torch.add"}
+SCORE_OPS = {"+", "-", "*", "/"}
+# Ops allowed between softmax output and the second matmul.
+PROB_METHODS = {"to", "float", "half", "type", "type_as", "contiguous", "masked_fill", "view", "reshape"}
+PROB_FUNCS = {"torch.nn.functional.dropout", "torch.dropout", "torch.nn.Dropout"}
+
+
+def _method(n: Node) -> str | None:
+    if isinstance(n, Layer) and n.type.startswith("torch.Tensor."):
+        return n.type[len("torch.Tensor."):]
+    return None
+
+
+def _var_args(n: Node) -> list[Var]:
+    return [a.value for a in getattr(n, "args", ()) if isinstance(a.value, Var)]
+
+
+@dataclass
+class Source:
+    """Where an attention operand comes from."""
+
+    kind: str  # "linear" | "split" | "rotary" | "repeat_kv" | "input" | "other"
+    projection: Node | None = None
+    via: list[Node] = field(default_factory=list)
+
+    @property
+    def module(self) -> Value | None:
+        return getattr(self.projection, "module", None)
+
+
+def producer_or_phi(nodes: list[Node], v: Value) -> Node | None:
+    """Producer of ``v``; for a version no node on the path produces (an SSA merge of
+    branches without DL nodes, e.g. a KV-cache update), the producer of the latest lower
+    version of the same name that is produced on the path."""
+    n = producer(nodes, v)
+    if n is not None or not isinstance(v, Var) or v.version == 0:
+        return n
+    best = None
+    for cand in nodes:
+        out = getattr(cand, "output", None)
+        if isinstance(out, Var) and out.name == v.name and 0 < out.version < v.version:
+            if best is None or out.version > best.output.version:
+                best = cand
+    return best
+
+
+def trace_operand(nodes: list[Node], v: Value, max_steps: int = 24) -> Source:
+    via: list[Node] = []
+    split = False
+    current = v
+    for _ in range(max_steps):
+        n = producer_or_phi(nodes, current)
+        if n is None:
+            return Source("input", None, via)
+        if isinstance(n, Layer):
+            if (n.type in PROJECTIONS or n.type.rsplit(".", 1)[-1] == "Conv1D") and n.module is not None:
+                return Source("split" if split else "linear", n, via)
+            low = n.type.lower()
+            if "rotary" in low or "rope" in low:
+                return Source("rotary", n, via)
+            if low.endswith("repeat_kv") or "repeat_kv" in low:
+                return Source("repeat_kv", n, via)
+            m = _method(n)
+            if m in SPLIT_METHODS or n.type in ("torch.split", "torch.chunk", "torch.unbind"):
+                split = True
+            elif m in RESHAPE_METHODS or n.type in CONCAT or n.type in ("operator.getitem", "getitem"):
+                pass
+            else:
+                return Source("other", n, via)
+        elif isinstance(n, TensorOp):
+            return Source("other", n, via)
+        via.append(n)
+        args = [a for a in _var_args(n) if producer_or_phi(nodes, a) is not None]
+        if n.type in CONCAT and len(args) > 1:  # type: ignore[union-attr]
+            args = args[-1:]  # torch.cat([past, new]): follow the new part
+        if not args:
+            return Source("input", None, via)
+        current = args[0]
+    return Source("other", None, via)
+
+
+def _chain(nodes: list[Node], src: Value, dst: Value, ok, max_steps: int = 16) -> list[Node] | None:
+    """Nodes carrying ``src`` to ``dst`` (walking producers back from ``dst``), each accepted by ``ok``."""
+    if not isinstance(src, Var) or not isinstance(dst, Var):
+        return None
+    chain: list[Node] = []
+    frontier = [dst]
+    seen = set()
+    steps = 0
+    while frontier and steps < max_steps * 4:
+        steps += 1
+        cur = frontier.pop()
+        if same_value(cur, src):
+            return list(reversed(chain))
+        if (cur.name, cur.version) in seen:
+            continue
+        seen.add((cur.name, cur.version))
+        n = producer(nodes, cur)
+        if n is None or not ok(n):
+            continue
+        chain.append(n)
+        frontier.extend(_var_args(n))
+    return None
+
+
+def _score_op_ok(n: Node) -> bool:
+    if isinstance(n, TensorOp):
+        return n.op in SCORE_OPS
+    if isinstance(n, Layer):
+        return _method(n) in SCORE_METHODS or n.type in SCORE_FUNCS
+    return False
+
+
+def _prob_op_ok(n: Node) -> bool:
+    if isinstance(n, TensorOp):
+        return n.op == "*"  # head mask
+    if isinstance(n, Layer):
+        return _method(n) in PROB_METHODS or n.type in PROB_FUNCS
+    return False
+
+
+@dataclass
+class AttentionFacts:
+    q: Source
+    k: Source
+    v: Source
+    score_ops: list[Node]
+    prob_ops: list[Node]
+    position_bias: bool
+
+    def projections(self) -> list[Node]:
+        out = []
+        for s in (self.q, self.k, self.v):
+            if s.projection is not None and s.projection not in out:
+                out.append(s.projection)
+        return out
+
+
+def _is_bias_name(v: Value) -> bool:
+    name = v.name if isinstance(v, Var) else getattr(v, "text", "")
+    last = name.rsplit(".", 1)[-1].lower()
+    return "position_bias" in last or last in ("pos_bias", "rel_pos_bias", "relative_position_bias")
+
+
+def analyse(ctx: MatchContext) -> AttentionFacts | str:
+    """Facts about the matched attention core, or a reason string when it is not one."""
+    cached = ctx.extra.get("attention")
+    if cached is not None:
+        return cached
+    nodes = list(ctx.path.nodes)
+    b = ctx.match.bindings
+    result: AttentionFacts | str
+    score_ops = _chain(nodes, b["$scores"], b["$logits"], _score_op_ok)
+    prob_ops = _chain(nodes, b["$weights"], b["$probs"], _prob_op_ok)
+    kt = producer_or_phi(nodes, b["$kt"])
+    if score_ops is None:
+        result = "the softmax input is not computed from the q·kᵀ scores by element-wise ops"
+    elif prob_ops is None:
+        result = "the softmax output does not reach the second matmul through dropout/casts only"
+    elif not (isinstance(kt, Layer) and _method(kt) in ("transpose", "permute", "t")):
+        result = "the key operand is not a transposed key tensor"
+    else:
+        k_var = next(iter(_var_args(kt)), None)
+        position_bias = any(
+            isinstance(n, TensorOp) and n.op == "+" and any(_is_bias_name(a.value) for a in n.args)
+            for n in score_ops
+        )
+        result = AttentionFacts(
+            q=trace_operand(nodes, b["$q"]),
+            k=trace_operand(nodes, k_var) if k_var is not None else Source("other"),
+            v=trace_operand(nodes, b["$v"]),
+            score_ops=score_ops,
+            prob_ops=prob_ops,
+            position_bias=position_bias,
+        )
+    ctx.extra["attention"] = result
+    return result
+
+
+def describe(src: Source) -> str:
+    if src.kind in ("linear", "split"):
+        return f"{src.kind} projection {src.module}"
+    if src.projection is not None and isinstance(src.projection, Layer):
+        return f"{src.kind} ({src.projection.type})"
+    return src.kind

@@ -1,0 +1,106 @@
+"""biased_GeLU: fuse a biased Linear and the GeLU applied to its output (EPOI ``FusedLinearBiasGeLU``)."""
+
+from __future__ import annotations
+
+import re
+
+from adopter.dsl import Const, Layer, Var
+from adopter.match import MatchContext
+from adopter.rules import Rule
+from adopter.rules._common import const_text, intermediates_unused, kwarg
+from adopter.rules._config_defaults import config_defaults
+
+_TA = "transformers.activations."
+# Activation modules computing exact (erf) GeLU or its tanh approximation: both are kernel modes.
+GELU_MODULES = (
+    "torch.nn.GELU",
+    _TA + "GELUActivation",
+    _TA + "NewGELUActivation",
+    _TA + "GELUTanh",
+    _TA + "PytorchGELUTanh",
+    _TA + "FastGELUActivation",
+    _TA + "AccurateGELUActivation",
+)
+ACT2FN = _TA + "ACT2FN"  # ACT2FN[key] / get_activation(key) with a key unknown statically
+GELU_KEYS = {"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate"}
+
+DSL = f"""
+rule biased_GeLU
+init:
+    torch.nn.Linear($in, $out_features) -> $lin
+    => adopter.kernels.FusedLinearBiasGeLU($in, $out_features) -> $lin
+forward:
+    torch.nn.Linear@$lin($x) -> $h; {'|'.join(GELU_MODULES + (ACT2FN,))}@$act($h) -> $out
+    => adopter.kernels.FusedLinearBiasGeLU@$lin($x) -> $out
+
+rule biased_GeLU
+init:
+    torch.nn.Linear($in, $out_features) -> $lin
+    => adopter.kernels.FusedLinearBiasGeLU($in, $out_features) -> $lin
+forward:
+    torch.nn.Linear@$lin($x) -> $h; torch.nn.functional.gelu($h) -> $out
+    => adopter.kernels.FusedLinearBiasGeLU@$lin($x) -> $out
+"""
+
+DOC = """\
+Fuses a linear layer with bias and the GeLU applied directly to its output. A match is a
+``torch.nn.Linear`` module call (bound in ``__init__``, ``bias`` not literally ``False``)
+whose output is directly the input of a GeLU: ``torch.nn.functional.gelu``, a
+``torch.nn.GELU`` module, a transformers GeLU activation module (``GELUActivation``,
+``NewGELUActivation``, ``GELUTanh``, ``FastGELUActivation``, ``AccurateGELUActivation``),
+or an activation module looked up from a key (``ACT2FN[...]``/``get_activation``) that is a
+GeLU key or unknown statically. An unknown ``ACT2FN[config.<attr>]`` is resolved from the
+literal defaults of ``<attr>`` in the sibling ``configuration_*.py``: when every default is a
+non-GeLU key (``silu``, ``relu``, ``quick_gelu``...) it is not a match; otherwise it matches
+statically and tracing confirms. Not a match: a known non-GeLU activation (ReLU, SiLU,
+QuickGELU, clipped ``gelu_10``), any op between Linear and GeLU, a Linear output also read
+elsewhere (e.g. gated MLPs), a bias-free Linear."""
+
+
+def _linear_has_bias(ctx: MatchContext) -> str | None:
+    for ib in ctx.match.init_nodes:
+        b = kwarg(ib.layer, "bias", 2)
+        if b is not None and const_text(b) in ("False", "0"):
+            return f"{ib.attr} has no bias"
+    return None
+
+
+_CONFIG_ATTR = re.compile(r"^(?:self\.)?(?:config|cfg|.*_config)\.([A-Za-z_][A-Za-z_0-9]*)$")
+
+
+def _activation_key_texts(layer: Layer) -> list[str]:
+    out = []
+    for a in layer.args:
+        t = const_text(a.value)
+        if t is not None:
+            out.append(t)
+    return out
+
+
+def _activation_is_gelu(ctx: MatchContext) -> str | None:
+    act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
+    if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
+        return None
+    binding = ctx.init_binding_for(ctx.binding("$act"))
+    if binding is None:
+        return None  # activation passed in from outside: unknown, runtime decides
+    for text in _activation_key_texts(binding.layer):
+        m = _CONFIG_ATTR.match(text)
+        if not m:
+            continue
+        defaults = config_defaults(ctx.structures.file, m.group(1))
+        if not defaults or None in defaults:
+            return None
+        if not any(isinstance(d, str) and d in GELU_KEYS for d in defaults):
+            shown = ", ".join(sorted(repr(d) for d in defaults))
+            return f"activation {text} defaults to {shown} (not GeLU) in the model's configuration"
+    return None
+
+
+RULE = Rule(
+    name="biased_GeLU",
+    kernel="adopter.kernels.FusedLinearBiasGeLU",
+    doc=DOC,
+    dsl=DSL,
+    preconditions=(intermediates_unused("$h"), _linear_has_bias, _activation_is_gelu),
+)

@@ -1,0 +1,80 @@
+"""fused_QKV: three Linear projections of the same input (q, k, v) become one ``FusedQKV`` matmul."""
+
+from __future__ import annotations
+
+import re
+
+from adopter.dsl import Var
+from adopter.match import MatchContext
+from adopter.rules import Rule
+from adopter.rules._common import const_text, distinct_modules, kwarg
+
+DSL = """
+rule fused_QKV
+init:
+    torch.nn.Linear($in, $dq) -> $a; torch.nn.Linear($in, $db) -> $b; torch.nn.Linear($in, $dc) -> $c
+    => adopter.kernels.FusedQKV($in, $dq, kv_out_features=$db) -> $a
+forward:
+    torch.nn.Linear@$a($x) -> $ao; torch.nn.Linear@$b($x) -> $bo; torch.nn.Linear@$c($x) -> $co
+    => adopter.kernels.FusedQKV@$a($x) -> $ao
+"""
+
+DOC = """\
+Fuses the query, key and value projections of an attention layer into one matmul. A
+match is three ``torch.nn.Linear`` module calls on one control-flow path that read the
+very same tensor (same SSA value), whose modules are distinct attributes named as
+query, key and value projections (one each; the attribute name contains a token
+``q``/``query``/``wq``/``to_q`` etc., likewise for k and v), constructed in
+``__init__`` with the same in-features expression and the same ``bias`` setting. The
+calls may come in any order. Not a match: cross-attention (k/v read another tensor
+than q); an already fused ``qkv``/``c_attn`` projection; Linears of other roles reading
+the same input (gate/up projections); projections with different in-features text or
+differing ``bias`` (Whisper's bias-free ``k_proj``)."""
+
+_ROLE_TOKENS = {
+    "q": {"q", "query", "queries", "wq", "toq", "qproj", "qlin", "qs"},
+    "k": {"k", "key", "keys", "wk", "tok", "kproj", "klin", "ks"},
+    "v": {"v", "value", "values", "wv", "tov", "vproj", "vlin", "vs"},
+}
+
+
+def projection_role(attr: str) -> str | None:
+    """'q', 'k' or 'v' from an attribute name (``self.q_proj`` -> 'q'), None if unclear."""
+    last = attr.rsplit(".", 1)[-1].lower()
+    tokens = [t for t in re.split(r"[_\d]+", last) if t]
+    roles = {role for role, names in _ROLE_TOKENS.items() if any(t in names for t in tokens)}
+    if len(roles) == 1:
+        return roles.pop()
+    return None
+
+
+def _roles_are_qkv(ctx: MatchContext) -> str | None:
+    roles = []
+    for name in ("$a", "$b", "$c"):
+        v = ctx.binding(name)
+        role = projection_role(v.name) if isinstance(v, Var) else None
+        if role is None:
+            return f"{v} is not named as a query/key/value projection"
+        roles.append(role)
+    if sorted(roles) != ["k", "q", "v"]:
+        return f"projection roles {roles} are not one query, one key and one value"
+    return None
+
+
+def _same_bias(ctx: MatchContext) -> str | None:
+    texts = set()
+    for ib in ctx.match.init_nodes:
+        b = kwarg(ib.layer, "bias", 2)
+        texts.add(const_text(b) if b is not None else "True")
+    if len(texts) > 1:
+        return f"projections differ in bias ({', '.join(sorted(texts))})"
+    return None
+
+
+RULE = Rule(
+    name="fused_QKV",
+    kernel="adopter.kernels.FusedQKV",
+    doc=DOC,
+    dsl=DSL,
+    preconditions=(distinct_modules("$a", "$b", "$c"), _roles_are_qkv, _same_bias),
+)

@@ -1,0 +1,393 @@
+"""Training-step benchmark (forward + backward + optimizer step) of an original model
+against its optimized rewrite, run through pytest-benchmark, plus peak memory.
+
+Noise control on a shared machine: the two variants *alternate* — the benchmark is a
+sequence of blocks ``original, optimized, original, optimized, ...``, each block a few
+rounds — and the speed ratio is the median of the per-pair ratios (pairs measured seconds
+apart see the same machine load), with a bootstrap 95% interval that the regression gate
+uses to tell a real regression from noise.
+
+pytest-benchmark runs in-process (``pytest.main`` on a generated module); the models and
+their step functions are handed over through :data:`_STEPS`. Its JSON (every timing) is
+kept at ``benchmark_json``.
+
+Memory: on CUDA the peak of ``torch.cuda.max_memory_allocated`` over one step; on CPU the
+peak of the torch CPU allocator over one step, above what was allocated when the step
+began (from the profiler's memory events) — allocation sizes are deterministic, so this
+ratio does not depend on machine load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from adopter.verify import call_model, flatten_tensors, move_inputs
+
+# variant name -> zero-argument training step; read by the generated benchmark module.
+_STEPS: dict[str, Callable[[], None]] = {}
+
+VARIANTS = ("original", "optimized")
+
+
+@dataclass
+class VariantTiming:
+    name: str
+    seconds: list[float]  # per training step, every measured round
+    median_s: float
+    throughput: float  # samples / s at the median step time
+
+
+@dataclass
+class BenchmarkResult:
+    batch_size: int
+    seq_len: int | None
+    device: str
+    blocks: int  # alternations original/optimized
+    rounds_per_block: int
+    iterations: int  # steps per round (more than 1 only for very fast models)
+    original: VariantTiming
+    optimized: VariantTiming
+    speed_ratio: float  # optimized throughput / original throughput (> 1: faster)
+    speed_ratio_low: float  # bootstrap 95% interval of speed_ratio
+    speed_ratio_high: float
+    pair_ratios: list[float]
+    memory_metric: str  # what was measured, named honestly
+    memory_original_bytes: int
+    memory_optimized_bytes: int
+    memory_ratio: float  # optimized / original (< 1: less memory)
+    benchmark_json: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for key in ("original", "optimized"):
+            data[key]["seconds"] = [round(s, 6) for s in data[key]["seconds"]]
+        return data
+
+
+# ---------------------------------------------------------------- training step
+
+
+def training_step_loss(outputs: Any) -> torch.Tensor:
+    """Mean of every differentiable output (cheap; the equivalence check uses a random
+    projection instead, here only the cost matters and it must be identical for both)."""
+    terms = [
+        t.float().mean() for _, t in flatten_tensors(outputs) if t.is_floating_point() and t.requires_grad
+    ]
+    if not terms:
+        raise ValueError("the model has no differentiable output to train on")
+    return torch.stack(terms).sum()
+
+
+def make_train_step(model: nn.Module, example_inputs: Any, *, lr: float = 1e-6) -> Callable[[], None]:
+    """forward + backward + AdamW step, in train mode; synchronizes on CUDA."""
+    param = next(iter(model.parameters()))
+    device = param.device
+    inputs = move_inputs(example_inputs, device)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    cuda = device.type == "cuda"
+
+    def step() -> None:
+        outputs = call_model(model, inputs)
+        training_step_loss(outputs).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    return step
+
+
+# ---------------------------------------------------------------- memory
+
+
+def peak_step_memory(step: Callable[[], None], device: torch.device) -> tuple[int, str]:
+    """Peak memory of one call of ``step``: (bytes, what the number is)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device)), "peak CUDA memory allocated (torch.cuda.max_memory_allocated)"
+    return _cpu_allocator_peak(step), "peak torch CPU allocator delta over a training step (profiler, CPU)"
+
+
+def _cpu_allocator_peak(step: Callable[[], None]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh).get("traceEvents", [])
+    memory = sorted(
+        (e for e in events if e.get("name") == "[memory]" and int(e.get("args", {}).get("Device Type", 0)) == 0),
+        key=lambda e: e.get("ts", 0),
+    )
+    if not memory:
+        raise RuntimeError("the profiler recorded no CPU memory events")
+    current = peak = 0
+    for event in memory:
+        current += int(event["args"].get("Bytes", 0))
+        peak = max(peak, current)
+    return peak
+
+
+# ---------------------------------------------------------------- timing via pytest-benchmark
+
+_BENCH_MODULE = '''\
+"""Generated by adopter.verify_bench: alternating training-step benchmark."""
+import pytest
+
+from adopter import verify_bench
+
+CASES = {cases!r}
+
+
+@pytest.mark.parametrize("variant,block", CASES, ids=[f"{{v}}-{{b}}" for v, b in CASES])
+def test_train_step(benchmark, variant, block):
+    step = verify_bench._STEPS[variant]
+    benchmark.group = "train-step"
+    benchmark.extra_info["variant"] = variant
+    benchmark.extra_info["block"] = block
+    benchmark.pedantic(step, rounds={rounds}, iterations={iterations}, warmup_rounds={warmup})
+'''
+
+
+def run_pytest_benchmark(
+    steps: dict[str, Callable[[], None]],
+    *,
+    blocks: int,
+    rounds_per_block: int,
+    iterations: int,
+    warmup_rounds: int,
+    json_path: str,
+) -> tuple[dict[str, list[list[float]]], str]:
+    """Run the alternating benchmark in-process; returns per variant, per block, the
+    per-step times (s), and pytest's output. The full pytest-benchmark JSON is written to
+    ``json_path``."""
+    cases = [(variant, block) for block in range(blocks) for variant in steps]
+    _STEPS.clear()
+    _STEPS.update(steps)
+    output = io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="adopter-bench-") as tmp:
+        module_path = os.path.join(tmp, "bench_train_step.py")
+        with open(module_path, "w") as fh:
+            fh.write(
+                _BENCH_MODULE.format(
+                    cases=cases, rounds=rounds_per_block, iterations=iterations, warmup=warmup_rounds
+                )
+            )
+        ini = os.path.join(tmp, "pytest.ini")
+        with open(ini, "w") as fh:
+            fh.write("[pytest]\n")
+        argv = [
+            module_path,
+            "-c", ini,
+            "--rootdir", tmp,
+            "-q",
+            "-p", "no:cacheprovider",
+            "--import-mode=importlib",
+            "--benchmark-json", os.path.abspath(json_path),
+            "--benchmark-disable-gc",
+            "--benchmark-sort", "name",
+            "--benchmark-columns", "min,median,max,rounds",
+        ]  # fmt: skip
+        import pytest
+
+        try:
+            with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+                code = pytest.main(argv)
+        finally:
+            _STEPS.clear()
+    text = output.getvalue()
+    if code != 0:
+        tail = "\n".join(text.strip().splitlines()[-15:])
+        raise RuntimeError(f"benchmark run failed (pytest exit {int(code)}):\n{tail}")
+    with open(json_path) as fh:
+        data = json.load(fh)
+    per_block: dict[str, list[list[float]]] = {name: [[] for _ in range(blocks)] for name in steps}
+    for bench in data.get("benchmarks", []):
+        info = bench.get("extra_info", {})
+        times = bench["stats"].get("data") or []
+        per_block[info["variant"]][int(info["block"])] = [float(t) for t in times]
+    return per_block, text
+
+
+def _bootstrap_median_interval(values: list[float], *, samples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (math.nan, math.nan)
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(samples))
+    return medians[int(0.025 * samples)], medians[int(0.975 * samples) - 1]
+
+
+def calibrate_iterations(step: Callable[[], None], *, min_round_s: float = 0.05) -> tuple[int, float]:
+    """Steps per round so that one round lasts at least ``min_round_s`` (timer resolution and
+    scheduler jitter matter for tiny models); also returns one step's time."""
+    start = time.perf_counter()
+    step()
+    elapsed = max(time.perf_counter() - start, 1e-6)
+    return max(1, math.ceil(min_round_s / elapsed)), elapsed
+
+
+def benchmark_pair(
+    original: nn.Module,
+    optimized: nn.Module,
+    example_inputs: Any,
+    *,
+    batch_size: int,
+    seq_len: int | None = None,
+    blocks: int = 6,
+    rounds_per_block: int = 1,
+    warmup_rounds: int = 1,
+    json_path: str,
+    progress: Callable[[str], None] | None = None,
+) -> BenchmarkResult:
+    """Benchmark training steps of both models (alternating), and their peak memory."""
+    say = progress or (lambda _msg: None)
+    device = next(iter(original.parameters())).device
+    steps = {
+        "original": make_train_step(original, example_inputs),
+        "optimized": make_train_step(optimized, example_inputs),
+    }
+    # Warm both up (first-call allocations, optimizer state) and pick iterations per round.
+    say("warming up")
+    iterations = 1
+    for step in steps.values():
+        n, _ = calibrate_iterations(step)
+        iterations = max(iterations, n)
+
+    say("measuring peak memory")
+    mem: dict[str, int] = {}
+    metric = ""
+    for name, step in steps.items():
+        mem[name], metric = peak_step_memory(step, device)
+
+    say(f"timing {blocks} alternating blocks x {rounds_per_block} round(s) x {iterations} step(s) per variant")
+    per_block, _ = run_pytest_benchmark(
+        steps,
+        blocks=blocks,
+        rounds_per_block=rounds_per_block,
+        iterations=iterations,
+        warmup_rounds=warmup_rounds,
+        json_path=json_path,
+    )
+    return summarize(
+        per_block,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        device=str(device),
+        rounds_per_block=rounds_per_block,
+        iterations=iterations,
+        memory_metric=metric,
+        memory_original=mem["original"],
+        memory_optimized=mem["optimized"],
+        benchmark_json=json_path,
+    )
+
+
+def summarize(
+    per_block: dict[str, list[list[float]]],
+    *,
+    batch_size: int,
+    seq_len: int | None,
+    device: str,
+    rounds_per_block: int,
+    iterations: int,
+    memory_metric: str,
+    memory_original: int,
+    memory_optimized: int,
+    benchmark_json: str | None,
+) -> BenchmarkResult:
+    """Turn per-block timings into throughputs, the paired speed ratio and its interval."""
+    timings = {}
+    for name in VARIANTS:
+        seconds = [t for block in per_block[name] for t in block]
+        if not seconds:
+            raise RuntimeError(f"no timings recorded for the {name} model")
+        median = statistics.median(seconds)
+        timings[name] = VariantTiming(name, seconds, median, batch_size / median)
+    pair_ratios = [
+        statistics.median(orig) / statistics.median(opt)
+        for orig, opt in zip(per_block["original"], per_block["optimized"])
+        if orig and opt
+    ]
+    low, high = _bootstrap_median_interval(pair_ratios)
+    return BenchmarkResult(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        device=device,
+        blocks=len(pair_ratios),
+        rounds_per_block=rounds_per_block,
+        iterations=iterations,
+        original=timings["original"],
+        optimized=timings["optimized"],
+        speed_ratio=statistics.median(pair_ratios),
+        speed_ratio_low=low,
+        speed_ratio_high=high,
+        pair_ratios=[round(r, 5) for r in pair_ratios],
+        memory_metric=memory_metric,
+        memory_original_bytes=memory_original,
+        memory_optimized_bytes=memory_optimized,
+        memory_ratio=memory_optimized / memory_original if memory_original else math.nan,
+        benchmark_json=benchmark_json,
+    )
+
+
+def merge(first: BenchmarkResult, second: BenchmarkResult) -> BenchmarkResult:
+    """Pool two runs' pairs (the gate's re-measurement before it declares a regression)."""
+    per_block = {
+        name: [[t] for t in getattr(first, name).seconds] + [[t] for t in getattr(second, name).seconds]
+        for name in VARIANTS
+    }
+    # Throughputs from all the seconds; the ratio from the recorded pair ratios (re-pairing
+    # flattened seconds across runs would pair unrelated rounds).
+    merged = summarize(
+        per_block,
+        batch_size=first.batch_size,
+        seq_len=first.seq_len,
+        device=first.device,
+        rounds_per_block=first.rounds_per_block,
+        iterations=max(first.iterations, second.iterations),
+        memory_metric=first.memory_metric,
+        memory_original=first.memory_original_bytes,
+        memory_optimized=first.memory_optimized_bytes,
+        benchmark_json=second.benchmark_json,
+    )
+    ratios = first.pair_ratios + second.pair_ratios
+    low, high = _bootstrap_median_interval(ratios)
+    merged.pair_ratios = ratios
+    merged.blocks = len(ratios)
+    merged.speed_ratio = statistics.median(ratios)
+    merged.speed_ratio_low, merged.speed_ratio_high = low, high
+    merged.notes = first.notes + second.notes + ["pooled two measurement runs"]
+    return merged
+
+
+__all__ = [
+    "BenchmarkResult",
+    "VariantTiming",
+    "benchmark_pair",
+    "make_train_step",
+    "merge",
+    "peak_step_memory",
+    "run_pytest_benchmark",
+    "summarize",
+]

@@ -1,0 +1,177 @@
+"""The `adopter verify` pipeline, apart from argument parsing and printing.
+
+build model -> optimize its class (per-rule equivalence on a shrunk config) -> build the
+optimized model at full size -> equivalence check (same weights, forward + backward) ->
+training-step benchmark -> regression gate. Produces the JSON result (format
+:data:`adopter.verify_gate.RESULT_FORMAT`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import platform
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from adopter.verify_gate import RESULT_FORMAT, GateResult, evaluate_gate
+
+
+@dataclass
+class VerifyOptions:
+    model: str
+    rules: str | None = None
+    device: str | None = None
+    batch_size: int = 4
+    seq_len: int = 64
+    blocks: int = 8
+    rounds: int = 1
+    benchmark: bool = True
+    benchmark_json: str = ".benchmarks/verify.pytest-benchmark.json"
+    baseline: dict | None = None
+    max_regression: float = 0.05
+
+
+@dataclass
+class VerifyOutcome:
+    result: dict
+    gate: GateResult | None
+    exit_code: int
+
+
+def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> VerifyOutcome:
+    from adopter.cli import UserError
+
+    try:
+        import torch
+    except ImportError:
+        raise UserError("adopter verify needs torch, which is not installed") from None
+    from adopter.optimize import AdopterWarning, OptimizeError, optimize, shrink_config
+    from adopter.tracing import TracingError, build_model, make_example_inputs
+    from adopter.verify import check_equivalence
+
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    progress(f"building {options.model} on {device}")
+    try:
+        built = build_model(options.model, device=device)
+    except TracingError as exc:
+        raise UserError(str(exc)) from None
+    original = built.model
+    model_cls = type(original)
+    config = built.config
+    phases["build"] = time.perf_counter() - t0
+
+    rules = None
+    if options.rules:
+        from adopter.rules import UnknownRuleError, get_rules
+
+        try:
+            rules = get_rules(options.rules.split(","))
+        except UnknownRuleError as exc:
+            raise UserError(str(exc)) from None
+
+    progress(f"optimizing {model_cls.__name__}: scan, trace, rewrite, per-rule equivalence (shrunk config)")
+    t = time.perf_counter()
+    caught: list[str] = []
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always", AdopterWarning)
+        try:
+            small = shrink_config(config) if config is not None else None
+            optimized_cls = optimize(model_cls, rules=rules, config=small, device=device)
+        except OptimizeError as exc:
+            raise UserError(f"cannot optimize {model_cls.__name__}: {exc}") from None
+    caught += [str(w.message) for w in recorded if issubclass(w.category, AdopterWarning)]
+    report = optimized_cls.adopter_report
+    phases["optimize"] = time.perf_counter() - t
+
+    progress(f"building the optimized {model_cls.__name__} at full size and checking equivalence")
+    t = time.perf_counter()
+    try:
+        optimized = optimized_cls(copy.deepcopy(config)).to(device).eval()
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"the optimized {model_cls.__name__} cannot be built: {type(exc).__name__}: {exc}") from None
+    equivalence = check_equivalence(original, optimized, built.example_inputs)
+    phases["equivalence"] = time.perf_counter() - t
+
+    n_params = sum(p.numel() for p in original.parameters())
+    result: dict[str, Any] = {
+        "format": RESULT_FORMAT,
+        "model": {
+            "id": options.model,
+            "class": f"{model_cls.__module__}.{model_cls.__qualname__}",
+            "parameters": n_params,
+            "device": device,
+        },
+        "rules_applied": [a.to_json() for a in report.applied],
+        "rules_skipped": [s.to_json() for s in report.skipped],
+        "traced": report.traced,
+        "warnings": caught,
+        "equivalence": {**equivalence.to_json(), "summary": equivalence.summary()},
+        "per_rule_equivalence": report.equivalence.to_json() if report.equivalence is not None else None,
+        "diff_lines": report.diff.count("\n"),
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "argv": sys.argv[1:],
+        },
+    }
+    exit_code = 0 if equivalence.equivalent else 1
+    gate = None
+
+    if options.benchmark and equivalence.equivalent:
+        from adopter.verify_bench import benchmark_pair, merge
+
+        inputs = make_example_inputs(
+            original, config, batch_size=options.batch_size, seq_len=options.seq_len, device=device
+        )
+        uses_tokens = "input_ids" in inputs
+        os.makedirs(os.path.dirname(os.path.abspath(options.benchmark_json)), exist_ok=True)
+
+        def measure(json_path: str):
+            return benchmark_pair(
+                original,
+                optimized,
+                inputs,
+                batch_size=options.batch_size,
+                seq_len=options.seq_len if uses_tokens else None,
+                blocks=options.blocks,
+                rounds_per_block=options.rounds,
+                warmup_rounds=0,
+                json_path=json_path,
+                progress=progress,
+            )
+
+        t = time.perf_counter()
+        bench = measure(options.benchmark_json)
+        result["benchmark"] = bench.to_json()
+        phases["benchmark"] = time.perf_counter() - t
+        if options.baseline is not None:
+            gate = evaluate_gate(result, options.baseline, options.max_regression)
+            if gate.speed_only_failure:
+                # Noise is the likelier cause of one failed speed comparison: measure again and
+                # pool both runs before calling it a regression.
+                progress("speed below the baseline: measuring again before deciding")
+                root, ext = os.path.splitext(options.benchmark_json)
+                second = measure(f"{root}.retry{ext}")
+                bench = merge(bench, second)
+                result["benchmark"] = bench.to_json()
+                gate = evaluate_gate(result, options.baseline, options.max_regression)
+            result["gate"] = gate.to_json()
+            if not gate.passed:
+                exit_code = 1
+    elif options.baseline is not None:
+        gate = evaluate_gate(result, options.baseline, options.max_regression)
+        result["gate"] = gate.to_json()
+        exit_code = 1
+    phases["total"] = time.perf_counter() - t0
+    result["phases_s"] = {k: round(v, 2) for k, v in phases.items()}
+    return VerifyOutcome(result, gate, exit_code)

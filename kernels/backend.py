@@ -1,0 +1,157 @@
+"""Backend selection for every kernel, in one place.
+
+A kernel call asks ``select_backend(op, tensors, has_triton=..., has_xformers=...)`` and gets back
+``"triton"``, ``"xformers"`` or ``"torch"``:
+
+* ``ADOPTER_KERNEL_BACKEND=torch`` always gives torch.
+* ``ADOPTER_KERNEL_BACKEND=triton|xformers`` forces that backend for every op that has a kernel of
+  that kind for the given inputs (the op says so with ``has_triton``/``has_xformers``); ops without
+  one use torch. Forcing a backend that cannot run here (not installed, CPU tensors without
+  ``TRITON_INTERPRET=1``, xformers without an operator for the device) raises
+  :class:`KernelBackendError` instead of silently measuring something else.
+* Unset (auto): triton/xformers only for CUDA tensors when the package imports and supports the
+  inputs; torch otherwise (CPU, unsupported dtype, xformers without operators).
+
+Nothing here imports triton or xformers at module import time.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from typing import Callable, Iterable, Optional, Union
+
+import torch
+
+ENV_VAR = "ADOPTER_KERNEL_BACKEND"
+BACKENDS = ("torch", "triton", "xformers")
+# dtypes the triton kernels are written (and tested) for.
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class KernelBackendError(RuntimeError):
+    """A forced backend (ADOPTER_KERNEL_BACKEND) cannot run the given inputs."""
+
+
+def requested_backend() -> Optional[str]:
+    """The backend forced by ``ADOPTER_KERNEL_BACKEND`` (read at every call), or None for auto."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if not value or value == "auto":
+        return None
+    if value not in BACKENDS:
+        raise KernelBackendError(f"{ENV_VAR}={value!r} is not one of {', '.join(BACKENDS)} (or auto)")
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _import_ok(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except Exception:  # ImportError, or a broken install raising at import
+        return False
+    return True
+
+
+def triton_installed() -> bool:
+    return _import_ok("triton")
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _devices(tensors: Iterable[Optional[torch.Tensor]]) -> set:
+    return {t.device.type for t in tensors if t is not None}
+
+
+def triton_can_run(tensors: Iterable[Optional[torch.Tensor]]) -> bool:
+    """triton runs on CUDA tensors, and on CPU tensors only under the interpreter."""
+    devices = _devices(tensors)
+    if not triton_installed() or len(devices) != 1:
+        return False
+    (device,) = devices
+    return device == "cuda" or (device == "cpu" and triton_interpreting())
+
+
+@functools.lru_cache(maxsize=None)
+def xformers_supports(device_type: str, dtype: torch.dtype) -> bool:
+    """Cached probe: does xformers have a memory-efficient attention operator for this device/dtype?
+
+    xformers can import without any usable operator (e.g. built for another torch, or CPU only),
+    so the only reliable test is to run a tiny call.
+    """
+    if device_type != "cuda" or not _import_ok("xformers.ops"):
+        return False
+    try:
+        import xformers.ops as xops
+
+        q = torch.zeros(1, 8, 1, 32, device=device_type, dtype=dtype)
+        xops.memory_efficient_attention(q, q, q)
+    except Exception:
+        return False
+    return True
+
+
+def select_backend(
+    op: str,
+    tensors: Iterable[Optional[torch.Tensor]],
+    *,
+    has_triton: Union[bool, Callable[[], bool]] = False,
+    has_xformers: Union[bool, Callable[[], bool]] = False,
+) -> str:
+    """Pick the backend for one call of ``op`` on ``tensors``.
+
+    ``has_triton``/``has_xformers``: the op has a kernel of that kind for these inputs (dtype, layout
+    and size checks are the op's business; device and installation checks are done here). A callable
+    is evaluated only when that backend is otherwise possible, so CPU calls never pay for it.
+    """
+    tensors = [t for t in tensors if t is not None]
+    forced = requested_backend()
+    if forced == "torch":
+        return "torch"
+    if forced == "triton":
+        if not _truth(has_triton):
+            return "torch"
+        if not triton_can_run(tensors):
+            raise KernelBackendError(
+                f"{ENV_VAR}=triton but triton cannot run {op} on {sorted(_devices(tensors))} tensors "
+                f"(triton installed: {triton_installed()}; CPU needs TRITON_INTERPRET=1)"
+            )
+        return "triton"
+    if forced == "xformers":
+        if not _truth(has_xformers):
+            return "torch"
+        t = tensors[0]
+        if not xformers_supports(t.device.type, t.dtype):
+            raise KernelBackendError(
+                f"{ENV_VAR}=xformers but xformers has no operator for {op} on {t.device.type} {t.dtype}"
+            )
+        return "xformers"
+    # auto: accelerated kernels for CUDA tensors only (the triton interpreter is a debugging tool).
+    if _devices(tensors) != {"cuda"}:
+        return "torch"
+    if has_xformers and xformers_supports("cuda", tensors[0].dtype) and _truth(has_xformers):
+        return "xformers"
+    if has_triton and triton_installed() and _truth(has_triton):
+        return "triton"
+    return "torch"
+
+
+def _truth(flag: Union[bool, Callable[[], bool]]) -> bool:
+    return bool(flag()) if callable(flag) else bool(flag)
+
+
+def triton_dtype_ok(*tensors: Optional[torch.Tensor]) -> bool:
+    return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
+
+
+def autocast_active(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - older torch
+        return torch.is_autocast_enabled()
+
+
+def fresh_seed() -> int:
+    """A dropout seed drawn from torch's default CPU generator, so torch.manual_seed reproduces it."""
+    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())

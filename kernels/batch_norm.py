@@ -1,0 +1,141 @@
+"""Conv2d+BatchNorm2d and Linear+BatchNorm1d: separate math in training, BN folded in eval."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from .ops.batch_norm_fold import fold_batch_norm
+from .ops.common import is_proxy
+from .state_dict_hooks import ParentKeyRemap, install_hooks, move_keys
+
+_BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+_BN_CHILD = "bn"
+
+
+class _FoldsBatchNorm(ParentKeyRemap):
+    """Shared eval-mode folding (cached) and BN key mapping; the BN lives in child ``bn`` and its
+    keys appear in the parent's state dict as ``<bn_name>.<key>``, like the original sibling BN."""
+
+    bn: nn.modules.batchnorm._BatchNorm
+    bn_name: str
+    _fold_key: Optional[tuple]
+    _fold_cache: Optional[Tuple[torch.Tensor, torch.Tensor]]
+
+    def _can_fold(self) -> bool:
+        bn = self.bn
+        # BN uses batch statistics in training, and in eval when it tracks none
+        return not bn.training and bn.running_mean is not None and bn.running_var is not None
+
+    def _fold_inputs(self):
+        bn = self.bn
+        return (self.weight, self.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
+
+    def _folded(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        tensors = self._fold_inputs()
+        if any(is_proxy(t) for t in tensors):  # torch.fx symbolic tracing: record the fold itself
+            return fold_batch_norm(*tensors, self.bn.eps)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            # gradients flow through the fold; recompute every call (cheap next to the conv/matmul)
+            return fold_batch_norm(*tensors, self.bn.eps)
+        try:
+            key = tuple(
+                None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
+                for t in tensors
+            ) + (self.bn.eps,)
+        except RuntimeError:  # inference tensors have no version counter: don't cache
+            with torch.no_grad():
+                return fold_batch_norm(*tensors, self.bn.eps)
+        if key != self._fold_key or self._fold_cache is None:
+            with torch.no_grad():
+                self._fold_cache = fold_batch_norm(*tensors, self.bn.eps)
+            self._fold_key = key
+        return self._fold_cache
+
+    def _export_to_parent(self, state_dict, prefix, parent_prefix) -> None:
+        move_keys(state_dict, f"{prefix}{_BN_CHILD}.", f"{parent_prefix}{self.bn_name}.", _BN_KEYS)
+
+    def _import_from_parent(self, state_dict, prefix, parent_prefix, missing_keys) -> None:
+        move_keys(state_dict, f"{parent_prefix}{self.bn_name}.", f"{prefix}{_BN_CHILD}.", _BN_KEYS)
+
+
+def _bn_name_ok(bn_name: str) -> str:
+    if not bn_name or "." in bn_name:
+        raise ValueError(f"bn_name must be a plain attribute name, got {bn_name!r}")
+    return bn_name
+
+
+class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
+    """``BatchNorm2d(Conv2d(x))``. Keeps the conv's attribute name and parameters; the BN's
+    parameters and buffers save/load as the parent's ``<bn_name>.*``. Training runs the two layers
+    (identical running-stat updates); eval runs one conv with the BN folded into the weights (cached
+    until a parameter or buffer changes)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        *,
+        bn_eps: float = 1e-5,
+        bn_momentum: Optional[float] = 0.1,
+        bn_affine: bool = True,
+        bn_track_running_stats: bool = True,
+        bn_name: str = "batch_norm",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device=device, dtype=dtype)
+        self.bn_name = _bn_name_ok(bn_name)
+        self.bn = nn.BatchNorm2d(out_channels, eps=bn_eps, momentum=bn_momentum, affine=bn_affine,
+                                 track_running_stats=bn_track_running_stats, device=device, dtype=dtype)
+        self._fold_key = None
+        self._fold_cache = None
+        install_hooks(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._can_fold():
+            return self.bn(self._conv_forward(x, self.weight, self.bias))
+        weight, bias = self._folded()
+        return self._conv_forward(x, weight, bias)
+
+
+class FusedLinearBatchNorm1d(_FoldsBatchNorm, nn.Linear):
+    """``BatchNorm1d(Linear(x))`` for ``(batch, features)`` inputs, folded in eval like
+    :class:`FusedConv2dBatchNorm2d` (other input ranks run the two layers)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        bn_eps: float = 1e-5,
+        bn_momentum: Optional[float] = 0.1,
+        bn_affine: bool = True,
+        bn_track_running_stats: bool = True,
+        bn_name: str = "batch_norm",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.bn_name = _bn_name_ok(bn_name)
+        self.bn = nn.BatchNorm1d(out_features, eps=bn_eps, momentum=bn_momentum, affine=bn_affine,
+                                 track_running_stats=bn_track_running_stats, device=device, dtype=dtype)
+        self._fold_key = None
+        self._fold_cache = None
+        install_hooks(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_proxy(x) or x.dim() != 2 or not self._can_fold():  # (rank unknown while fx traces)
+            return self.bn(nn.functional.linear(x, self.weight, self.bias))
+        weight, bias = self._folded()
+        return nn.functional.linear(x, weight, bias)

@@ -1,0 +1,32 @@
+"""Folding an eval-mode BatchNorm into the preceding Conv/Linear weights."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+
+def fold_batch_norm(
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    bn_weight: Optional[torch.Tensor],
+    bn_bias: Optional[torch.Tensor],
+    eps: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of ``BN(layer(x))`` as one layer, for per-output-channel (dim 0) BN.
+
+    ``w' = w * g / sqrt(var + eps)`` and ``b' = (b - mean) * g / sqrt(var + eps) + beta``, computed in
+    fp32 (then cast back) so low-precision parameters do not lose the scale. Differentiable.
+    """
+    compute = torch.promote_types(weight.dtype, torch.float32)
+    scale = torch.rsqrt(running_var.to(compute) + eps)
+    if bn_weight is not None:
+        scale = scale * bn_weight.to(compute)
+    shifted = -running_mean.to(compute) if bias is None else bias.to(compute) - running_mean.to(compute)
+    folded_bias = shifted * scale
+    if bn_bias is not None:
+        folded_bias = folded_bias + bn_bias.to(compute)
+    folded_weight = weight.to(compute) * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+    return folded_weight.to(weight.dtype), folded_bias.to(weight.dtype)

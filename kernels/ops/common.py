@@ -1,0 +1,55 @@
+"""Shape helpers shared by the kernels; no triton import here (auto mode on CPU must not load it)."""
+from __future__ import annotations
+
+# One row of a row-wise kernel must fit in one block (the triton layer-norm tutorial's limit).
+MAX_FUSED_BYTES = 65536
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def row_block(n_cols: int, element_size: int = 4) -> int:
+    """Block size for a row-wise kernel, or 0 when a row does not fit in one block."""
+    block = next_power_of_2(n_cols)
+    if block * element_size > MAX_FUSED_BYTES:
+        return 0
+    return block
+
+
+def fx_leaf(fn):
+    """Make a functional kernel a single ``call_function`` node under ``torch.fx`` symbolic tracing.
+
+    Kernels branch on device, dtype and shape, which a symbolic ``Proxy`` cannot answer; like
+    ``torch.fx.wrap`` (but wherever the function is called from), a call with a Proxy argument is
+    recorded as one node instead of being traced through.
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        proxy = _first_proxy(args, kwargs)
+        if proxy is not None:
+            return proxy.tracer.create_proxy("call_function", wrapper, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _first_proxy(args, kwargs):
+    from torch.fx import Proxy
+
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, Proxy):
+            return value
+        if isinstance(value, (tuple, list)):
+            for item in value:
+                if isinstance(item, Proxy):
+                    return item
+    return None
+
+
+def is_proxy(value) -> bool:
+    from torch.fx import Proxy
+
+    return isinstance(value, Proxy)

@@ -1,0 +1,40 @@
+"""Functional softmax: a triton row kernel for last-dim rows on CUDA, ``F.softmax`` otherwise."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..backend import autocast_active, requested_backend, select_backend, triton_dtype_ok
+from .common import fx_leaf, row_block
+
+
+@fx_leaf
+def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``."""
+    if input.dim() == 0:
+        return F.softmax(input, dim, dtype=dtype)
+    dim = dim % input.dim()
+    last = dim == input.dim() - 1
+
+    def triton_fits() -> bool:
+        out_ok = dtype is None or dtype in (torch.float32, torch.float16, torch.bfloat16)
+        fits = out_ok and triton_dtype_ok(input) and row_block(input.shape[dim], 4) > 0
+        # auto mode: only rows that are already last-dim contiguous; forced mode also moves `dim`
+        return fits and ((last and input.is_contiguous()) or requested_backend() == "triton")
+
+    backend = select_backend("softmax", (input,), has_triton=triton_fits)
+    if backend != "triton":
+        return F.softmax(input, dim, dtype=dtype)
+    from .triton_softmax import SoftmaxFunction
+
+    if dtype is not None:
+        out_dtype = dtype
+    elif autocast_active(input.device.type):
+        out_dtype = torch.float32  # softmax autocasts to fp32
+    else:
+        out_dtype = input.dtype
+    if last:
+        return SoftmaxFunction.apply(input, out_dtype)
+    return SoftmaxFunction.apply(input.movedim(dim, -1), out_dtype).movedim(-1, dim)

@@ -1,0 +1,298 @@
+"""``rewrite_source`` / ``rewrite_file``: matches in, rewritten text (and per-match outcomes) out.
+
+Pipeline per file: analysis of every match on the original source (codemods, stdlib
+``ast``) -> edits applied one by one on the fissix tree through a bowler fixer (each on a
+copy of the tree, so a failing edit leaves nothing half done) -> kernel imports ->
+re-parse and ``compile()`` of the result -> diff. A result that does not compile is
+discarded as a whole: the file stays as it was and every match reports why.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from adopter.rewrite import cst
+from adopter.rewrite.analysis import FileContext, Skip
+from adopter.rewrite.apply import add_kernel_imports, apply_edit
+from adopter.rewrite.edits import Edit
+from adopter.rewrite.source_io import SourceText, read_source, unified_diff, write_atomic
+from adopter.structures import Match
+
+__all__ = ["MatchOutcome", "RewriteResult", "FileRewrite", "rewrite_source", "rewrite_file", "codemods"]
+
+
+@dataclass(frozen=True)
+class MatchOutcome:
+    match: Match
+    applied: bool
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        out = {"rule": self.match.rule, "class": self.match.class_name, "function": self.match.function,
+               "lines": self.match.lines}
+        if not self.applied:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass
+class RewriteResult:
+    new_text: str
+    outcomes: list[MatchOutcome] = field(default_factory=list)
+    diff: str = ""
+    error: str = ""  # set when the file as a whole could not be handled
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.diff)
+
+    @property
+    def applied(self) -> list[MatchOutcome]:
+        return [o for o in self.outcomes if o.applied]
+
+    @property
+    def skipped(self) -> list[MatchOutcome]:
+        return [o for o in self.outcomes if not o.applied]
+
+
+def codemods():
+    """Rule name -> codemod (importing the codemod modules registers them)."""
+    from adopter.rewrite import (  # noqa: F401
+        codemod_attention,
+        codemod_batchnorm,
+        codemod_gelu,
+        codemod_layernorm,
+        codemod_qkv,
+        codemod_softmax,
+    )
+    from adopter.rewrite.codemod_base import REGISTRY
+
+    return REGISTRY
+
+
+def _all_skipped(text: str, matches: Sequence[Match], reason: str, filename: str) -> RewriteResult:
+    return RewriteResult(
+        new_text=text, outcomes=[MatchOutcome(m, False, reason) for m in matches], diff="", error=reason
+    )
+
+
+def _edit_lines(edit: Edit) -> set[tuple[int, int]]:
+    out = set()
+    if edit.forward is not None:
+        out |= set(edit.forward.statements) | set(edit.forward.delete) | {edit.forward.anchor}
+    for init in edit.init:
+        out |= {init.replace} | set(init.delete)
+    return out
+
+
+_FIXER = None
+_CURRENT: list = []  # (edit, errors) of the edit being applied
+
+
+def _modify(node, capture, filename):
+    from fissix.fixer_util import find_root
+
+    edit, errors = _CURRENT[-1]
+    try:
+        apply_edit(find_root(node), edit)
+    except BaseException as exc:  # surfaced after the traversal
+        errors.append(exc)
+
+
+def _bowler_apply(tree, edit: Edit, filename: str):
+    """Run one edit as a bowler fixer (``select_root().modify(...)``) over the tree, in
+    process: bowler builds and matches the fixer, we own reading and writing files."""
+    global _FIXER
+    if _FIXER is None:
+        from bowler import Query
+
+        _FIXER = Query().select_root().modify(_modify).compile()[0]
+    fixer = _FIXER({"print_function": True}, [])
+    fixer.set_filename(filename)
+    errors: list[BaseException] = []
+    _CURRENT.append((edit, errors))
+    if not hasattr(tree, "used_names"):
+        tree.used_names = set()  # set by the parser; clones lack it and BaseFix reads it
+    try:
+        fixer.start_tree(tree, filename)
+        results = fixer.match(tree)
+        if not results:
+            raise Skip("bowler root selector did not match the module")
+        fixer.transform(tree, results)
+        fixer.finish_tree(tree, filename)
+    finally:
+        _CURRENT.pop()
+    if errors:
+        raise errors[0]
+    return tree
+
+
+def rewrite_source(
+    text: str,
+    matches: Iterable[Match],
+    *,
+    filename: str = "<string>",
+    config: object | None = None,
+) -> RewriteResult:
+    """Rewrite ``text`` (``\\n`` newlines) for ``matches``. Never raises for bad input:
+    problems come back as outcomes (per match) or ``error`` (whole file).
+
+    ``config`` (a model config) lets the biased_GeLU codemod resolve ``ACT2FN[config.x]``."""
+    matches = list(matches)
+    try:
+        ctx = FileContext(text, filename=filename, config=config)
+    except SyntaxError as exc:
+        return _all_skipped(text, matches, f"syntax error: {exc.msg} (line {exc.lineno})", filename)
+    try:
+        tree = cst.parse(text)
+    except cst.ParseFailure as exc:
+        return _all_skipped(text, matches, str(exc), filename)
+    if str(tree) != (text if text.endswith("\n") or not text else text + "\n"):
+        return _all_skipped(text, matches, "fissix does not round-trip this file exactly", filename)
+
+    registry = codemods()
+    outcomes: dict[int, MatchOutcome] = {}
+    planned: list[tuple[int, Match, Edit]] = []
+    seen_keys: dict[tuple, int] = {}
+    for index, match in enumerate(matches):
+        key = match.key()
+        if key in seen_keys:
+            outcomes[index] = MatchOutcome(match, False, "duplicate of an earlier match")
+            continue
+        seen_keys[key] = index
+        codemod = registry.get(match.rule)
+        if codemod is None:
+            outcomes[index] = MatchOutcome(match, False, f"no codemod for rule {match.rule}")
+            continue
+        try:
+            edit = codemod.analyze(match, ctx)
+        except Skip as exc:
+            outcomes[index] = MatchOutcome(match, False, str(exc))
+            continue
+        except Exception as exc:  # a codemod bug must not take the file down with it
+            outcomes[index] = MatchOutcome(match, False, f"internal error in {match.rule} codemod: {exc!r}")
+            continue
+        planned.append((index, match, edit))
+
+    # Bigger matches first (an attention core beats the softmax inside it), then by position.
+    planned.sort(key=lambda item: (-len(item[1].nodes), min(item[1].lines or [0]), item[0]))
+    claimed: dict[tuple[int, int], str] = {}
+    imports: list[str] = []
+    for index, match, edit in planned:
+        lines = _edit_lines(edit)
+        clash = next((claimed[p] for p in lines if p in claimed), None)
+        if clash is not None:
+            outcomes[index] = MatchOutcome(match, False, f"overlaps a {clash} rewrite of the same statements")
+            continue
+        candidate = tree.clone()
+        try:
+            _bowler_apply(candidate, edit, filename)
+        except Skip as exc:
+            outcomes[index] = MatchOutcome(match, False, str(exc))
+            continue
+        except Exception as exc:
+            outcomes[index] = MatchOutcome(match, False, f"internal error applying {match.rule}: {exc!r}")
+            continue
+        tree = candidate
+        for p in lines:
+            claimed[p] = match.rule
+        imports.extend(edit.imports)
+        outcomes[index] = MatchOutcome(match, True)
+
+    if imports:
+        add_kernel_imports(tree, imports)
+    new_text = cst.unparse(tree, text)
+    if new_text != text:
+        problem = _check_compiles(new_text, filename)
+        if problem:
+            reason = f"rewritten code does not compile ({problem}); file left unchanged"
+            return RewriteResult(
+                new_text=text,
+                outcomes=[
+                    MatchOutcome(o.match, False, reason) if o.applied else o
+                    for o in (outcomes[i] for i in range(len(matches)))
+                ],
+                error=reason,
+            )
+    ordered = [outcomes[i] for i in range(len(matches))]
+    return RewriteResult(new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename))
+
+
+def _check_compiles(text: str, filename: str) -> str:
+    try:
+        compile(text, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{exc.msg} at line {exc.lineno}"
+    try:
+        cst.parse(text)
+    except cst.ParseFailure as exc:
+        return str(exc)
+    return ""
+
+
+# ---------------------------------------------------------------- files
+
+
+@dataclass
+class FileRewrite:
+    """What happened to one file. ``status``: changed | unchanged | skipped | failed."""
+
+    path: str
+    status: str
+    outcomes: list[MatchOutcome] = field(default_factory=list)
+    diff: str = ""
+    reason: str = ""
+    written: bool = False
+
+    def to_json(self) -> dict:
+        return {
+            "file": self.path,
+            "status": self.status,
+            **({"reason": self.reason} if self.reason else {}),
+            "applied": [o.to_json() for o in self.outcomes if o.applied],
+            "skipped": [o.to_json() for o in self.outcomes if not o.applied],
+            "written": self.written,
+        }
+
+
+def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: bool = False) -> FileRewrite:
+    """Scan ``path`` with ``rules`` (all when None), rewrite, and write when asked.
+
+    The file keeps its encoding, newline style and final-newline state; it is replaced
+    atomically and only when the rewritten text compiles."""
+    from adopter.scan import scan_source
+
+    name = str(path)
+    try:
+        source = read_source(name)
+    except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as exc:
+        return FileRewrite(name, "failed", reason=f"cannot read: {exc}")
+    if rules is None:
+        from adopter.rules import all_rules
+
+        rules = all_rules()
+    try:
+        matches = scan_source(source.text, name, list(rules))
+    except SyntaxError as exc:
+        return FileRewrite(name, "failed", reason=f"syntax error: {exc.msg} (line {exc.lineno})")
+    except RecursionError:
+        return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
+    if not matches:
+        return FileRewrite(name, "unchanged")
+    result = rewrite_source(source.text, matches, filename=name)
+    if result.error:
+        status = "skipped" if result.error.startswith("fissix") else "failed"
+        return FileRewrite(name, status, result.outcomes, reason=result.error)
+    if not result.changed:
+        return FileRewrite(name, "unchanged", result.outcomes)
+    written = False
+    if write:
+        new_source = source.with_text(result.new_text)
+        try:
+            write_atomic(name, new_source.encode())
+        except (OSError, UnicodeEncodeError) as exc:
+            return FileRewrite(name, "failed", result.outcomes, result.diff, reason=f"cannot write: {exc}")
+        written = True
+    return FileRewrite(name, "changed", result.outcomes, result.diff, written=written)

@@ -1,0 +1,204 @@
+"""Matcher on hand-built structures: data-flow consistency, wildcard, alternatives, init, dedup."""
+
+from dataclasses import replace
+
+from adopter.dsl import Span, Var
+from adopter.dsl_text import parse_pattern, parse_rules
+from adopter.match import match_init, match_pattern, match_structures
+from adopter.rules import Rule
+from adopter.rules._common import intermediates_unused
+from adopter.structures import ClassInfo, FileStructures, FunctionStructures, InitBinding, PathStructure
+
+
+def nodes(text, first_line=10, function="M.forward"):
+    out = []
+    for i, n in enumerate(parse_pattern(text).nodes):
+        line = first_line + i
+        out.append(replace(n, span=Span(line, 8, line, 40, function, line, line)))
+    return tuple(out)
+
+
+def inits(text, first_line=3):
+    out = []
+    for i, n in enumerate(parse_pattern(text).nodes):
+        line = first_line + i
+        span = Span(line, 8, line, 40, "M.__init__", line, line)
+        out.append(InitBinding(n.output.name, replace(n, span=span), span=span))
+    return tuple(out)
+
+
+def structures(paths, init_text, function="forward", cls="M", extra_functions=()):
+    fs = FunctionStructures(cls, function, tuple(PathStructure(p) for p in paths))
+    ci = ClassInfo(cls, ("torch.nn.Module",), True, inits(init_text))
+    return FileStructures("m.py", (ci,), (fs,) + tuple(extra_functions))
+
+
+DLN = """
+rule Dropout_LayerNorm
+init:
+    torch.nn.Dropout($p) -> $drop; torch.nn.LayerNorm($shape, eps=$eps) -> $ln
+    => k.Fused($shape, $p, eps=$eps) -> $ln
+forward:
+    torch.nn.Dropout@$drop($x) -> $y; $y + $res -> $sum; torch.nn.LayerNorm@$ln($sum) -> $out
+    => k.Fused@$ln($x, $res) -> $out
+"""
+DLN_RULE = Rule("Dropout_LayerNorm", "k.Fused", "test", DLN, preconditions=(intermediates_unused("$y", "$sum"),))
+INIT = (
+    "torch.nn.Linear(`config.h`, `config.h`) -> self.dense; "
+    "torch.nn.LayerNorm(`config.h`, eps=`config.eps`) -> self.LayerNorm; "
+    "torch.nn.Dropout(`config.p`) -> self.dropout"
+)
+FIG1 = (
+    "torch.nn.Linear@self.dense(hidden_states) -> hidden_states#1; "
+    "torch.nn.Dropout@self.dropout(hidden_states#1) -> hidden_states#2; "
+    "hidden_states#2 + input_tensor -> tmp_1; "
+    "torch.nn.LayerNorm@self.LayerNorm(tmp_1) -> hidden_states#3"
+)
+
+
+def test_fig1_matches_with_bindings_and_init():
+    s = structures([nodes(FIG1)], INIT)
+    (m,) = match_structures(s, [DLN_RULE])
+    assert m.rule == "Dropout_LayerNorm" and m.class_name == "M" and m.function == "forward"
+    assert m.lines == [11, 12, 13]
+    assert m.bindings["$x"] == Var("hidden_states", 1)
+    assert m.bindings["$res"] == Var("input_tensor")
+    assert m.bindings["$drop"] == Var("self.dropout")
+    assert [ib.attr for ib in m.init_nodes] == ["self.dropout", "self.LayerNorm"]
+    assert m.init_bindings["$p"].text == "config.p" and m.init_bindings["$eps"].text == "config.eps"
+    assert m.to_json() == {"rule": "Dropout_LayerNorm", "file": "m.py", "class": "M", "function": "forward",
+                           "lines": [11, 12, 13], "status": "static"}
+
+
+def test_extraneous_nodes_between_still_match_and_add_is_commutative():
+    text = (
+        "torch.nn.Dropout@self.dropout(h) -> h#1; torch.Tensor.size(x) -> n; torch.nn.Linear@self.dense(x) -> z; "
+        "input_tensor + h#1 -> t; torch.nn.LayerNorm@self.LayerNorm(t) -> h#2"
+    )
+    (m,) = match_structures(structures([nodes(text)], INIT), [DLN_RULE])
+    assert m.lines == [10, 13, 14]
+
+
+def test_unconnected_layers_do_not_match():
+    # the add reads the *old* version of h: dropout output is not what gets normalized
+    text = "torch.nn.Dropout@self.dropout(h) -> h#1; h + r -> t; torch.nn.LayerNorm@self.LayerNorm(t) -> h#2"
+    assert match_structures(structures([nodes(text)], INIT), [DLN_RULE]) == []
+    # layer norm on something else than the sum
+    text = "torch.nn.Dropout@self.dropout(h) -> h#1; h#1 + r -> t; torch.nn.LayerNorm@self.LayerNorm(r) -> h#2"
+    assert match_structures(structures([nodes(text)], INIT), [DLN_RULE]) == []
+
+
+def test_order_matters():
+    text = "torch.nn.LayerNorm@self.LayerNorm(t) -> h#2; torch.nn.Dropout@self.dropout(h) -> h#1; h#1 + r -> t"
+    assert match_structures(structures([nodes(text)], INIT), [DLN_RULE]) == []
+
+
+def test_init_must_bind_the_called_modules():
+    init = "torch.nn.LayerNorm(`config.h`) -> self.LayerNorm; torch.nn.Dropout(0.1) -> self.other"
+    s = structures([nodes(FIG1)], init)
+    assert match_structures(s, [DLN_RULE]) == []
+
+
+def test_keyword_and_positional_constructor_args_are_the_same():
+    init = "torch.nn.LayerNorm(normalized_shape=768, eps=1e-12) -> self.LayerNorm; torch.nn.Dropout(p=0.1) -> self.dropout"
+    (m,) = match_structures(structures([nodes(FIG1)], init), [DLN_RULE])
+    assert m.init_bindings == {"$p": parse_pattern("f(0.1)").nodes[0].args[0].value,
+                               "$shape": parse_pattern("f(768)").nodes[0].args[0].value,
+                               "$eps": parse_pattern("f(1e-12)").nodes[0].args[0].value}
+    # eps not given: the optional keyword stays unbound
+    init = "torch.nn.LayerNorm(768) -> self.LayerNorm; torch.nn.Dropout(0.1) -> self.dropout"
+    (m,) = match_structures(structures([nodes(FIG1)], init), [DLN_RULE])
+    assert "$eps" not in m.init_bindings
+
+
+def test_intermediate_used_elsewhere_is_rejected_with_reason():
+    text = FIG1 + "; torch.nn.Linear@self.dense(hidden_states#2) -> extra"
+    rejected = []
+    assert match_structures(structures([nodes(text)], INIT), [DLN_RULE], rejected=rejected) == []
+    assert "also used" in rejected[0].reason
+
+
+def test_veto_on_one_path_vetoes_all_paths():
+    clean = nodes(FIG1)
+    leaky = clean + nodes("torch.nn.Linear@self.dense(hidden_states#2) -> extra", first_line=20)
+    assert match_structures(structures([clean, leaky], INIT), [DLN_RULE]) == []
+
+
+def test_dedup_across_paths():
+    common = nodes(FIG1)
+    branch_a = common + nodes("torch.relu(hidden_states#3) -> a", first_line=30)
+    branch_b = common + nodes("torch.tanh(hidden_states#3) -> b", first_line=40)
+    found = match_structures(structures([branch_a, branch_b], INIT), [DLN_RULE])
+    assert len(found) == 1
+
+
+def test_branch_only_path_matches_like_fig3():
+    rule = Rule("Conv_BatchNorm", "k", "t", """
+rule Conv_BatchNorm
+init:
+    torch.nn.Conv2d($a, $b) -> $conv; torch.nn.BatchNorm2d($n) -> $bn => k($a, $b) -> $conv
+forward:
+    torch.nn.Conv2d@$conv($x) -> $c; torch.nn.BatchNorm2d@$bn($c) -> $o => k@$conv($x) -> $o
+""")
+    init = ("torch.nn.Conv2d(`config.h`, `config.h`, kernel_size=3) -> self.convolution1; "
+            "torch.nn.BatchNorm2d(`config.h`) -> self.batch_norm1")
+    no_bn = nodes("torch.nn.Conv2d@self.convolution1(h) -> h#1")
+    with_bn = no_bn + nodes("torch.nn.BatchNorm2d@self.batch_norm1(h#1) -> h#2", first_line=12)
+    (m,) = match_structures(structures([no_bn, with_bn], init), [rule])
+    assert m.lines == [10, 12]
+
+
+def test_wildcard_and_alternatives():
+    seq = nodes("torch.matmul(q, kt) -> s; s * scale -> s#1; torch.nn.functional.softmax(s#1, dim=-1) -> p")
+    pat = parse_pattern("torch.matmul|torch.bmm($q, $k) -> $s; *; torch.softmax|torch.nn.functional.softmax($s2) -> $p")
+    ((positions, b),) = match_pattern(pat, seq)
+    assert positions == (0, 1, 2) and b["$s2"] == Var("s", 1)
+    # the wildcard needs a node of its own between the two
+    seq2 = nodes("torch.matmul(q, kt) -> s; torch.nn.functional.softmax(s, dim=-1) -> p")
+    assert match_pattern(pat, seq2) == []
+    # constants in patterns must agree (quotes and spacing normalized)
+    p2 = parse_pattern("torch.nn.functional.softmax($x, dim=-1) -> $y")
+    assert len(match_pattern(p2, seq)) == 1
+    p3 = parse_pattern("torch.nn.functional.softmax($x, dim=1) -> $y")
+    assert match_pattern(p3, seq) == []
+    p4 = parse_pattern("f($x, 'gelu') -> $y")
+    assert len(match_pattern(p4, nodes('f(a, "gelu") -> b'))) == 1
+
+
+def test_consistent_binding_of_repeated_variable():
+    pat = parse_pattern("torch.nn.Linear@$a($x) -> $o1; torch.nn.Linear@$b($x) -> $o2")
+    same = nodes("torch.nn.Linear@self.q(h) -> q; torch.nn.Linear@self.k(h) -> k")
+    other = nodes("torch.nn.Linear@self.q(h) -> q; torch.nn.Linear@self.k(e) -> k")
+    assert len(match_pattern(pat, same)) == 1
+    assert match_pattern(pat, other) == []
+    # SSA: same name, different versions are different values
+    versions = nodes("torch.nn.Linear@self.q(h#1) -> q; torch.nn.Linear@self.k(h#2) -> k")
+    assert match_pattern(pat, versions) == []
+
+
+def test_match_init_any_order():
+    pat = parse_pattern("torch.nn.Dropout($p) -> $d; torch.nn.LayerNorm($s) -> $l")
+    ib = inits("torch.nn.LayerNorm(8) -> self.ln; torch.nn.Dropout(0.5) -> self.drop")
+    init_nodes, b = match_init(pat, ib, {})
+    assert [i.attr for i in init_nodes] == ["self.drop", "self.ln"] and b["$p"].text == "0.5"
+
+
+def test_helper_match_reported_once_under_the_helper():
+    rule = Rule("softmax", "k", "t", "rule softmax\nforward:\n    torch.softmax($x) -> $y => k($x) -> $y\n")
+    helper = nodes("torch.softmax(s) -> p", first_line=50, function="helper")
+    fa = FunctionStructures("A", "forward", (PathStructure(helper),))
+    fb = FunctionStructures("B", "forward", (PathStructure(helper),))
+    fh = FunctionStructures(None, "helper", (PathStructure(helper),))
+    s = FileStructures("m.py", (ClassInfo("A", (), True, ()), ClassInfo("B", (), True, ())), (fa, fb, fh))
+    (m,) = match_structures(s, [rule])
+    assert (m.class_name, m.function, m.lines) == (None, "helper", [50])
+
+
+def test_user_rule_file_variants_group(tmp_path):
+    from adopter.rules import load_rules_file
+
+    f = tmp_path / "r.adopter"
+    f.write_text(DLN + "\nrule DLN2\nforward:\n    torch.nn.Dropout($x) -> $y => k($x) -> $y\n" + DLN)
+    rules = load_rules_file(f)
+    assert [r.name for r in rules] == ["Dropout_LayerNorm", "DLN2"]
+    assert len(rules[0].variants) == 2 and rules[0].kernel == "k.Fused"

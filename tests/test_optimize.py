@@ -1,0 +1,315 @@
+"""optimize(): in-memory rewritten class, per-rule equivalence, automatic drop of a
+non-equivalent rewrite, untraceable models, and the real pipeline on BERT."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from adopter.dsl import Layer, Span
+from adopter.optimize import (
+    AdopterWarning,
+    Pipeline,
+    RewriteOutput,
+    load_rewritten_modules,
+    optimize,
+)
+from adopter.structures import Match, MatchedNode
+
+FIXTURES = Path(__file__).parent / "fixtures" / "optimize"
+
+# A stand-in rule set for the pipeline: rule name -> (text on the marked line, replacement).
+EDITS = {
+    "good": ("torch.relu(h)", "torch.clamp(h, min=0.0)"),  # equivalent
+    "bad": ("self.norm(h + x)", "self.norm(h - x)"),  # computes something else
+    "softmax": ("torch.softmax(", "torch.nn.functional.softmax("),  # equivalent
+    "noload": ("torch.relu(h)", "torch.relu(h) +"),  # rewritten source does not compile
+}
+
+
+def _fake_scan(files, rules):
+    """One match per line marked ``# MARK <rule>`` (``noload`` rides on the ``good`` mark)."""
+    wanted = {r.name for r in rules}
+    matches = []
+    for path in files:
+        for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if "# MARK " not in line:
+                continue
+            mark = line.split("# MARK ")[1].strip()
+            for rule in wanted:
+                if rule == mark or (rule == "noload" and mark == "good"):
+                    span = Span(number, 0, number, len(line), "forward", number, number)
+                    node = Layer(type="marked", span=span)
+                    matches.append(Match(rule, path, None, "forward", (MatchedNode(0, node),)))
+    return matches, []
+
+
+def _confirm_all(model, inputs, matches):
+    from dataclasses import replace
+
+    return [replace(m, status="confirmed") for m in matches]
+
+
+def _fake_rewrite(text, matches, filename):
+    lines = text.splitlines(keepends=True)
+    applied = []
+    for m in matches:
+        old, new = EDITS[m.rule]
+        index = m.lines[0] - 1
+        if old in lines[index]:
+            lines[index] = lines[index].replace(old, new)
+            applied.append(m)
+    return RewriteOutput("".join(lines), applied, [], f"--- {filename}\n+++ {filename}\n")
+
+
+PIPELINE = Pipeline(scan=_fake_scan, confirm=_confirm_all, rewrite=_fake_rewrite)
+
+
+def _rules(*names):
+    return [SimpleNamespace(name=n) for n in names]
+
+
+@pytest.fixture()
+def toy(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    for name in [n for n in sys.modules if n == "toy_pkg" or n.startswith("toy_pkg.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import toy_pkg.model
+
+    return toy_pkg.model
+
+
+def _digest(directory: Path) -> str:
+    h = hashlib.sha1()
+    for path in sorted(directory.rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def test_non_equivalent_rule_is_dropped_and_the_rest_applied(toy):
+    before = _digest(FIXTURES)
+    Optimized = optimize(
+        toy.ToyModel, rules=_rules("good", "bad", "softmax"), init_kwargs={"width": 8},
+        example_inputs=(torch.randn(5, 8),), pipeline=PIPELINE,
+    )  # fmt: skip
+    report = Optimized.adopter_report
+    assert Optimized.__name__ == "ToyModel"
+    assert Optimized is not toy.ToyModel
+    assert Optimized.__module__.startswith("toy_pkg.model__adopter_")
+    assert report.applied_rules == ["good", "softmax"]
+    dropped = [s for s in report.skipped if s.rule == "bad"]
+    assert len(dropped) == 1 and "not equivalent" in dropped[0].reason
+    assert dropped[0].max_abs_diff is not None and dropped[0].max_abs_diff > 1e-3
+    assert report.equivalence is not None and report.equivalence.equivalent
+    assert {a.where.split(":")[0] for a in report.applied} == {"layers.py", "model.py"}
+    assert _digest(FIXTURES) == before  # the user's files are never written
+
+
+def test_rewritten_class_uses_rewritten_sibling_module_and_matches_original(toy):
+    Optimized = optimize(
+        toy.ToyModel, rules=_rules("good"), init_kwargs={"width": 8},
+        example_inputs=(torch.randn(5, 8),), pipeline=PIPELINE,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    original = toy.ToyModel(width=8).eval()
+    optimized = Optimized(width=8).eval()  # same constructor
+    optimized.load_state_dict(original.state_dict(), strict=True)
+    original.load_state_dict(optimized.state_dict(), strict=True)
+    block_module = type(optimized.blocks[0]).__module__
+    assert block_module.startswith("toy_pkg.layers__adopter_")
+    assert "torch.clamp(h, min=0.0)" in sys.modules[block_module].__spec__.loader.get_source(block_module)
+    assert sys.modules["toy_pkg.layers"].Block is type(original.blocks[0])  # original untouched
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(optimized(x), original(x), atol=1e-6, rtol=1e-5)
+
+
+def test_rewrite_that_does_not_load_is_dropped_with_reason(toy):
+    Optimized = optimize(
+        toy.ToyModel, rules=_rules("noload", "softmax"), init_kwargs={"width": 8},
+        example_inputs=(torch.randn(5, 8),), pipeline=PIPELINE,
+    )  # fmt: skip
+    report = Optimized.adopter_report
+    assert report.applied_rules == ["softmax"]
+    assert any(s.rule == "noload" and "fails to load" in s.reason for s in report.skipped)
+
+
+def test_untraceable_model_gives_static_result_with_warning(toy):
+    def cannot_trace(model, inputs, matches):
+        raise RuntimeError("symbolic tracing failed: data-dependent control flow")
+
+    pipeline = Pipeline(scan=_fake_scan, confirm=cannot_trace, rewrite=_fake_rewrite)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Optimized = optimize(
+            toy.ToyModel, rules=_rules("good", "bad"), init_kwargs={"width": 8},
+            example_inputs=(torch.randn(5, 8),), pipeline=pipeline,
+        )  # fmt: skip
+    report = Optimized.adopter_report
+    assert not report.traced
+    assert any(issubclass(w.category, AdopterWarning) and "could not be traced" in str(w.message) for w in caught)
+    assert report.applied_rules == ["good"]  # static matches, still equivalence-checked
+    assert all(a.status == "static" for a in report.applied)
+    assert any(s.rule == "bad" for s in report.skipped)
+
+
+def test_not_confirmed_matches_are_skipped_with_status(toy):
+    from dataclasses import replace
+
+    def only_softmax_executes(model, inputs, matches):
+        return [
+            replace(m, status="confirmed")
+            if m.rule == "softmax"
+            else replace(m, status="not-executed", reason="no traced node")
+            for m in matches
+        ]
+
+    pipeline = Pipeline(scan=_fake_scan, confirm=only_softmax_executes, rewrite=_fake_rewrite)
+    Optimized = optimize(
+        toy.ToyModel, rules=_rules("good", "softmax"), init_kwargs={"width": 8},
+        example_inputs=(torch.randn(5, 8),), pipeline=pipeline,
+    )  # fmt: skip
+    report = Optimized.adopter_report
+    assert report.applied_rules == ["softmax"]
+    assert any(s.rule == "good" and s.reason.startswith("not-executed") for s in report.skipped)
+
+
+def test_load_rewritten_modules_restores_original_imports(toy):
+    import toy_pkg.layers
+
+    original_layers = sys.modules["toy_pkg.layers"]
+    path = Path(toy_pkg.layers.__file__)
+    text = path.read_text().replace("torch.relu(h)", "torch.clamp(h, min=0.0)")
+    model_path = Path(toy.__file__)
+    modules = load_rewritten_modules(
+        {"toy_pkg.layers": (str(path), text), "toy_pkg.model": (str(model_path), model_path.read_text())}
+    )
+    assert sys.modules["toy_pkg.layers"] is original_layers
+    assert sys.modules["toy_pkg"].layers is original_layers
+    assert modules["toy_pkg.model"].Block is modules["toy_pkg.layers"].Block
+    assert modules["toy_pkg.model"].__package__ == "toy_pkg"
+    # identical rewrites share the generated modules
+    again = load_rewritten_modules(
+        {"toy_pkg.layers": (str(path), text), "toy_pkg.model": (str(model_path), model_path.read_text())}
+    )
+    assert again["toy_pkg.model"] is modules["toy_pkg.model"]
+
+
+def test_shrink_config_keeps_heads_dividing_hidden():
+    from transformers import BertConfig, T5Config
+
+    from adopter.optimize import shrink_config
+
+    small = shrink_config(BertConfig())
+    assert small.num_hidden_layers == 2 and small.hidden_size % small.num_attention_heads == 0
+    assert BertConfig().hidden_size == 768  # original untouched
+    t5 = shrink_config(T5Config())
+    assert t5.d_model == 64 and t5.d_kv * t5.num_heads == 64
+
+
+# ---------------------------------------------------------------- the real pipeline
+
+
+def _real_pipeline_available() -> bool:
+    try:
+        import adopter.extract  # noqa: F401
+        import adopter.rewrite  # noqa: F401
+        from adopter.rewrite import rewrite_source  # noqa: F401
+        from adopter.tracing import confirm_matches  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_pipeline = pytest.mark.skipif(not _real_pipeline_available(), reason="scan/rewrite/tracing not installed")
+
+
+@pytest.mark.slow
+@needs_pipeline
+def test_optimize_bert_for_sequence_classification_from_a_user_script():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    Optimized = optimize(BertForSequenceClassification)
+    report = Optimized.adopter_report
+    assert Optimized.__name__ == "BertForSequenceClassification"
+    assert report.applied, report.summary()
+    assert report.traced
+    assert all(a.status == "confirmed" for a in report.applied)
+    assert "Dropout_LayerNorm" in report.applied_rules
+    config = BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+    torch.manual_seed(0)
+    original = BertForSequenceClassification(config).eval()
+    optimized = Optimized(config).eval()
+    optimized.load_state_dict(original.state_dict(), strict=True)
+    original.load_state_dict(optimized.state_dict(), strict=True)
+    ids = torch.randint(5, 1000, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(optimized(input_ids=ids).logits, original(input_ids=ids).logits,
+                                   atol=1e-5, rtol=1e-4)  # fmt: skip
+
+
+@pytest.mark.slow
+@needs_pipeline
+def test_optimized_transformers_class_round_trips_from_pretrained(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    Optimized = optimize(BertModel, config=config)
+    torch.manual_seed(0)
+    original = BertModel(config).eval()
+    original.save_pretrained(tmp_path)
+    loaded = Optimized.from_pretrained(tmp_path).eval()
+    ids = torch.randint(5, 1000, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).last_hidden_state, original(input_ids=ids).last_hidden_state,
+                                   atol=1e-5, rtol=1e-4)  # fmt: skip
+
+
+@pytest.mark.slow
+@needs_pipeline
+def test_deliberately_wrong_user_rule_is_dropped_automatically():
+    """A user rule (fixture file) whose target computes LayerNorm(x + x) instead of
+    LayerNorm(x + residual): it rewrites and loads, but is not equivalent and must be dropped."""
+    from transformers import BertConfig, BertModel
+
+    from adopter.rules import get_rules, load_rules_file
+
+    wrong = load_rules_file(FIXTURES / "wrong_rule.dsl")
+    config = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    Optimized = optimize(BertModel, config=config, rules=wrong + get_rules(["biased_GeLU"]))
+    report = Optimized.adopter_report
+    dropped = [s for s in report.skipped if s.rule == "Wrong_LayerNorm"]
+    assert dropped, report.summary()
+    assert "Wrong_LayerNorm" not in report.applied_rules
+    assert any("not equivalent" in s.reason for s in dropped), report.summary()
+    assert report.equivalence.equivalent
+
+
+@pytest.mark.slow
+@needs_pipeline
+def test_rule_whose_kernel_computes_something_else_is_dropped(monkeypatch):
+    """A built-in rule whose target kernel is made wrong (off by 1e-3): dropped, others kept."""
+    from transformers import BertConfig, BertModel
+
+    import adopter.kernels as kernels
+
+    fused = kernels.FusedDropoutAddLayerNorm
+    right_forward = fused.forward
+
+    def wrong_forward(self, *args, **kwargs):
+        return right_forward(self, *args, **kwargs) + 1e-3
+
+    monkeypatch.setattr(fused, "forward", wrong_forward)
+    config = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    Optimized = optimize(BertModel, config=config, rules=["Dropout_LayerNorm", "biased_GeLU"])
+    report = Optimized.adopter_report
+    assert "Dropout_LayerNorm" not in report.applied_rules, report.summary()
+    dropped = [s for s in report.skipped if s.rule == "Dropout_LayerNorm"]
+    assert dropped and all("not equivalent" in s.reason for s in dropped)
+    assert dropped[0].max_abs_diff == pytest.approx(1e-3, rel=0.05)

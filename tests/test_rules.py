@@ -1,0 +1,74 @@
+"""Fixture tests per rule: every ``tests/fixtures/rules/**/*.py`` lists the matches it must
+produce (``# expect: RULE Class.function``), and produces no others (all nine rules run
+on every fixture, so each file is also a negative test for the rules it does not list)."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from adopter.rules import RULE_MODULES, UnknownRuleError, all_rules, get_rules
+from adopter.scan import scan_paths
+
+FIXTURES = Path(__file__).parent / "fixtures" / "rules"
+FILES = sorted(p for p in FIXTURES.rglob("*.py") if not p.name.startswith("configuration_"))
+
+
+def expected(path: Path) -> Counter:
+    out = Counter()
+    for line in path.read_text().splitlines():
+        if line.startswith("# expect:"):
+            rule, where = line[len("# expect:"):].split()
+            out[(rule, where)] += 1
+    return out
+
+
+def found(path: Path) -> Counter:
+    report = scan_paths([path], all_rules())
+    assert report.errors == []
+    return Counter((m.rule, f"{m.class_name}.{m.function}" if m.class_name else m.function) for m in report.matches)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_fixture(path):
+    assert found(path) == expected(path)
+
+
+def test_registry_names_match_table_1():
+    assert [r.name for r in all_rules()] == [
+        "BertSelfAttention", "T5Attention", "GPT2Attention", "softmax", "Dropout_LayerNorm",
+        "biased_GeLU", "Conv_BatchNorm", "Linear_BatchNorm", "fused_QKV",
+    ]
+    for r in all_rules():
+        assert r.kernel.startswith("adopter.kernels.") and r.doc and r.variants
+
+
+def test_get_rules_unknown_name_lists_known():
+    assert [r.name for r in get_rules(["softmax", "fused_QKV", "softmax"])] == ["softmax", "fused_QKV"]
+    with pytest.raises(UnknownRuleError) as info:
+        get_rules(["softmax", "nope"])
+    assert "nope" in str(info.value) and all(n in str(info.value) for n in RULE_MODULES)
+
+
+def test_fig1_match_lines_and_init_nodes():
+    path = FIXTURES / "Dropout_LayerNorm" / "positive_fig1.py"
+    report = scan_paths([path], get_rules(["Dropout_LayerNorm"]))
+    m = next(m for m in report.matches if m.class_name == "BertSelfOutput")
+    text = path.read_text().splitlines()
+    assert [text[i - 1].strip() for i in m.lines] == [
+        "hidden_states = self.dropout(hidden_states)",
+        "hidden_states = self.LayerNorm(hidden_states + input_tensor)",
+        "hidden_states = self.LayerNorm(hidden_states + input_tensor)",
+    ]
+    assert sorted(ib.attr for ib in m.init_nodes) == ["self.LayerNorm", "self.dropout"]
+
+
+def test_dpt_conv_batchnorm_spans_the_if():
+    path = FIXTURES / "Conv_BatchNorm" / "positive_dpt_fig3.py"
+    report = scan_paths([path], get_rules(["Conv_BatchNorm"]))
+    text = path.read_text().splitlines()
+    got = [[text[i - 1].strip() for i in m.lines] for m in report.matches]
+    assert got == [
+        ["hidden_state = self.convolution1(hidden_state)", "hidden_state = self.batch_norm1(hidden_state)"],
+        ["hidden_state = self.convolution2(hidden_state)", "hidden_state = self.batch_norm2(hidden_state)"],
+    ]

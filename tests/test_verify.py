@@ -1,0 +1,360 @@
+"""Equivalence check, benchmark, regression gate and `adopter verify` CLI errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from adopter.verify import check_equivalence, dropout_disabled, flatten_tensors, tolerance_for
+from adopter.verify_gate import (
+    RESULT_FORMAT,
+    evaluate_gate,
+    format_report,
+    load_json,
+    parse_threshold,
+    write_json,
+)
+
+# ---------------------------------------------------------------- small modules
+
+
+class Block(nn.Module):
+    def __init__(self, width=8, p=0.3):
+        super().__init__()
+        self.dense = nn.Linear(width, width)
+        self.dropout = nn.Dropout(p)
+        self.norm = nn.LayerNorm(width)
+        self.bn = nn.BatchNorm1d(width)
+        self.attention_dropout = 0.2  # functional dropout probability, HF style
+
+    def forward(self, x):
+        h = self.dropout(self.dense(x))
+        h = nn.functional.dropout(h, p=self.attention_dropout, training=self.training)
+        return {"out": self.norm(self.bn(h) + x), "aux": (h.sum(-1),)}
+
+
+class PlusEpsBlock(Block):
+    """Same parameters, forward off by 1e-3: a non-equivalent rewrite."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        out["out"] = out["out"] + 1e-3
+        return out
+
+
+class _WrongGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2.0
+
+
+class WrongBackwardBlock(Block):
+    """Forward identical, backward wrong: only the gradient comparison can catch it."""
+
+    def forward(self, x):
+        h = self.dropout(_WrongGrad.apply(self.dense(x)))
+        h = nn.functional.dropout(h, p=self.attention_dropout, training=self.training)
+        return {"out": self.norm(self.bn(h) + x), "aux": (h.sum(-1),)}
+
+
+class RenamedBlock(nn.Module):
+    """Different state-dict keys: cannot load the original's weights strictly."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def _pair(cls=Block):
+    torch.manual_seed(0)
+    original = Block()
+    other = cls()
+    return original, other, (torch.randn(6, 8),)
+
+
+# ---------------------------------------------------------------- equivalence
+
+
+def test_identical_architecture_is_equivalent_after_loading_weights():
+    original, other, inputs = _pair()
+    result = check_equivalence(original, other, inputs)
+    assert result.equivalent, result.summary()
+    # eval outputs (2) + train outputs (2) + 7 parameter gradients + 3 BN buffers
+    assert result.compared >= 2 + 2 + 7
+    assert result.max_abs_diff <= 1e-6
+
+
+def test_forward_difference_is_reported_with_largest_difference():
+    original, other, inputs = _pair(PlusEpsBlock)
+    result = check_equivalence(original, other, inputs)
+    assert not result.equivalent
+    assert result.max_abs_diff == pytest.approx(1e-3, rel=1e-2)
+    assert "out" in result.worst
+    assert "NOT equivalent" in result.summary()
+
+
+def test_backward_difference_is_caught_by_gradient_comparison():
+    original, other, inputs = _pair(WrongBackwardBlock)
+    result = check_equivalence(original, other, inputs)
+    assert not result.equivalent
+    assert all(f.name.startswith("grad ") for f in result.failures)
+    assert any("dense.weight" in f.name for f in result.failures)
+
+
+def test_state_dict_mismatch_is_not_equivalent_with_reason():
+    torch.manual_seed(0)
+    result = check_equivalence(Block(), RenamedBlock(), (torch.randn(6, 8),))
+    assert not result.equivalent
+    assert "weights do not load" in result.error
+
+
+def test_dropout_disabled_zeroes_and_restores_probabilities():
+    model = Block()
+
+    class Config:
+        hidden_dropout_prob = 0.1
+        attn_pdrop = 0.2
+        problem_type = "x"
+        num_layers = 3
+
+    model.config = Config()
+    with dropout_disabled(model):
+        assert model.dropout.p == 0.0
+        assert model.attention_dropout == 0.0
+        assert model.config.hidden_dropout_prob == 0.0
+        assert model.config.attn_pdrop == 0.0
+        assert model.config.num_layers == 3
+    assert model.dropout.p == 0.3
+    assert model.attention_dropout == 0.2
+    assert model.config.hidden_dropout_prob == 0.1
+
+
+def test_train_mode_comparison_is_deterministic_with_dropout_set_to_zero():
+    # Without zeroing dropout the train-mode outputs would differ between the two runs.
+    original, other, inputs = _pair()
+    original.eval()
+    running_mean = original.bn.running_mean.clone()
+    assert check_equivalence(original, other, inputs).equivalent
+    assert original.dropout.p == 0.3  # restored
+    assert not original.training and other.training  # modes restored
+    assert torch.equal(original.bn.running_mean, running_mean)  # buffers restored after the train step
+
+
+def test_flatten_tensors_names_nested_outputs():
+    names = [n for n, _ in flatten_tensors({"a": torch.zeros(1), "b": (None, [torch.ones(2)])})]
+    assert names == ["output.a", "output.b[1][0]"]
+
+
+def test_tolerances():
+    assert tolerance_for(torch.float32, "cpu").atol == 1e-5
+    assert tolerance_for(torch.float32, "cpu").rtol == 1e-4
+    assert tolerance_for(torch.bfloat16, "cuda").rtol > tolerance_for(torch.float32, "cuda").rtol
+
+
+# ---------------------------------------------------------------- benchmark
+
+
+def test_benchmark_pair_runs_pytest_benchmark_and_saves_json(tmp_path):
+    from adopter.verify_bench import benchmark_pair
+
+    torch.manual_seed(0)
+    original, optimized = Block(), Block()
+    path = tmp_path / "bench.json"
+    result = benchmark_pair(
+        original, optimized, (torch.randn(16, 8),), batch_size=16, blocks=2, json_path=str(path)
+    )
+    data = json.loads(path.read_text())
+    variants = sorted((b["extra_info"]["variant"], b["extra_info"]["block"]) for b in data["benchmarks"])
+    assert variants == [("optimized", 0), ("optimized", 1), ("original", 0), ("original", 1)]
+    assert result.blocks == 2
+    assert result.original.throughput > 0 and result.optimized.throughput > 0
+    assert result.speed_ratio_low <= result.speed_ratio <= result.speed_ratio_high
+    # identical models: the allocator peak is deterministic, so the memory ratio is exactly 1
+    assert result.memory_original_bytes > 0
+    assert result.memory_ratio == pytest.approx(1.0)
+    assert "CPU" in result.memory_metric
+
+
+def test_summarize_pairs_blocks_and_computes_ratio():
+    from adopter.verify_bench import summarize
+
+    per_block = {"original": [[0.2], [0.22], [0.2]], "optimized": [[0.1], [0.11], [0.1]]}
+    result = summarize(
+        per_block, batch_size=4, seq_len=8, device="cpu", rounds_per_block=1, iterations=1,
+        memory_metric="m", memory_original=100, memory_optimized=80, benchmark_json=None,
+    )  # fmt: skip
+    assert result.speed_ratio == pytest.approx(2.0)
+    assert result.original.throughput == pytest.approx(4 / 0.2)
+    assert result.memory_ratio == pytest.approx(0.8)
+
+
+# ---------------------------------------------------------------- gate
+
+
+def _result(speed=1.10, low=None, high=None, memory=0.90, rules=("Dropout_LayerNorm", "biased_GeLU"),
+            equivalent=True, metric="peak torch CPU allocator delta over a training step (profiler, CPU)"):  # fmt: skip
+    return {
+        "format": RESULT_FORMAT,
+        "model": {"id": "tiny-bert", "class": "BertModel", "parameters": 1000, "device": "cpu"},
+        "rules_applied": [{"rule": r, "where": "modeling_bert.py:1", "status": "confirmed"} for r in rules],
+        "rules_skipped": [],
+        "equivalence": {"equivalent": equivalent, "worst": "", "summary": "equivalent" if equivalent else "NOT"},
+        "benchmark": {
+            "speed_ratio": speed,
+            "speed_ratio_low": speed if low is None else low,
+            "speed_ratio_high": speed if high is None else high,
+            "memory_ratio": memory,
+            "memory_metric": metric,
+            "batch_size": 4, "seq_len": 8, "device": "cpu", "blocks": 8, "rounds_per_block": 1, "iterations": 1,
+            "original": {"throughput": 10.0, "median_s": 0.4},
+            "optimized": {"throughput": 11.0, "median_s": 0.36},
+            "memory_original_bytes": 100, "memory_optimized_bytes": 90,
+        },
+    }  # fmt: skip
+
+
+def test_gate_passes_on_same_numbers():
+    gate = evaluate_gate(_result(), _result(), 0.05)
+    assert gate.passed, gate.checks
+
+
+def test_gate_passes_within_threshold():
+    gate = evaluate_gate(_result(speed=1.06, memory=0.93), _result(speed=1.10, memory=0.90), 0.05)
+    assert gate.passed, gate.checks
+
+
+def test_gate_fails_on_speed_regression_beyond_noise():
+    gate = evaluate_gate(_result(speed=0.95, low=0.93, high=0.97), _result(speed=1.10), 0.05)
+    assert not gate.passed
+    assert [c.name for c in gate.checks if not c.ok] == ["speed ratio"]
+    assert gate.speed_only_failure
+
+
+def test_gate_tolerates_a_low_point_estimate_inside_a_wide_noise_interval():
+    # median looks 13% slower, but the 95% interval reaches the baseline: noise, not a regression
+    gate = evaluate_gate(_result(speed=0.96, low=0.80, high=1.09), _result(speed=1.10), 0.05)
+    assert gate.passed, gate.checks
+
+
+def test_gate_fails_on_memory_regression():
+    gate = evaluate_gate(_result(memory=1.0), _result(memory=0.90), 0.05)
+    assert not gate.passed
+    assert [c.name for c in gate.checks if not c.ok] == ["memory ratio"]
+    assert not gate.speed_only_failure
+
+
+def test_gate_fails_hard_when_a_rule_is_lost():
+    gate = evaluate_gate(_result(rules=("Dropout_LayerNorm",)), _result(), 0.05)
+    assert not gate.passed
+    failed = [c for c in gate.checks if not c.ok]
+    assert [c.name for c in failed] == ["applied rules"]
+    assert "biased_GeLU" in failed[0].detail
+
+
+def test_gate_passes_when_rules_are_gained():
+    gate = evaluate_gate(_result(rules=("Dropout_LayerNorm", "biased_GeLU", "softmax")), _result(), 0.05)
+    assert gate.passed
+
+
+def test_gate_fails_when_not_equivalent():
+    gate = evaluate_gate(_result(equivalent=False), _result(), 0.05)
+    assert not gate.passed
+
+
+def test_gate_skips_memory_when_metric_differs():
+    gate = evaluate_gate(_result(memory=2.0, metric="peak CUDA"), _result(), 0.05)
+    assert gate.passed
+
+
+def test_parse_threshold():
+    assert parse_threshold("5%") == pytest.approx(0.05)
+    assert parse_threshold("0.05") == pytest.approx(0.05)
+    assert parse_threshold("5") == pytest.approx(0.05)
+    with pytest.raises(ValueError):
+        parse_threshold("five")
+    with pytest.raises(ValueError):
+        parse_threshold("150%")
+
+
+def test_baseline_round_trip_and_bad_files(tmp_path):
+    path = tmp_path / "base.json"
+    write_json(str(path), _result())
+    assert load_json(str(path), "baseline")["benchmark"]["speed_ratio"] == 1.10
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_json(str(tmp_path / "bad.json"), "baseline")
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(ValueError, match="not an `adopter verify` result"):
+        load_json(str(tmp_path / "other.json"), "baseline")
+
+
+def test_shipped_baseline_is_a_valid_result():
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "baselines", "tiny-bert.json")
+    data = load_json(path, "baseline")
+    assert data["rules_applied"], "the project's baseline must pin the rules applied on tiny-bert"
+    assert evaluate_gate(data, data, 0.05).passed
+    assert not math.isnan(data["benchmark"]["speed_ratio"])
+
+
+def test_format_report_mentions_rules_ratios_and_gate():
+    gate = evaluate_gate(_result(), _result(), 0.05)
+    text = format_report(_result(), gate)
+    assert "Dropout_LayerNorm" in text and "modeling_bert.py:1" in text
+    assert "speed ratio" in text and "memory" in text and "PASS" in text
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_unknown_model_is_a_one_line_error(capsys):
+    from adopter.cli import main
+
+    code = main(["verify", "--model", "no-such-model-xyz", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "unknown model id" in err[0]
+
+
+def test_cli_bad_threshold_and_missing_baseline_fail_fast(capsys, tmp_path):
+    from adopter.cli import main
+
+    assert main(["verify", "--model", "tiny-bert", "--max-regression", "lots"]) == 2
+    assert main(["verify", "--model", "tiny-bert", "--baseline", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--max-regression" in err and "cannot read baseline" in err
+
+
+def test_cli_plot_without_matplotlib_is_a_one_line_error(capsys, monkeypatch):
+    import builtins
+
+    from adopter.cli import main
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    code = main(["verify", "--model", "tiny-bert", "--plot", "x.png"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "matplotlib" in err[0]
+
+
+def test_copy_of_result_is_json_serializable():
+    json.dumps(copy.deepcopy(_result()))

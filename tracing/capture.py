@@ -1,0 +1,188 @@
+"""Capture what a model executes as a ``torch.fx.GraphModule``.
+
+First ``torch.fx.symbolic_trace`` semantics (a :class:`LayerTracer` that keeps the layers the rules
+talk about as leaf ``call_module`` nodes and records stack traces); where it fails — it does on
+transformers 5 models, whose forwards branch on tensor values and assign into proxies — fall back
+to non-strict ``torch.export``, whose graph nodes carry ``nn_module_stack`` and ``stack_trace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.fx
+from torch import nn
+
+CaptureMethod = Literal["symbolic_trace", "export"]
+
+# Layers the rules care about stay whole in a symbolic trace (one call_module node each).
+LEAF_MODULE_TYPES: tuple[type, ...] = (
+    nn.Linear,
+    nn.LayerNorm,
+    nn.Dropout,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.GELU,
+    nn.ReLU,
+    nn.SiLU,
+    nn.Tanh,
+    nn.Softmax,
+    nn.Embedding,
+)
+
+
+def _is_activation_class(cls: type) -> bool:
+    # transformers' ACT2FN modules (GELUActivation, NewGELUActivation, ...) are leaves too.
+    return cls.__module__.startswith("transformers.activations")
+
+
+class LayerTracer(torch.fx.Tracer):
+    """``symbolic_trace`` with rule-relevant layers as leaves and stack traces recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.record_stack_traces = True
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, LEAF_MODULE_TYPES) or _is_activation_class(type(m)):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+@dataclass
+class Capture:
+    method: CaptureMethod
+    graph_module: torch.fx.GraphModule
+    seconds: float
+    root: nn.Module  # the module traced (symbolic_trace's call_module targets resolve against it)
+    errors: dict[str, str] = field(default_factory=dict)  # method tried -> first error line
+
+
+class CaptureError(Exception):
+    """Neither symbolic_trace nor torch.export could capture the model."""
+
+    def __init__(self, message: str, errors: dict[str, str]):
+        super().__init__(message)
+        self.errors = errors
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}"[:300]
+
+
+def _symbolic_trace(model: nn.Module, example_inputs: dict[str, Any]) -> torch.fx.GraphModule:
+    # Parameters not given keep their defaults as constants, as HF's own fx tracer does.
+    concrete = {}
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name, p in params.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name not in example_inputs:
+            if p.default is inspect.Parameter.empty:
+                raise TypeError(f"forward needs {name!r}, not in the example inputs")
+            concrete[name] = p.default
+    tracer = LayerTracer()
+    graph = tracer.trace(model, concrete_args=concrete or None)
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    # A symbolic trace can "succeed" yet not run (a value baked in, a missing branch): run it.
+    with torch.no_grad():
+        if not any(_is_meta(v) for v in example_inputs.values()):
+            gm(**{k: v for k, v in example_inputs.items() if k in params})
+    return gm
+
+
+def _is_meta(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "meta"
+
+
+def _model_code_objects(model: nn.Module) -> set[tuple[str, str]]:
+    """``(co_filename, co_name)`` of every function and method defined in the modules that define
+    the model's classes (``eager_attention_forward``, ``feed_forward_chunk``...)."""
+    torch_dir = os.path.dirname(torch.__file__)
+    module_names = {type(m).__module__ for m in model.modules()}
+    anchors: set[tuple[str, str]] = set()
+
+    def add(obj):
+        obj = inspect.unwrap(obj) if callable(obj) else obj
+        code = getattr(obj, "__code__", None)
+        if code is not None and not code.co_filename.startswith(torch_dir):
+            anchors.add((code.co_filename, code.co_name))
+
+    for name in module_names:
+        module = sys.modules.get(name)
+        if module is None or name.startswith("torch."):
+            continue
+        for value in list(vars(module).values()):
+            if inspect.isfunction(value):
+                add(value)
+            elif inspect.isclass(value) and value.__module__ == name:
+                for attr in vars(value).values():
+                    if isinstance(attr, (staticmethod, classmethod)):
+                        attr = attr.__func__
+                    if inspect.isfunction(attr):
+                        add(attr)
+    return anchors
+
+
+@contextlib.contextmanager
+def _keep_model_frames(model: nn.Module):
+    """torch.export keeps only frames of functions named ``forward`` in ``stack_trace``; the model
+    code's other functions (``eager_attention_forward``) are registered as anchors while exporting
+    so nodes map to the line that produced them."""
+    anchors_set = getattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS", None)
+    if anchors_set is None:
+        yield
+        return
+    added = _model_code_objects(model) - anchors_set
+    anchors_set.update(added)
+    try:
+        yield
+    finally:
+        anchors_set.difference_update(added)
+
+
+def _export(model: nn.Module, example_inputs: dict[str, Any]) -> torch.fx.GraphModule:
+    with torch.no_grad(), _keep_model_frames(model):
+        exported = torch.export.export(model, (), dict(example_inputs), strict=False)
+    return exported.graph_module
+
+
+def capture_model(
+    model: nn.Module,
+    example_inputs: dict[str, Any],
+    *,
+    methods: tuple[CaptureMethod, ...] = ("symbolic_trace", "export"),
+) -> Capture:
+    """Capture ``model`` on ``example_inputs``; raises :class:`CaptureError` when no method works."""
+    errors: dict[str, str] = {}
+    for method in methods:
+        start = time.perf_counter()
+        try:
+            if method == "symbolic_trace":
+                gm = _symbolic_trace(model, example_inputs)
+            elif method == "export":
+                gm = _export(model, example_inputs)
+            else:
+                raise ValueError(f"unknown capture method {method!r}")
+        except Exception as exc:  # any failure of one method means: try the next
+            errors[method] = first_line(exc)
+            continue
+        return Capture(method, gm, time.perf_counter() - start, model, errors)
+    detail = "; ".join(f"{m}: {e}" for m, e in errors.items())
+    raise CaptureError(f"could not capture {type(model).__name__} ({detail})", errors)

@@ -1,0 +1,783 @@
+"""Confirm static matches against what the instantiated model actually executes.
+
+For every static :class:`Match`:
+
+* ``confirmed`` — in at least one module instance of the match's class, every matched node's
+  source line produced graph nodes, in the matched order, with the matched data flow between
+  them (``Dropout -> + -> LayerNorm``: the dropout's output reaches the add, the add's output the
+  layer norm; ``fused_QKV``: the three Linears read the same tensor); and the runtime-only
+  preconditions hold (the activation is a GeLU the kernel implements; shapes and biases fit).
+* ``not-executed`` — the class runs in this model but the matched lines never execute under
+  this configuration (``eager_attention_forward`` when the model uses SDPA; DPT's BatchNorm
+  branch with ``use_batch_norm=False``), or they run without the matched data flow.
+* ``rejected`` — the sequence executes, but a runtime precondition fails (ReLU behind
+  ``ACT2FN[config.hidden_act]``, q/k/v projections with different in_features...).
+* ``untraced`` — no trace is available, or the class is not part of this model.
+
+Runtime sequences matching a rule that no static match covers come back as ``runtime-only``
+matches (Dropout->add->LayerNorm, Linear->GeLU, Conv2d->BatchNorm2d, Linear->BatchNorm1d).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import os
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.fx
+from torch import nn
+
+from adopter.dsl import Arg, Layer, Span, TensorOp, Var
+from adopter.structures import Match, MatchedNode
+
+from .capture import Capture, CaptureError, capture_model
+from .source_map import NodeSource, map_nodes
+
+# ------------------------------------------------------------------ op vocabulary
+
+# Graph ops that only move/reshape data: data flow passes through them.
+TRANSPARENT_OPS = {
+    "view", "reshape", "_unsafe_view", "transpose", "permute", "contiguous", "to", "_to_copy",
+    "clone", "expand", "unsqueeze", "squeeze", "flatten", "getitem", "alias", "type_as", "detach",
+    "t", "float", "half", "bfloat16", "type", "lift_fresh_copy", "_assert_tensor_metadata",
+    "dropout_identity",
+}
+
+# DSL operator -> graph op names.
+TENSOR_OP_NAMES = {
+    "+": {"add", "add_", "iadd"},
+    "-": {"sub", "sub_", "rsub", "isub"},
+    "*": {"mul", "mul_", "imul"},
+    "/": {"div", "div_", "truediv", "itruediv"},
+    "//": {"floor_divide", "floordiv"},
+    "%": {"remainder", "fmod", "mod"},
+    "**": {"pow", "pow_"},
+    "@": {"matmul", "mm", "bmm", "linear"},
+    "u-": {"neg"},
+    "u~": {"bitwise_not", "invert"},
+}
+
+# Last component of a DSL layer type -> graph op names (functional calls, tensor methods).
+FUNCTION_OP_NAMES = {
+    "softmax": {"softmax", "_softmax", "_safe_softmax"},
+    "log_softmax": {"log_softmax", "_log_softmax"},
+    "gelu": {"gelu"},
+    "relu": {"relu", "relu_"},
+    "silu": {"silu"},
+    "tanh": {"tanh"},
+    "dropout": {"dropout", "native_dropout", "feature_dropout"},
+    "layer_norm": {"layer_norm", "native_layer_norm"},
+    "batch_norm": {"batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit"},
+    "linear": {"linear", "addmm", "mm"},
+    "conv2d": {"conv2d", "convolution"},
+    "matmul": {"matmul", "mm", "bmm"},
+    "bmm": {"bmm"},
+    "baddbmm": {"baddbmm"},
+    "scaled_dot_product_attention": {"scaled_dot_product_attention"},
+    "view": {"view", "_unsafe_view", "reshape"},
+    "reshape": {"reshape", "view", "_unsafe_view"},
+    "transpose": {"transpose", "permute"},
+    "permute": {"permute"},
+    "contiguous": {"contiguous", "clone"},
+    "masked_fill": {"masked_fill", "masked_fill_", "where"},
+}
+
+
+# GeLU variants by activation class name: what the fused kernel's ``approximate`` must be.
+_GELU_CLASSES = {
+    "GELU": None,  # torch.nn.GELU: read .approximate
+    "GELUActivation": "none",
+    "NewGELUActivation": "tanh",
+    "GELUTanh": "tanh",
+    "PytorchGELUTanh": "tanh",
+    "GELUPytorchTanh": "tanh",
+    "FastGELUActivation": "tanh",
+    "AccurateGELUActivation": "tanh",
+}
+_NOT_KERNEL_GELU = {
+    "QuickGELUActivation": "QuickGELU (x*sigmoid(1.702x)) is not the GeLU the kernel implements",
+    "ClippedGELUActivation": "clipped GeLU is not the GeLU the kernel implements",
+}
+
+
+# ------------------------------------------------------------------ graph access
+
+
+@dataclass
+class TraceIndex:
+    """A capture plus per-node sources and lookups used by confirmation."""
+
+    capture: Capture
+    sources: list[NodeSource]
+    by_name: dict[str, NodeSource]
+    nodes: dict[str, torch.fx.Node]
+    by_file: dict[str, list[NodeSource]]
+
+    @classmethod
+    def build(cls, capture: Capture) -> "TraceIndex":
+        sources = map_nodes(capture.graph_module)
+        nodes = {n.name: n for n in capture.graph_module.graph.nodes}
+        by_file: dict[str, list[NodeSource]] = defaultdict(list)
+        for s in sources:
+            for f in {fr.file for fr in s.frames}:
+                by_file[f].append(s)
+        return cls(capture, sources, {s.node_name: s for s in sources}, nodes, by_file)
+
+    def users(self, name: str) -> list[str]:
+        return [u.name for u in self.nodes[name].users]
+
+    def inputs(self, name: str) -> list[str]:
+        return [a.name for a in self.nodes[name].all_input_nodes]
+
+    def is_transparent(self, name: str) -> bool:
+        src = self.by_name.get(name)
+        if src is None:
+            return False
+        op = src.op_name
+        if op in TRANSPARENT_OPS:
+            return True
+        # eval-mode dropout and identity-like modules pass data through in a symbolic trace
+        return src.op == "call_module" and op in ("identity", "flatten")
+
+    def flows(self, sources: set[str], targets: set[str]) -> bool:
+        """Some target is reachable from some source through source/transparent nodes only."""
+        seen = set()
+        stack = list(sources)
+        while stack:
+            name = stack.pop()
+            for user in self.users(name):
+                if user in targets:
+                    return True
+                if user in seen:
+                    continue
+                seen.add(user)
+                if user in sources or self.is_transparent(user):
+                    stack.append(user)
+        return False
+
+    def roots(self, names: Iterable[str], exclude: set[str]) -> set[str]:
+        """Data inputs of ``names`` from outside the group, followed back through transparent ops."""
+        out = set()
+        for name in names:
+            for inp in self.inputs(name):
+                if inp in exclude:
+                    continue
+                node = self.nodes[inp]
+                if node.op in ("get_attr",) or (node.op == "placeholder" and _is_param(node)):
+                    continue
+                out |= self._root(inp)
+        return out
+
+    def _root(self, name: str) -> set[str]:
+        while self.is_transparent(name):
+            ins = [i for i in self.inputs(name) if self.nodes[i].op != "get_attr"]
+            if len(ins) != 1:
+                break
+            name = ins[0]
+        return {name}
+
+
+def _is_param(node: torch.fx.Node) -> bool:
+    # torch.export lifts parameters/buffers to placeholders named p_*/b_*/c_*
+    return node.name.startswith(("p_", "b_", "c_"))
+
+
+# ------------------------------------------------------------------ helpers on matches
+
+
+def _attr_path(var: Var | None) -> str | None:
+    """``self.encoder.layers[2]`` -> ``encoder.layers.2``; None if not an attribute of self."""
+    if var is None or not var.name.startswith("self."):
+        return None
+    return var.name[len("self."):].replace("[", ".").replace("]", "")
+
+
+def _join(prefix: str, attr: str) -> str:
+    return f"{prefix}.{attr}" if prefix else attr
+
+
+def _span_lines(span: Span | None) -> range | None:
+    if span is None:
+        return None
+    return range(span.line, max(span.line, span.end_line) + 1)
+
+
+def _op_names_for(node) -> set[str] | None:
+    if isinstance(node, TensorOp):
+        key = node.op if len(node.args) != 1 else "u" + node.op
+        return TENSOR_OP_NAMES.get(key) or TENSOR_OP_NAMES.get(node.op)
+    if isinstance(node, Layer):
+        last = node.type.rsplit(".", 1)[-1]
+        return FUNCTION_OP_NAMES.get(last)
+    return None
+
+
+def _realpath(p: str) -> str:
+    return os.path.realpath(p) if p else p
+
+
+def _class_file(cls: type) -> str | None:
+    try:
+        f = inspect.getsourcefile(cls)
+    except (TypeError, OSError):
+        return None
+    return os.path.realpath(f) if f else None
+
+
+def _instances(model: nn.Module, class_name: str, file: str) -> list[tuple[str, nn.Module]]:
+    """Module instances whose class (or a base whose forward they inherit) is ``class_name`` of ``file``."""
+    out = []
+    for path, module in model.named_modules():
+        for klass in type(module).__mro__:
+            if klass.__name__ == class_name and _class_file(klass) == file:
+                out.append((path, module))
+                break
+    return out
+
+
+# ------------------------------------------------------------------ per-match evaluation
+
+
+@dataclass
+class _Found:
+    """The graph nodes each matched node produced in one instance."""
+
+    instance: str
+    groups: list[set[str]]
+    missing: list[int]  # indexes of matched nodes with no graph node
+    problem: str = ""  # order/data-flow failure
+
+
+def _candidates(
+    index: TraceIndex, match: Match, mnode: MatchedNode, instance: str, model: nn.Module
+) -> set[str]:
+    node = mnode.node
+    span = getattr(node, "span", None)
+    lines = _span_lines(span)
+    file = match.file
+    if lines is None:
+        return set()
+    out = set()
+    sub = None
+    module_var = getattr(node, "module", None) if isinstance(node, Layer) else None
+    attr = _attr_path(module_var)
+    if attr is not None:
+        sub = _join(instance, attr)
+        try:
+            target = model.get_submodule(sub)
+        except AttributeError:
+            target = None
+        if not isinstance(target, nn.Module):
+            sub = None  # e.g. an activation function stored on self: match by line below
+    if sub is not None:
+        for s in index.by_file.get(file, ()):
+            if s.within(sub) and s.frame_in(file, lines) is not None:
+                out.add(s.node_name)
+        return out
+    names = _op_names_for(node)
+    func = (span.function or "").rsplit(".", 1)[-1] if span is not None else ""
+    for s in index.by_file.get(file, ()):
+        frame = s.innermost_frame_in(file)
+        if frame is None or frame.line not in lines:
+            continue
+        if func and frame.function != func:
+            continue
+        if instance and not s.within(instance):
+            continue
+        if names is not None and s.op_name not in names:
+            continue
+        out.add(s.node_name)
+    return out
+
+
+def _flow_requirements(match: Match) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """Pairs (i, j): node i's output is an input of node j; groups of nodes reading one same value."""
+    nodes = [mn.node for mn in match.nodes]
+    outputs = {}
+    for i, n in enumerate(nodes):
+        out = getattr(n, "output", None)
+        if isinstance(out, Var):
+            outputs[(out.name, out.version)] = i
+    pairs = []
+    readers: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for j, n in enumerate(nodes):
+        for arg in getattr(n, "args", ()):
+            v = arg.value
+            if not isinstance(v, Var) or v.name.startswith("self."):
+                continue
+            key = (v.name, v.version)
+            if key in outputs and outputs[key] != j:
+                pairs.append((outputs[key], j))
+            elif key not in outputs:
+                readers[key].append(j)
+    shared = [js for js in readers.values() if len(set(js)) > 1]
+    return pairs, shared
+
+
+def _evaluate_instance(index: TraceIndex, match: Match, instance: str, model: nn.Module) -> _Found:
+    groups = [_candidates(index, match, mn, instance, model) for mn in match.nodes]
+    missing = [i for i, g in enumerate(groups) if not g]
+    found = _Found(instance, groups, missing)
+    if missing:
+        return found
+    pairs, shared = _flow_requirements(match)
+    for i, j in pairs:
+        if not index.flows(groups[i], groups[j]):
+            found.problem = (
+                f"line {match.nodes[i].node.span.line} does not feed line {match.nodes[j].node.span.line} at runtime"
+            )
+            return found
+    for js in shared:
+        roots = [index.roots(groups[j], groups[j]) for j in js]
+        if not set.intersection(*roots):
+            lines = ", ".join(str(match.nodes[j].node.span.line) for j in js)
+            found.problem = f"lines {lines} do not read the same tensor at runtime"
+            return found
+    # order: data-connected nodes are ordered by construction; straight-line statements by line
+    first = [min(index.by_name[n].index for n in g) for g in groups]
+    for a in range(len(groups)):
+        for b in range(a + 1, len(groups)):
+            sa, sb = match.nodes[a].node.span, match.nodes[b].node.span
+            if sa.function != sb.function or sa.stmt_line == sb.stmt_line or not sa.stmt_line:
+                continue
+            if (sa.stmt_line < sb.stmt_line) != (first[a] < first[b]):
+                found.problem = f"lines {sa.line} and {sb.line} execute in the other order"
+                return found
+    return found
+
+
+# ------------------------------------------------------------------ runtime preconditions
+
+
+def _projection_role(node) -> str | None:
+    try:
+        from adopter.rules.fused_qkv import projection_role
+    except ImportError:  # rules not importable: fall back to the out_features check only
+        return None
+    attr = _attr_path(getattr(node, "module", None))
+    return projection_role(attr) if attr else None
+
+
+def _module_for(model: nn.Module, instance: str, node) -> nn.Module | None:
+    attr = _attr_path(getattr(node, "module", None))
+    if attr is None:
+        return None
+    try:
+        return model.get_submodule(_join(instance, attr))
+    except AttributeError:
+        return None
+
+
+def gelu_kind(module: Any) -> tuple[str | None, str]:
+    """``("none"|"tanh", description)`` for a GeLU activation the fused kernel implements
+    (its ``approximate`` argument), else ``(None, why not)``; inspects the module instance."""
+    name = type(module).__name__
+    if isinstance(module, nn.GELU):
+        return module.approximate, f"nn.GELU(approximate={module.approximate!r})"
+    if module is torch.nn.functional.gelu:
+        return "none", "F.gelu (exact)"
+    approx = _GELU_CLASSES.get(name)
+    if approx:
+        return approx, f"{name} ({'exact' if approx == 'none' else 'tanh-approximate'} GeLU)"
+    if name in _NOT_KERNEL_GELU:
+        return None, _NOT_KERNEL_GELU[name]
+    return None, f"activation is {name}, not a GeLU"
+
+
+def _gelu_approximate_from_graph(index: TraceIndex, names: set[str]) -> str | None:
+    for n in names:
+        node = index.nodes[n]
+        if index.by_name[n].op_name == "gelu" and node.op == "call_function":
+            approx = node.kwargs.get("approximate")
+            if approx is None and len(node.args) > 1:
+                approx = node.args[1]
+            return approx or "none"
+    return None
+
+
+def _shape(index: TraceIndex, name: str):
+    val = index.nodes[name].meta.get("val")
+    if val is None:
+        tm = index.nodes[name].meta.get("tensor_meta")
+        return tuple(tm.shape) if tm is not None else None
+    return tuple(val.shape) if hasattr(val, "shape") else None
+
+
+def _check_preconditions(
+    index: TraceIndex, match: Match, found: _Found, model: nn.Module
+) -> tuple[str | None, str]:
+    """``(failure or None, facts)`` for the rule's runtime-only preconditions in one instance."""
+    inst = found.instance
+    nodes = [mn.node for mn in match.nodes]
+    mods = [_module_for(model, inst, n) for n in nodes]
+    rule = match.rule
+    if rule == "biased_GeLU":
+        linears = [m for m in mods if isinstance(m, nn.Linear)]
+        act_i = next((i for i, n in enumerate(nodes) if not isinstance(mods[i], nn.Linear)), None)
+        if act_i is None:
+            return None, ""
+        act_mod = mods[act_i]
+        if act_mod is None:
+            # ``self.act = config.hidden_act`` callables or functional calls: look at the graph
+            approx = _gelu_approximate_from_graph(index, found.groups[act_i])
+            if approx is None:
+                return "the activation that runs is not a GeLU", ""
+            kind, desc = approx, f"gelu (approximate={approx!r})"
+        else:
+            approx = _gelu_approximate_from_graph(index, found.groups[act_i])
+            kind, desc = gelu_kind(act_mod)
+            if approx is not None and kind is not None:
+                kind = approx
+                desc = f"{type(act_mod).__name__} (approximate={approx!r})"
+        if kind is None:
+            return desc, ""
+        facts = f"GeLU {'exact' if kind == 'none' else 'tanh'}: {desc}; kernel approximate={kind!r}"
+        if linears:
+            lin = linears[0]
+            facts += f"; Linear {lin.in_features}->{lin.out_features} bias={lin.bias is not None}"
+        return None, facts
+    if rule == "fused_QKV":
+        linears = [m for m in mods if isinstance(m, nn.Linear)]
+        if len(linears) != 3:
+            return f"expected three nn.Linear projections, found {[type(m).__name__ for m in mods]}", ""
+        ins = {m.in_features for m in linears}
+        biases = {m.bias is not None for m in linears}
+        if len(ins) != 1:
+            return f"projections differ in in_features {sorted(ins)}", ""
+        if len(biases) != 1:
+            return "projections differ in bias (some have none)", ""
+        outs = [m.out_features for m in linears]
+        roles = [_projection_role(n) for n in nodes]
+        if sorted(r for r in roles if r) == ["k", "q", "v"]:
+            kv = {outs[roles.index("k")], outs[roles.index("v")]}
+            if len(kv) != 1:
+                return f"key/value out_features differ {sorted(kv)}: FusedQKV needs one kv_out_features", ""
+        elif len(set(outs)) == 3:
+            return f"projection out_features {outs} cannot be split as q plus equal k/v", ""
+        return None, f"3 x Linear in={ins.pop()} out={outs} bias={biases.pop()}"
+    if rule == "Dropout_LayerNorm":
+        drop = next((m for m in mods if isinstance(m, nn.Dropout)), None)
+        ln = next((m for m in mods if isinstance(m, nn.LayerNorm)), None)
+        if ln is None:
+            return "the norm that runs is not an nn.LayerNorm", ""
+        add_i = next((i for i, n in enumerate(nodes) if isinstance(n, TensorOp)), None)
+        if add_i is not None:
+            for name in found.groups[add_i]:
+                ins = [i for i in index.inputs(name) if index.nodes[i].op != "get_attr"]
+                shapes = [_shape(index, i) for i in ins]
+                if len(shapes) == 2 and None not in shapes and shapes[0] != shapes[1]:
+                    return f"residual add broadcasts ({list(shapes[0])} + {list(shapes[1])})", ""
+        p = drop.p if drop is not None else "?"
+        return None, f"Dropout(p={p}) + LayerNorm{tuple(ln.normalized_shape)} eps={ln.eps}"
+    if rule == "Conv_BatchNorm":
+        conv = next((m for m in mods if isinstance(m, nn.Conv2d)), None)
+        bn = next((m for m in mods if isinstance(m, nn.BatchNorm2d)), None)
+        if conv is None or bn is None:
+            return "the layers that run are not nn.Conv2d and nn.BatchNorm2d", ""
+        if bn.num_features != conv.out_channels:
+            return f"BatchNorm2d({bn.num_features}) does not fit Conv2d out_channels={conv.out_channels}", ""
+        return None, f"Conv2d({conv.in_channels}->{conv.out_channels}) + BatchNorm2d({bn.num_features})"
+    if rule == "Linear_BatchNorm":
+        lin = next((m for m in mods if isinstance(m, nn.Linear)), None)
+        bn = next((m for m in mods if isinstance(m, nn.BatchNorm1d)), None)
+        if lin is None or bn is None:
+            return "the layers that run are not nn.Linear and nn.BatchNorm1d", ""
+        if bn.num_features != lin.out_features:
+            return f"BatchNorm1d({bn.num_features}) does not fit Linear out_features={lin.out_features}", ""
+        return None, f"Linear({lin.in_features}->{lin.out_features}) + BatchNorm1d({bn.num_features})"
+    return None, ""
+
+
+# ------------------------------------------------------------------ confirmation
+
+
+def _confirm_one(index: TraceIndex, match: Match, model: nn.Module) -> Match:
+    file = _realpath(match.file)
+    match_r = replace(match, file=file) if file != match.file else match
+    if match.class_name:
+        instances = [p for p, _ in _instances(model, match.class_name, file)]
+        if not instances:
+            return replace(
+                match, status="untraced",
+                reason=f"class {match.class_name} is not part of this model (no instance of it)",
+            )
+    else:
+        if file not in index.by_file and not any(_class_file(type(m)) == file for m in model.modules()):
+            return replace(match, status="untraced", reason=f"{os.path.basename(file)} is not part of this model")
+        instances = [""]
+    results = [_evaluate_instance(index, match_r, inst, model) for inst in instances]
+    ok = [r for r in results if not r.missing and not r.problem]
+    where = "function " + match.function if not match.class_name else f"{match.class_name}"
+    if ok:
+        failures, facts = [], ""
+        for r in ok:
+            failure, facts_r = _check_preconditions(index, match_r, r, model)
+            if failure:
+                failures.append((r.instance, failure))
+            else:
+                facts = facts or facts_r
+        if len(failures) == len(ok):
+            inst, failure = failures[0]
+            return replace(match, status="rejected", reason=f"runtime precondition fails in {inst or 'model'}: {failure}")
+        n = len(ok) - len(failures)
+        label = "instance" if n == 1 else "instances"
+        first = next(r.instance for r in ok if r.instance not in {i for i, _ in failures})
+        reason = f"runs in {n} {label} (e.g. {first or 'model'})" if match.class_name else f"runs ({n} call site{'s' if n != 1 else ''})"
+        if match.class_name is None:
+            reason = f"runs in {len(_instances_running(index, match_r, results[0]))} module instance(s)"
+        if facts:
+            reason += f"; {facts}"
+        if failures:
+            reason += f"; precondition fails in {len(failures)} other: {failures[0][1]}"
+        return replace(match, status="confirmed", reason=reason)
+    partial = [r for r in results if len(r.missing) < len(match.nodes)]
+    problem = next((r.problem for r in results if r.problem), "")
+    if problem:
+        return replace(match, status="not-executed", reason=f"{where} runs but {problem}")
+    lines = sorted({match.nodes[i].node.span.line for r in results for i in r.missing if match.nodes[i].node.span})
+    if partial:
+        r = min(partial, key=lambda r: len(r.missing))
+        lines = sorted({match.nodes[i].node.span.line for i in r.missing})
+    line_text = ", ".join(map(str, lines))
+    if match.class_name:
+        reason = (
+            f"{match.class_name} runs ({len(instances)} instance{'s' if len(instances) != 1 else ''}) "
+            f"but line{'s' if len(lines) != 1 else ''} {line_text} never execute{'s' if len(lines) == 1 else ''} "
+            f"under this configuration"
+        )
+    else:
+        reason = f"{match.function} line{'s' if len(lines) != 1 else ''} {line_text} never execute{'s' if len(lines) == 1 else ''} under this configuration"
+    return replace(match, status="not-executed", reason=reason)
+
+
+def _instances_running(index: TraceIndex, match: Match, found: _Found) -> set[str]:
+    paths = set()
+    for g in found.groups:
+        for n in g:
+            paths.add(index.by_name[n].module_path or "")
+    return paths
+
+
+def confirm_matches(
+    model: nn.Module,
+    example_inputs: dict[str, Any],
+    matches: Sequence[Match],
+    *,
+    capture: Capture | None = None,
+    runtime_only: bool = True,
+) -> list[Match]:
+    """Set ``status``/``reason`` of every match from a trace of ``model`` on ``example_inputs``;
+    append ``runtime-only`` matches for executed rule sequences no static match covers."""
+    if capture is None:
+        try:
+            capture = capture_model(model, example_inputs)
+        except CaptureError as exc:
+            reason = f"model could not be traced: {exc}"
+            return [replace(m, status="untraced", reason=reason) for m in matches]
+    index = TraceIndex.build(capture)
+    out = [_confirm_one(index, m, model) for m in matches]
+    if runtime_only:
+        out += find_runtime_only(index, model, matches)
+    return out
+
+
+# ------------------------------------------------------------------ runtime-only sequences
+
+
+def _in_module_of(src: NodeSource, classes: tuple[str, ...]) -> str | None:
+    """Path of the innermost module of one of ``classes`` (qualified names) the node ran in."""
+    for path, cls in reversed(src.module_stack):
+        if cls in classes:
+            return path
+    return None
+
+
+_DROPOUT = ("torch.nn.modules.dropout.Dropout",)
+_LAYERNORM = ("torch.nn.modules.normalization.LayerNorm",)
+_LINEAR = ("torch.nn.modules.linear.Linear",)
+_CONV2D = ("torch.nn.modules.conv.Conv2d",)
+_BN2D = ("torch.nn.modules.batchnorm.BatchNorm2d",)
+_BN1D = ("torch.nn.modules.batchnorm.BatchNorm1d",)
+
+
+@dataclass
+class _Step:
+    """One link of a runtime sequence: a module call (``classes``) or a graph op (``ops``)."""
+
+    kind: str  # DSL layer type or tensor op symbol
+    classes: tuple[str, ...] = ()
+    ops: frozenset = frozenset()
+
+    def group_of(self, index: TraceIndex, src: NodeSource) -> tuple[str, set[str]] | None:
+        """``(key, nodes)`` of the step this node belongs to (all nodes of one module call)."""
+        if self.classes:
+            path = _in_module_of(src, self.classes)
+            if path is None:
+                return None
+            return path, {s.node_name for s in _module_nodes(index, path)}
+        if src.op_name in self.ops and src.module_path is not None and not _in_leaf(src):
+            return src.node_name, {src.node_name}
+        return None
+
+
+def _in_leaf(src: NodeSource) -> bool:
+    return bool(src.module_stack) and src.module_stack[-1][1].startswith("torch.nn.modules.")
+
+
+def _module_nodes(index: TraceIndex, path: str) -> list[NodeSource]:
+    cache = index.__dict__.setdefault("_module_nodes", {})
+    if path not in cache:
+        cache[path] = [s for s in index.sources if s.within(path)]
+    return cache[path]
+
+
+def _gelu_step_group(index: TraceIndex, src: NodeSource) -> tuple[str, set[str]] | None:
+    # a GeLU activation module (transformers ACT2FN classes, nn.GELU) or a functional gelu op
+    for path, cls in reversed(src.module_stack):
+        name = cls.rsplit(".", 1)[-1]
+        if name in _GELU_CLASSES:
+            return path, {s.node_name for s in _module_nodes(index, path)}
+    if src.op_name == "gelu":
+        return src.node_name, {src.node_name}
+    return None
+
+
+SEQUENCES: dict[str, list] = {
+    "Dropout_LayerNorm": [_Step("torch.nn.Dropout", _DROPOUT), _Step("+", ops=frozenset({"add", "add_"})), _Step("torch.nn.LayerNorm", _LAYERNORM)],
+    "biased_GeLU": [_Step("torch.nn.Linear", _LINEAR), "gelu"],
+    "Conv_BatchNorm": [_Step("torch.nn.Conv2d", _CONV2D), _Step("torch.nn.BatchNorm2d", _BN2D)],
+    "Linear_BatchNorm": [_Step("torch.nn.Linear", _LINEAR), _Step("torch.nn.BatchNorm1d", _BN1D)],
+}
+
+
+def _step_group(index, step, src):
+    if step == "gelu":
+        return _gelu_step_group(index, src)
+    return step.group_of(index, src)
+
+
+def _call_site(index: TraceIndex, nodes: set[str]) -> NodeSource:
+    first = min((index.by_name[n] for n in nodes), key=lambda s: s.index)
+    return first
+
+
+def find_runtime_only(index: TraceIndex, model: nn.Module, matches: Sequence[Match]) -> list[Match]:
+    covered: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for m in matches:
+        covered[(m.rule, _realpath(m.file))].update(m.lines)
+    found: dict[tuple, list] = {}
+    for rule, steps in SEQUENCES.items():
+        for src in index.sources:
+            first = _step_group(index, steps[0], src)
+            if first is None or src.node_name != min(first[1], key=lambda n: index.by_name[n].index):
+                continue
+            chain = [first]
+            for step in steps[1:]:
+                nxt = None
+                prev_nodes = chain[-1][1]
+                for user in _direct_users(index, prev_nodes):
+                    g = _step_group(index, step, index.by_name[user])
+                    if g is not None and g[0] != chain[-1][0]:
+                        nxt = g
+                        break
+                if nxt is None:
+                    break
+                chain.append(nxt)
+            if len(chain) != len(steps):
+                continue
+            # as the static rules require: no intermediate value is read outside the chain
+            # (ViT's ``hidden_states + residual`` also feeds the next residual: not fusable)
+            if any(not set(_direct_users(index, a[1])) <= b[1] for a, b in zip(chain, chain[1:])):
+                continue
+            sites = [_call_site(index, g[1]) for g in chain]
+            # Only sequences written in one function of one class instance are rewritable
+            # at the source; chains across module boundaries (ViT's dropout in ViTSelfOutput,
+            # residual add in ViTLayer) are runtime facts, not source matches.
+            if any(s.file is None for s in sites) or len({(s.file, s.function) for s in sites}) != 1:
+                continue
+            owners = {_owner_path(s, s.class_name) for s in sites}
+            if len(owners) != 1:
+                continue
+            file = sites[0].file
+            lines = tuple(s.line for s in sites)
+            if covered[(rule, file)] & set(lines):
+                continue
+            key = (rule, file, lines)
+            found.setdefault(key, []).append((chain, sites, owners.pop()))
+    out = []
+    for (rule, file, lines), occurrences in found.items():
+        chain, sites, owner_path = occurrences[0]
+        owner_class = sites[-1].class_name
+        nodes = []
+        for i, ((path, _group), site, step) in enumerate(zip(chain, sites, SEQUENCES[rule])):
+            span = Span(site.line, 0, site.line, 0, function=site.function or "")
+            if step == "+" or (not isinstance(step, str) and step.kind == "+"):
+                nodes.append(MatchedNode(i, TensorOp("+", span=span)))
+            else:
+                kind = step.kind if not isinstance(step, str) else "gelu"
+                owner = _owner_path(site, owner_class)
+                module = None
+                rel = path[len(owner) + 1:] if owner and path.startswith(owner + ".") else (path if not owner else "")
+                if rel and path in _module_paths(site):
+                    module = Var("self." + rel)
+                nodes.append(MatchedNode(i, Layer(kind, module=module, span=span)))
+        function = (sites[-1].function or "").rsplit(".", 1)[-1]
+        n = len(occurrences)
+        out.append(
+            Match(
+                rule=rule,
+                file=file,
+                class_name=owner_class,
+                function=function,
+                nodes=tuple(nodes),
+                status="runtime-only",
+                reason=(
+                    f"executes at lines {', '.join(map(str, lines))} in {n} instance{'s' if n != 1 else ''} "
+                    f"(e.g. {owner_path or 'the model'}) but no static match covers it"
+                ),
+            )
+        )
+    return out
+
+
+def _module_paths(site: NodeSource) -> set[str]:
+    return {p for p, _ in site.module_stack}
+
+
+def _owner_path(site: NodeSource, class_name: str | None) -> str:
+    if class_name:
+        for path, cls in reversed(site.module_stack):
+            if cls.rsplit(".", 1)[-1] == class_name:
+                return path
+    return ""
+
+
+def _direct_users(index: TraceIndex, names: set[str]) -> list[str]:
+    """Nodes outside ``names`` fed by them, through transparent ops; in graph order."""
+    out, seen, stack = [], set(), list(names)
+    while stack:
+        name = stack.pop()
+        for user in index.users(name):
+            if user in names or user in seen:
+                continue
+            seen.add(user)
+            if index.is_transparent(user):
+                stack.append(user)
+            elif user in index.by_name:
+                out.append(user)
+    return sorted(out, key=lambda n: index.by_name[n].index)
+
+
+# ------------------------------------------------------------------ model ids
+
+
+def confirm_model_id(matches: Sequence[Match], model_id: str, device: str | None = None, **build_kwargs) -> list[Match]:
+    """Build ``model_id`` (see :func:`adopter.tracing.models.build_model`) and confirm ``matches``."""
+    from .models import build_model
+
+    built = build_model(model_id, device=device, **build_kwargs)
+    return confirm_matches(built.model, built.example_inputs, matches)
