@@ -55,7 +55,7 @@ MAX_PATHS = 512
 MAX_INLINE_DEPTH = 6
 # Budget of statement executions per entry; past it, branches no longer fork
 # (their nodes are kept on the first branch only) so pathological files stay fast.
-MAX_STEPS = 40_000
+MAX_STEPS = 20_000
 # Type of a call whose callee cannot be resolved statically (``self.foo(x)`` with no
 # binding of ``foo``, calling a parameter).
 UNKNOWN_TYPE = "?"
@@ -111,11 +111,19 @@ class _V:
                 inner = ", ".join(str(e.value()) for e in self.elts)
                 self.text = f"({inner},)" if len(self.elts) == 1 else f"({inner})"
             elif self.expr is not None:
-                self.text = ast.unparse(self.expr)
+                key = id(self.expr)
+                text = _UNPARSED.get(key)
+                if text is None:
+                    text = _UNPARSED[key] = ast.unparse(self.expr)
+                self.text = text
             else:
                 self.text = "None"
         return Const(self.text)
 
+
+# id(ast expr) -> ast.unparse(expr) for the tree being extracted (cleared per file):
+# the same expression is written into nodes on many paths.
+_UNPARSED: dict[int, str] = {}
 
 _NONE = _V(text="None")
 _SELF = _V(alias=("self",), text="self")
@@ -641,6 +649,7 @@ class _Interp:
         self.inlined_at: tuple[int, ...] = ()
         self.qual = qual
         self.stack = [id(fdef)]
+        self.memo: dict = {}
         self.stmt = fdef
         self.capped = False
         self.steps = 0
@@ -719,9 +728,12 @@ class _Interp:
                 done = []
             self.stmt = s
             self.steps += len(live)
-            if self.steps > MAX_STEPS and not self.no_fork:
-                self.no_fork = True
-                self.capped = True
+            if self.steps > MAX_STEPS:
+                if not self.no_fork:
+                    self.no_fork = True
+                    self.capped = True
+                if len(live) > 1:
+                    live = live[:1]
             new = self.statement(s, live)
             states = done + new if done else new
             if len(states) > MAX_PATHS:
@@ -821,6 +833,9 @@ class _Interp:
             return self.block(s.body if test.value else s.orelse, live)
         out = []
         for st in live:
+            if len(out) >= MAX_PATHS:
+                self.capped = True
+                break
             body = self.block(s.body, [st.fork()])
             self.stmt = s
             if self.no_fork and any(b.nodes is not st.nodes for b in body if b.flow != DEAD):
@@ -835,10 +850,15 @@ class _Interp:
         out = []
         is_for = type(s) is not ast.While
         for st in live:
+            if len(out) >= MAX_PATHS:
+                self.capped = True
+                break
             zero_trip = True
             once = st.fork()
             if is_for:
                 zero_trip = not self.bind_loop_target(s, once)
+            if self.no_fork:
+                zero_trip = False
             res = self.block(s.body, [once])
             self.stmt = s
             exits = [st] if zero_trip else []
@@ -903,6 +923,9 @@ class _Interp:
     def try_(self, s, live: list[_St]) -> list[_St]:
         out = []
         for st in live:
+            if len(out) >= MAX_PATHS:
+                self.capped = True
+                break
             start = st.fork()
             body = self.block(s.body, [st])
             self.stmt = s
@@ -911,7 +934,7 @@ class _Interp:
             if s.orelse and ok:
                 ok = self.block(s.orelse, ok)
             res = ok + rest
-            for h in s.handlers:
+            for h in () if self.no_fork else s.handlers:
                 hs = start.fork()
                 if h.name:
                     hs.env[h.name] = _V(text=h.name)
@@ -928,13 +951,19 @@ class _Interp:
         states = [s for s in states if s.flow != DEAD]
         if len(states) <= 1:
             return states
-        groups: dict = {}
+        coarse: dict = {}
         for s in states:
-            sig = tuple(sorted((k, v.alias) for k, v in s.env.items() if v.alias is not None))
-            key = (id(s.nodes), s.flow, sig, s.ret is None or s.ret.alias)
-            groups.setdefault(key, []).append(s)
-        if len(groups) == len(states):
+            coarse.setdefault((id(s.nodes), s.flow), []).append(s)
+        if len(coarse) == len(states):
             return states
+        groups: dict = {}
+        for key0, g0 in coarse.items():
+            if len(g0) == 1:
+                groups[key0] = g0
+                continue
+            for s in g0:
+                sig = tuple(sorted((k, v.alias) for k, v in s.env.items() if v.alias is not None))
+                groups.setdefault((key0, sig, s.ret is None or s.ret.alias), []).append(s)
         out = []
         for g in groups.values():
             if len(g) == 1:
@@ -1068,7 +1097,8 @@ class _Interp:
                     for s3, v in self.ev(el, s2):
                         nres.append((s3, acc + [v]))
                 res = nres
-            return [(s2, _V(elts=acc, tensor=any(v.tensor for v in acc))) for s2, acc in res]
+            # a tuple/list display is never itself a tensor (its elements may be)
+            return [(s2, _V(elts=acc)) for s2, acc in res]
         if t is ast.IfExp:
             return self.ifexp(e, st, dest)
         if t is ast.Await:
@@ -1463,77 +1493,117 @@ class _Interp:
 
     # -- inlining
     def inline(self, fdef, qual: str, owner, e: ast.Call, st: _St, dest, bound_self: bool, closure=False) -> list:
-        if fdef is None or id(fdef) in self.stack or len(self.stack) > MAX_INLINE_DEPTH:
+        if fdef is None or id(fdef) in self.stack or len(self.stack) > MAX_INLINE_DEPTH or self.no_fork:
             return self.opaque(e, st, True)
         out = []
         for st1, pos, kw in self.eval_args(e, st):
-            env = {}
             caller_env = st1.env
-            if closure:
-                env.update(caller_env)
+            key = None
+            if not closure:
+                # Same callee, call site, arguments and ``self.*`` state -> same nodes: the
+                # callee runs once per distinct input, its node deltas are replayed per path.
+                key = (
+                    id(e), self.ctx, id(fdef),
+                    tuple(_sig(v) for v in pos),
+                    tuple((k, _sig(v)) for k, v in kw),
+                    tuple((k, _sig(v)) for k, v in caller_env.items() if k[0] == "@" or k.startswith("self.")),
+                )
+                results = self.memo.get(key)
             else:
-                for k, v in caller_env.items():
-                    if k[0] == "@" or k.startswith("self."):
-                        env[k] = v
-            a = fdef.args
-            params = list(a.posonlyargs) + list(a.args)
-            if bound_self and params:
-                env[params[0].arg] = _SELF
-                params = params[1:]
-            star = any(v.text is not None and v.text.startswith("*") and v.var is None and v.alias is None for v in pos)
-            ndef = len(a.defaults)
-            first_default = len(params) - ndef
-            kwmap = {k: v for k, v in kw if k is not None}
-            for i, p in enumerate(params):
-                if i < len(pos) and not (star and pos[i].text is not None and pos[i].text.startswith("*")):
-                    env[p.arg] = pos[i]
-                elif p.arg in kwmap:
-                    env[p.arg] = kwmap.pop(p.arg)
-                elif i >= first_default and not star:
-                    env[p.arg] = _V(expr=a.defaults[i - first_default], tensor=False)
-                else:
-                    env[p.arg] = _V(var=Var(p.arg), tensor=_annotation_is_tensor(p.annotation))
-            for p, d in zip(a.kwonlyargs, a.kw_defaults):
-                if p.arg in kwmap:
-                    env[p.arg] = kwmap.pop(p.arg)
-                elif d is not None:
-                    env[p.arg] = _V(expr=d, tensor=False)
-                else:
-                    env[p.arg] = _V(var=Var(p.arg), tensor=True)
-            if a.vararg is not None:
-                env[a.vararg.arg] = _V(text=a.vararg.arg)
-            if a.kwarg is not None:
-                env[a.kwarg.arg] = _V(text=a.kwarg.arg)
-            saved = (self.qual, self.ctx, self.inlined_at, self.stmt, self.cls)
-            self.qual = qual
-            self.ctx = self.ctx + (id(e),)
-            self.inlined_at = self.inlined_at + (e.lineno,)
-            if owner is not None:
-                self.cls = owner if self.cls is None else self.cls
-            self.stack.append(id(fdef))
-            try:
-                results = self.block(fdef.body, [_St(st1.nodes, env)])
-            finally:
-                self.stack.pop()
-                self.qual, self.ctx, self.inlined_at, self.stmt, self.cls = saved
-            rets = []
-            for r in results:
-                if r.flow == DEAD:
-                    continue
-                cenv = dict(caller_env)
-                for k, v in r.env.items():
-                    if k[0] == "@" or k.startswith("self."):
-                        cenv[k] = v
-                rets.append(_St(r.nodes, cenv, RET, r.ret if r.flow == RET and r.ret is not None else _NONE))
-            if not rets:
-                dead = _St(st1.nodes, caller_env, DEAD)
-                out.append((dead, _NONE))
+                results = None
+            if results is None:
+                results = self.run_callee(fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure)
+                if key is not None:
+                    self.memo[key] = results
+            if not results:
+                out.append((_St(st1.nodes, caller_env, DEAD), _NONE))
                 continue
-            for r in self.merge(rets, e):
-                v = r.ret
-                r.flow, r.ret = LIVE, None
-                out.append((r, v))
+            if len(out) >= MAX_PATHS:
+                self.capped = True
+                break
+            for delta, ret, updates in results:
+                nodes = st1.nodes
+                for n in delta:
+                    nodes = (n, nodes)
+                if updates:
+                    cenv = dict(caller_env)
+                    cenv.update(updates)
+                else:
+                    cenv = caller_env if len(results) == 1 else dict(caller_env)
+                out.append((_St(nodes, cenv), ret))
         return out
+
+    def run_callee(self, fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure) -> list:
+        """Run an inlined body from an empty node list: [(added nodes, return value, self.* updates)]."""
+        env = {}
+        if closure:
+            env.update(caller_env)
+        else:
+            for k, v in caller_env.items():
+                if k[0] == "@" or k.startswith("self."):
+                    env[k] = v
+        a = fdef.args
+        params = list(a.posonlyargs) + list(a.args)
+        if bound_self and params:
+            env[params[0].arg] = _SELF
+            params = params[1:]
+        star = any(v.text is not None and v.text.startswith("*") and v.var is None and v.alias is None for v in pos)
+        ndef = len(a.defaults)
+        first_default = len(params) - ndef
+        kwmap = {k: v for k, v in kw if k is not None}
+        for i, p in enumerate(params):
+            if i < len(pos) and not (star and pos[i].text is not None and pos[i].text.startswith("*")):
+                env[p.arg] = pos[i]
+            elif p.arg in kwmap:
+                env[p.arg] = kwmap.pop(p.arg)
+            elif i >= first_default and not star:
+                env[p.arg] = _V(expr=a.defaults[i - first_default], tensor=False)
+            else:
+                env[p.arg] = _V(var=Var(p.arg), tensor=_annotation_is_tensor(p.annotation))
+        for p, d in zip(a.kwonlyargs, a.kw_defaults):
+            if p.arg in kwmap:
+                env[p.arg] = kwmap.pop(p.arg)
+            elif d is not None:
+                env[p.arg] = _V(expr=d, tensor=False)
+            else:
+                env[p.arg] = _V(var=Var(p.arg), tensor=True)
+        if a.vararg is not None:
+            env[a.vararg.arg] = _V(text=a.vararg.arg)
+        if a.kwarg is not None:
+            env[a.kwarg.arg] = _V(text=a.kwarg.arg)
+        saved = (self.qual, self.ctx, self.inlined_at, self.stmt, self.cls)
+        self.qual = qual
+        self.ctx = self.ctx + (id(e),)
+        self.inlined_at = self.inlined_at + (e.lineno,)
+        if owner is not None and self.cls is None:
+            self.cls = owner
+        self.stack.append(id(fdef))
+        try:
+            results = self.block(fdef.body, [_St(None, env)])
+        finally:
+            self.stack.pop()
+            self.qual, self.ctx, self.inlined_at, self.stmt, self.cls = saved
+        rets = []
+        for r in results:
+            if r.flow == DEAD:
+                continue
+            upd = {k: v for k, v in r.env.items() if (k[0] == "@" or k.startswith("self.")) and caller_env.get(k) is not v}
+            rets.append(_St(r.nodes, upd, RET, r.ret if r.flow == RET and r.ret is not None else _NONE))
+        out = []
+        for r in self.merge(rets, e):
+            out.append((_cons_to_tuple(r.nodes), r.ret, r.env))
+        return out
+
+
+def _sig(v: _V):
+    """Hashable identity of an abstract value (equal signatures behave the same)."""
+    if v.var is not None:
+        return (v.var, v.tensor, None if v.elts is None else tuple(_sig(x) for x in v.elts))
+    if v.alias is not None:
+        return v.alias
+    if v.elts is not None:
+        return ("elts",) + tuple(_sig(x) for x in v.elts)
+    return (v.text, id(v.expr), v.tensor)
 
 
 # ---------------------------------------------------------------- driver
@@ -1576,6 +1646,14 @@ def extract_source(text: str, filename: str = "<string>") -> FileStructures:
     Raises ``SyntaxError`` unchanged when ``text`` does not parse.
     """
     tree = ast.parse(text, filename=filename)
+    _UNPARSED.clear()
+    try:
+        return _extract_tree(tree, filename)
+    finally:
+        _UNPARSED.clear()
+
+
+def _extract_tree(tree: ast.Module, filename: str) -> FileStructures:
     fc = _File(tree, filename)
     # bases and module-ness first: bindings of subclasses are looked up through them
     for cls in fc.classes.values():

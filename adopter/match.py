@@ -110,6 +110,33 @@ class MatchContext:
     node_indices: tuple[int, ...]  # positions in path.nodes of the matched nodes
     variant: RuleText | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # shared by every match on the same path (e.g. the path's producer map)
+    path_cache: dict[str, Any] = field(default_factory=dict)
+    # the file's source text when the caller has it (source-level checks)
+    source: str | None = None
+
+    def producers(self) -> dict[tuple[str, int], Node]:
+        """(name, version) -> the node of the path whose output it is."""
+        prod = self.path_cache.get("producers")
+        if prod is None:
+            prod = {}
+            for n in self.path.nodes:
+                out = getattr(n, "output", None)
+                if isinstance(out, Var):
+                    prod.setdefault((out.name, out.version), n)
+            self.path_cache["producers"] = prod
+        return prod
+
+    def readers(self) -> dict[tuple[str, int], list[int]]:
+        """(name, version) -> positions of the path's nodes that read it."""
+        rd = self.path_cache.get("readers")
+        if rd is None:
+            rd = {}
+            for i, n in enumerate(self.path.nodes):
+                for v in _arg_vars(n):
+                    rd.setdefault((v.name, v.version), []).append(i)
+            self.path_cache["readers"] = rd
+        return rd
 
     def binding(self, name: str) -> Value | None:
         return self.match.bindings.get(name)
@@ -265,7 +292,19 @@ def _node_key(n: Node) -> str | None:
     return None
 
 
+_PATTERN_KEYS: dict[int, tuple[Node, tuple[str, ...] | None]] = {}
+
+
 def _pattern_keys(pn: Node) -> tuple[str, ...] | None:
+    hit = _PATTERN_KEYS.get(id(pn))
+    if hit is not None and hit[0] is pn:
+        return hit[1]
+    keys = _compute_pattern_keys(pn)
+    _PATTERN_KEYS[id(pn)] = (pn, keys)
+    return keys
+
+
+def _compute_pattern_keys(pn: Node) -> tuple[str, ...] | None:
     if isinstance(pn, Layer):
         return tuple("L:" + t for t in _type_alternatives(pn.type))
     if isinstance(pn, TensorOp):
@@ -276,13 +315,22 @@ def _pattern_keys(pn: Node) -> tuple[str, ...] | None:
 class _PathIndex:
     """Positions of the nodes of one path by type, for fast candidate lookup."""
 
-    def __init__(self, nodes: Sequence[Node]):
+    def __init__(self, nodes: Sequence[Node], key_cache: dict | None = None):
         self.nodes = nodes
-        self.by_key: dict[str, list[int]] = {}
+        by_key: dict[str, list[int]] = {}
+        cache = key_cache if key_cache is not None else {}
         for i, n in enumerate(nodes):
-            k = _node_key(n)
+            nid = id(n)
+            k = cache.get(nid, 0)
+            if k == 0:
+                k = cache[nid] = _node_key(n)
             if k is not None:
-                self.by_key.setdefault(k, []).append(i)
+                lst = by_key.get(k)
+                if lst is None:
+                    by_key[k] = [i]
+                else:
+                    lst.append(i)
+        self.by_key = by_key
 
     def candidates(self, pn: Node, start: int) -> Iterable[int]:
         keys = _pattern_keys(pn)
@@ -300,9 +348,15 @@ class _PathIndex:
         return merged
 
     def has_all(self, pattern: Pattern) -> bool:
+        by_key = self.by_key
         for pn in pattern.nodes:
             keys = _pattern_keys(pn)
-            if keys is not None and not any(k in self.by_key for k in keys):
+            if keys is None:
+                continue
+            for k in keys:
+                if k in by_key:
+                    break
+            else:
                 return False
         return True
 
@@ -424,7 +478,11 @@ def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
     if not isinstance(v, Var):
         return []
     inside = set(ctx.node_indices)
-    return [n for i, n in enumerate(ctx.path.nodes) if i not in inside and reads(n, v)]
+    if v.name.startswith("self.") or v.version == 0:
+        positions = [i for (name, _), lst in ctx.readers().items() if name == v.name for i in lst]
+    else:
+        positions = ctx.readers().get((v.name, v.version), [])
+    return [ctx.path.nodes[i] for i in sorted(set(positions)) if i not in inside]
 
 
 # ---------------------------------------------------------------- driver
@@ -453,84 +511,98 @@ def _rehome(m: Match, structures: FileStructures) -> Match:
     return replace(m, class_name=None, function=qual)
 
 
-def _match_function(
+def _match_path(
     rule: RuleLike,
     structures: FileStructures,
     fs: FunctionStructures,
     cls: ClassInfo | None,
+    init_list: tuple[InitBinding, ...],
+    path: PathStructure,
+    index: "_PathIndex",
     accepted: dict,
     rejected: dict,
+    path_cache: dict,
+    source: str | None = None,
 ) -> None:
-    init_list = class_init_bindings(structures, cls)
-    seen_paths: set[tuple[int, ...]] = set()
-    for path in fs.paths:
-        pkey = tuple(id(n) for n in path.nodes)
-        if pkey in seen_paths:
+    veto = getattr(rule, "veto_across_paths", True)
+    rehome = getattr(rule, "rehome", True)
+    for variant in rule.variants:
+        if not index.has_all(variant.forward.source):
             continue
-        seen_paths.add(pkey)
-        index = _PathIndex(path.nodes)
-        for variant in rule.variants:
-            if not index.has_all(variant.forward.source):
+        for positions, b in _search(variant.forward.source, index, {}):
+            nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
+            m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
+                      function=fs.function, nodes=nodes, bindings=b)
+            if variant.init is not None:
+                r = match_init(variant.init.source, init_list, b)
+                if r is None:
+                    continue
+                init_nodes, ib = r
+                init_only = {k: v for k, v in ib.items() if k not in b}
+                m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
+            homed = _rehome(m, structures) if rehome else m
+            key = homed.key()
+            if veto and key in rejected:
                 continue
-            for positions, b in _search(variant.forward.source, index, {}):
-                nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
-                m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
-                          function=fs.function, nodes=nodes, bindings=b)
-                if variant.init is not None:
-                    r = match_init(variant.init.source, init_list, b)
-                    if r is None:
-                        continue
-                    init_nodes, ib = r
-                    init_only = {k: v for k, v in ib.items() if k not in b}
-                    m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
-                homed = _rehome(m, structures) if getattr(rule, "rehome", True) else m
-                key = homed.key()
-                veto = getattr(rule, "veto_across_paths", True)
-                if veto and key in rejected:
-                    continue
-                ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant)
-                reason = None
-                for pre in rule.preconditions:
-                    reason = pre(ctx)
-                    if reason:
-                        break
-                extra = ctx.extra.get("extra_nodes")
-                if not reason and extra:
-                    # nodes a precondition found part of the match (attention projections)
-                    more = tuple(MatchedNode(-1, n) for n in extra if all(n is not mn.node for mn in m.nodes))
-                    both = sorted(m.nodes + more, key=lambda mn: (mn.node.span.line, mn.node.span.col)
-                                  if mn.node.span is not None else (0, 0))
-                    m = replace(m, nodes=tuple(both))
-                    homed = _rehome(m, structures) if getattr(rule, "rehome", True) else m
+            if not veto and key in accepted:
+                continue
+            ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant, path_cache=path_cache,
+                               source=source)
+            reason = None
+            for pre in rule.preconditions:
+                reason = pre(ctx)
                 if reason:
-                    # The fused code would run on every path through these statements:
-                    # a violation on any of them vetoes the match.
-                    rejected.setdefault(key, replace(homed, reason=reason))
-                    if veto:
-                        accepted.pop(key, None)
-                    continue
-                accepted.setdefault(key, homed)
+                    break
+            extra = ctx.extra.get("extra_nodes")
+            if not reason and extra:
+                # nodes a precondition found part of the match (attention projections)
+                more = tuple(MatchedNode(-1, n) for n in extra if all(n is not mn.node for mn in m.nodes))
+                both = sorted(m.nodes + more, key=lambda mn: (mn.node.span.line, mn.node.span.col)
+                              if mn.node.span is not None else (0, 0))
+                m = replace(m, nodes=tuple(both))
+                homed = _rehome(m, structures) if rehome else m
+            if reason:
+                # The fused code would run on every path through these statements:
+                # a violation on any of them vetoes the match.
+                rejected.setdefault(key, replace(homed, reason=reason))
+                if veto:
+                    accepted.pop(key, None)
+                continue
+            accepted.setdefault(key, homed)
 
 
 def match_structures(
-    structures: FileStructures, rules: Iterable[RuleLike], rejected: list[Match] | None = None
+    structures: FileStructures,
+    rules: Iterable[RuleLike],
+    rejected: list[Match] | None = None,
+    *,
+    source: str | None = None,
 ) -> list[Match]:
     """All matches of ``rules`` in one file's structures, de-duplicated, in source order.
 
     Matches dropped by a precondition are appended to ``rejected`` (with ``reason`` set)
-    when a list is given.
+    when a list is given. ``source`` (the file's text) enables source-level checks such
+    as intermediates escaping through plain assignments or ``return``.
     """
+    rules = list(rules)
     classes = {c.name: c for c in structures.classes}
+    accepted: list[dict] = [{} for _ in rules]
+    rejected_by_rule: list[dict] = [{} for _ in rules]
+    key_cache: dict[int, str | None] = {}
+    for fs in structures.functions:
+        cls = classes.get(fs.class_name) if fs.class_name else None
+        init_list = class_init_bindings(structures, cls)
+        for path in fs.paths:
+            index = _PathIndex(path.nodes, key_cache)
+            path_cache: dict = {}
+            for i, rule in enumerate(rules):
+                _match_path(rule, structures, fs, cls, init_list, path, index, accepted[i], rejected_by_rule[i],
+                            path_cache, source)
     results: list[Match] = []
-    for rule in rules:
-        accepted: dict = {}
-        rejected_here: dict = {}
-        for fs in structures.functions:
-            cls = classes.get(fs.class_name) if fs.class_name else None
-            _match_function(rule, structures, fs, cls, accepted, rejected_here)
-        results.extend(_resolve_overlaps(rule, list(accepted.values())))
+    for i, rule in enumerate(rules):
+        results.extend(_resolve_overlaps(rule, list(accepted[i].values())))
         if rejected is not None:
-            rejected.extend(m for k, m in rejected_here.items() if k not in accepted)
+            rejected.extend(m for k, m in rejected_by_rule[i].items() if k not in accepted[i])
     results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
     return results
 

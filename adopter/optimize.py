@@ -187,10 +187,10 @@ def _default_confirm(model, example_inputs, matches: list[Match]) -> list[Match]
     return list(confirm_matches(model, example_inputs, matches))
 
 
-def _default_rewrite(text: str, matches: list[Match], filename: str) -> RewriteOutput:
+def _default_rewrite(text: str, matches: list[Match], filename: str, config: Any = None) -> RewriteOutput:
     from adopter.rewrite import rewrite_source
 
-    result = rewrite_source(text, matches, filename=filename)
+    result = rewrite_source(text, matches, filename=filename, config=config)
     applied = [o.match for o in result.outcomes if o.applied]
     failed = [(o.match, o.reason or "not applied by the rewriter") for o in result.outcomes if not o.applied]
     return RewriteOutput(result.new_text, applied, failed, result.diff or "")
@@ -202,7 +202,8 @@ class Pipeline:
 
     scan: Callable[[Sequence[str], Sequence[Any]], tuple[list[Match], list[Match]]] = _default_scan
     confirm: Callable[[Any, Any, list[Match]], list[Match]] = _default_confirm
-    rewrite: Callable[[str, list[Match], str], RewriteOutput] = _default_rewrite
+    # (text, matches, filename, config) -> RewriteOutput; config is the model config or None
+    rewrite: Callable[..., RewriteOutput] = _default_rewrite
 
 
 # ---------------------------------------------------------------- config shrinking
@@ -455,6 +456,7 @@ class _Subject:
     model: Any
     example_inputs: Any
     make: Callable[[type], Any]
+    config: Any = None  # the transformers config it was built from, if any
 
 
 def _as_keyword_inputs(model_cls: type, example_inputs):
@@ -516,7 +518,7 @@ def _build_subject(model_cls, config, example_inputs, device, init_args, init_kw
         instance = cls(*fresh_args, **kwargs)
         return instance.to(device).eval()
 
-    return _Subject(built.model, built.example_inputs, make)
+    return _Subject(built.model, built.example_inputs, make, built.config)
 
 
 def optimize(
@@ -608,7 +610,7 @@ def optimize(
         for name, path in files.items():
             file_matches = by_file.get(path, [])
             if file_matches:
-                out = pipe.rewrite(texts[name], file_matches, path)
+                out = pipe.rewrite(texts[name], file_matches, path, subject.config)
                 applied += out.applied
                 failed += out.failed
                 if out.applied:
@@ -699,11 +701,59 @@ def optimize(
     report.diff = diff
     report.modules = {name: module.__name__ for name, module in modules.items()}
     new_cls.adopter_report = report
+    if _is_transformers_class(model_cls) and hasattr(model_cls, "from_pretrained"):
+        new_cls.from_pretrained = _from_pretrained_via(model_cls)
     return new_cls
+
+
+def _from_pretrained_via(original_cls: type):
+    """``from_pretrained`` for an optimized transformers class.
+
+    transformers 5 loads checkpoints parameter by parameter (``set_param_for_module``),
+    bypassing ``load_state_dict`` and therefore the kernel modules' key-mapping hooks (a
+    ``FusedQKV`` has no ``query``/``key``/``value`` submodules to put ``query.weight`` in).
+    So load with the original class, then move the weights over with a strict
+    ``load_state_dict``, which goes through the hooks.
+    """
+
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        import torch
+
+        original = original_cls.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if isinstance(original, tuple):  # output_loading_info=True
+            original, *extra = original
+        else:
+            extra = None
+        param = next(iter(original.parameters()), None)
+        instance = cls(original.config)
+        if param is not None:
+            instance = instance.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
+        with torch.no_grad():
+            instance.load_state_dict(original.state_dict(), strict=True)
+        if getattr(original, "generation_config", None) is not None and hasattr(instance, "generation_config"):
+            instance.generation_config = original.generation_config
+        instance.train(original.training)
+        return (instance, *extra) if extra is not None else instance
+
+    return classmethod(from_pretrained)
 
 
 def optimize_instance(model, example_inputs, make: Callable[[type], Any], **kwargs) -> type:
     """``optimize`` for an already-built instance (``adopter verify``): ``make(cls)`` builds a
     new instance of a class the same way ``model`` was built."""
-    return optimize(type(model), _subject=_Subject(model, example_inputs, make), **kwargs)
+    return optimize(
+        type(model), _subject=_Subject(model, example_inputs, make, getattr(model, "config", None)), **kwargs
+    )
 
+
+
+class _CallableModule(type(sys)):
+    """``adopter.optimize`` is both this module and the function: importing the submodule
+    sets the package attribute ``adopter.optimize`` to the module, so ``from adopter import
+    optimize`` may give the module; calling it must still optimize."""
+
+    def __call__(self, *args, **kwargs):
+        return optimize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

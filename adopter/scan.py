@@ -91,7 +91,7 @@ def scan_source(text: str, filename: str, rules: Iterable) -> list[Match]:
     """Matches of ``rules`` in one source text (raises ``SyntaxError`` when it does not parse)."""
     from adopter.match import match_structures
 
-    return match_structures(_extract(text, filename), list(rules))
+    return match_structures(_extract(text, filename), list(rules), source=text)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -151,7 +151,7 @@ def scan_paths(
                 report.errors.append(ScanError(name, "extraction failed: " + _one_line(exc)))
             else:
                 try:
-                    report.matches.extend(match_structures(structures, rules))
+                    report.matches.extend(match_structures(structures, rules, source=text))
                 except Exception as exc:
                     report.errors.append(ScanError(name, "matching failed: " + _one_line(exc)))
         report.files_scanned += 1

@@ -77,7 +77,9 @@ class FileStructures:
 
 # ---------------------------------------------------------------- matching
 
-MatchStatus = Literal["static", "confirmed", "not-executed", "untraced", "runtime-only"]
+# "rejected" (tracing): the sequence executes but a runtime-only precondition fails (the
+# activation behind ACT2FN[...] is not a GeLU, q/k/v projections differ in in_features...).
+MatchStatus = Literal["static", "confirmed", "not-executed", "untraced", "runtime-only", "rejected"]
 
 
 @dataclass(frozen=True)

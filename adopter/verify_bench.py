@@ -40,6 +40,8 @@ from adopter.verify import call_model, flatten_tensors, move_inputs
 _STEPS: dict[str, Callable[[], None]] = {}
 
 VARIANTS = ("original", "optimized")
+MIN_BLOCKS = 6
+MAX_BLOCKS = 30
 
 
 @dataclass
@@ -254,13 +256,17 @@ def benchmark_pair(
     *,
     batch_size: int,
     seq_len: int | None = None,
-    blocks: int = 6,
+    blocks: int | None = None,
     rounds_per_block: int = 1,
+    time_budget_s: float = 20.0,
     warmup_rounds: int = 1,
     json_path: str,
     progress: Callable[[str], None] | None = None,
 ) -> BenchmarkResult:
-    """Benchmark training steps of both models (alternating), and their peak memory."""
+    """Benchmark training steps of both models (alternating), and their peak memory.
+
+    ``blocks`` (pairs of original/optimized rounds) defaults to what fits ``time_budget_s``
+    of timed steps, between :data:`MIN_BLOCKS` and :data:`MAX_BLOCKS`."""
     say = progress or (lambda _msg: None)
     device = next(iter(original.parameters())).device
     steps = {
@@ -270,9 +276,16 @@ def benchmark_pair(
     # Warm both up (first-call allocations, optimizer state) and pick iterations per round.
     say("warming up")
     iterations = 1
+    step_s = 0.0
     for step in steps.values():
-        n, _ = calibrate_iterations(step)
+        n, elapsed = calibrate_iterations(step)
         iterations = max(iterations, n)
+        step_s = max(step_s, elapsed)
+    if blocks is None:
+        # As many alternating pairs as fit the time budget, at least 6 (an interval needs
+        # pairs), at most 30 (more buys little).
+        pair_s = 2 * rounds_per_block * iterations * step_s
+        blocks = max(MIN_BLOCKS, min(MAX_BLOCKS, int(time_budget_s / max(pair_s, 1e-9))))
 
     say("measuring peak memory")
     mem: dict[str, int] = {}

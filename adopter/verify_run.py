@@ -26,8 +26,9 @@ class VerifyOptions:
     rules: str | None = None
     device: str | None = None
     batch_size: int = 4
-    seq_len: int = 64
-    blocks: int = 8
+    seq_len: int = 32
+    blocks: int | None = None  # None: as many as fit bench_seconds
+    bench_seconds: float = 20.0
     rounds: int = 1
     benchmark: bool = True
     benchmark_json: str = ".benchmarks/verify.pytest-benchmark.json"
@@ -144,6 +145,7 @@ def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Verif
                 batch_size=options.batch_size,
                 seq_len=options.seq_len if uses_tokens else None,
                 blocks=options.blocks,
+                time_budget_s=options.bench_seconds,
                 rounds_per_block=options.rounds,
                 warmup_rounds=0,
                 json_path=json_path,

@@ -145,11 +145,12 @@ def triton_dtype_ok(*tensors: Optional[torch.Tensor]) -> bool:
     return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
 
 
-def autocast_active(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # pragma: no cover - older torch
-        return torch.is_autocast_enabled()
+def autocast_to_fp32(device_type: str) -> bool:
+    """Whether autocast runs ops on autocast's fp32 list (``layer_norm``, ``softmax``) in fp32 here.
+
+    On CUDA it does; CPU autocast leaves them in the input's precision.
+    """
+    return device_type == "cuda" and torch.is_autocast_enabled(device_type)
 
 
 def fresh_seed() -> int:

@@ -53,6 +53,19 @@ def _matmul_operands(node: ast.AST) -> tuple[ast.expr, ast.expr]:
     return node.args[0], node.args[1]
 
 
+def _strip_casts(node: ast.expr) -> ast.expr:
+    """``x.float()``, ``x.type_as(y)``, ``x.to(dtype)`` ... -> ``x`` (dtype round trips)."""
+    while (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in CASTS
+        and len(node.args) <= 1
+        and not node.keywords
+    ):
+        node = node.func.value
+    return node
+
+
 def _reads(node: ast.AST, name: str) -> bool:
     return name in loads(node)
 
@@ -225,6 +238,9 @@ class _AttentionCodemod(Codemod):
 
     def _transform(self, ctx: FileContext, core: _Core, value: ast.expr, current: str, stmt: ast.stmt) -> None:
         line = stmt.lineno
+        value = _strip_casts(value)
+        if isinstance(value, ast.Name) and value.id == current:
+            return  # a pure dtype cast of the scores
         if isinstance(value, ast.BinOp):
             left_is = isinstance(value.left, ast.Name) and value.left.id == current
             right_is = isinstance(value.right, ast.Name) and value.right.id == current
@@ -245,8 +261,10 @@ class _AttentionCodemod(Codemod):
         name = _func_name(value.func)
         receiver = value.func.value if isinstance(value.func, ast.Attribute) else None
         on_current = isinstance(receiver, ast.Name) and receiver.id == current
-        first_is = bool(value.args) and isinstance(value.args[0], ast.Name) and value.args[0].id == current
-        if name in ("softmax", "adopter_softmax") and (first_is or on_current):
+        first = _strip_casts(value.args[0]) if value.args else None
+        first_is = isinstance(first, ast.Name) and first.id == current
+        attr = is_self_attr(value.func)
+        if name in ("softmax", "adopter_softmax") and attr is None and (first_is or on_current):
             if core.softmax:
                 raise Skip(f"line {line}: second softmax")
             args = list(value.args[1:] if first_is else value.args)
@@ -258,7 +276,7 @@ class _AttentionCodemod(Codemod):
             return
         if name in CASTS and on_current:
             return  # dtype round trips; the kernel returns the value dtype
-        if name == "dropout" and first_is:
+        if name == "dropout" and first_is and attr is None:
             if not core.softmax:
                 raise Skip(f"line {line}: dropout before softmax")
             kw = {k.arg: k.value for k in value.keywords}
@@ -271,7 +289,6 @@ class _AttentionCodemod(Codemod):
             training_text = arg_text(ctx, training) if training is not None else "True"
             core.dropout = f"({p_text} if {training_text} else 0.0)"
             return
-        attr = is_self_attr(value.func)
         if attr is not None and first_is and len(value.args) == 1:
             owner = ctx.enclosing_class_name(value)
             stores_ = ctx.class_attr_stores(owner, attr) if owner else []

@@ -86,10 +86,23 @@ class BiasedGeLU(Codemod):
         modes = set()
         for stmt in stmts:
             value = stmt.value if isinstance(stmt, ast.Assign) else None
+            if self._dead_for_config(ctx, value):
+                continue
             modes.add(self._mode_of(ctx, value, attr))
         if len(modes) != 1:
             raise Skip(f"self.{attr} is assigned different activations")
         return modes.pop(), attr
+
+    def _dead_for_config(self, ctx: FileContext, value: ast.expr | None) -> bool:
+        """``self.act = config.hidden_act`` (the non-string branch of transformers'
+        ``isinstance(config.hidden_act, str)``) cannot be the callable used when the given
+        config holds a string there."""
+        if ctx.config is None or not isinstance(value, ast.Attribute):
+            return False
+        base = ast.unparse(value.value)
+        if base not in ("config", "self.config"):
+            return False
+        return isinstance(getattr(ctx.config, value.attr, None), str)
 
     def _mode_of(self, ctx: FileContext, value: ast.expr | None, attr: str) -> str:
         if isinstance(value, ast.Call):

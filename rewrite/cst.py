@@ -253,6 +253,7 @@ def replace_statement(stmt: LN, new_stmts: list[LN]) -> list[LN]:
     block = stmt.parent
     index = block.children.index(stmt)
     first_in_block = index > 0 and block.children[index - 1].type == token.INDENT
+    _release_dedent(stmt)
     for offset, new in enumerate(new_stmts):
         if offset == 0:
             new.prefix = stmt.prefix if not first_in_block else ""
@@ -278,12 +279,29 @@ def _last_dedent(node: LN) -> Leaf | None:
     return last if isinstance(last, Leaf) and last.type == token.DEDENT else None
 
 
+def _release_dedent(stmt: LN) -> None:
+    """Before a compound statement goes away: the text its final DEDENT holds (the next
+    statement's comments and indentation) moves back into the next statement's prefix."""
+    if stmt.type == syms.simple_stmt:
+        return
+    nxt = stmt.next_sibling
+    dedent = _last_dedent(stmt)
+    if dedent is not None and nxt is not None and nxt.type in STMT_TYPES and nxt.prefix == "":
+        nxt.prefix = dedent.prefix
+        dedent.prefix = ""
+    elif dedent is not None and nxt is not None and nxt.type == token.DEDENT:
+        nxt.prefix = dedent.prefix + nxt.prefix
+        dedent.prefix = ""
+
+
 def remove_statement(stmt: LN) -> None:
     """Delete ``stmt`` with its own leading comment lines; a block left empty gets ``pass``."""
     block = stmt.parent
     index = block.children.index(stmt)
     prev = block.children[index - 1] if index > 0 else None
     nxt = block.children[index + 1] if index + 1 < len(block.children) else None
+    if not (block.type == syms.suite and len(statements_in(block)) == 1):
+        _release_dedent(stmt)
     if block.type == syms.suite and len(statements_in(block)) == 1:
         replace_statement(stmt, parse_statements("pass\n", indent_of(stmt)))
         return

@@ -204,3 +204,19 @@ def test_forced_triton_backend_is_what_runs(triton_backend):
     # an op the triton backend cannot take (float64) falls back to torch, numerically identical
     x64 = torch.randn(SHAPE, dtype=torch.float64)
     assert torch.equal(kernels.softmax(x64), F.softmax(x64, -1))
+
+
+def test_dropout_add_layer_norm_module_multi_dim_shape_bf16(triton_backend):
+    torch.manual_seed(0)
+    ref = nn.LayerNorm((4, 6)).to(torch.bfloat16)
+    with torch.no_grad():
+        ref.weight.normal_(), ref.bias.normal_()
+    fused = kernels.FusedDropoutAddLayerNorm((4, 6), p=0.0).to(torch.bfloat16)
+    fused.load_state_dict(ref.state_dict(), strict=True)
+    x, r = _inputs((3, 4, 6), (3, 4, 6), dtype=torch.bfloat16)
+    g = torch.randn(3, 4, 6).to(torch.bfloat16)
+    out = fused(x, r)
+    gs = torch.autograd.grad(out, [x, r, fused.weight, fused.bias], g)
+    ref_out, ref_gs = fp32_grads(lambda x, r, w, b: F.layer_norm(x + r, (4, 6), w, b, 1e-5),
+                                 [x, r, ref.weight, ref.bias], g)
+    check(out, gs, ref_out, ref_gs, torch.bfloat16)

@@ -56,7 +56,7 @@ def _confirm_all(model, inputs, matches):
     return [replace(m, status="confirmed") for m in matches]
 
 
-def _fake_rewrite(text, matches, filename):
+def _fake_rewrite(text, matches, filename, config=None):
     lines = text.splitlines(keepends=True)
     applied = []
     for m in matches:
@@ -265,21 +265,33 @@ def test_optimized_transformers_class_round_trips_from_pretrained(tmp_path):
     original = BertModel(config).eval()
     original.save_pretrained(tmp_path)
     loaded = Optimized.from_pretrained(tmp_path).eval()
+    assert type(loaded) is Optimized
     ids = torch.randint(5, 1000, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).last_hidden_state, original(input_ids=ids).last_hidden_state,
+                                   atol=1e-5, rtol=1e-4)  # fmt: skip
+    # and back: a checkpoint saved by the optimized model loads into the original class
+    loaded.save_pretrained(tmp_path / "optimized")
+    back = BertModel.from_pretrained(tmp_path / "optimized").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=ids).last_hidden_state, original(input_ids=ids).last_hidden_state,
                                    atol=1e-5, rtol=1e-4)  # fmt: skip
 
 
 @pytest.mark.slow
 @needs_pipeline
-def test_deliberately_wrong_user_rule_is_dropped_automatically():
-    """A user rule (fixture file) whose target computes LayerNorm(x + x) instead of
-    LayerNorm(x + residual): it rewrites and loads, but is not equivalent and must be dropped."""
+def test_deliberately_wrong_user_rule_is_dropped_automatically(monkeypatch):
+    """A user rule (fixture DSL file + codemod) whose kernel is built with the wrong eps: it
+    rewrites, loads and runs, but is not equivalent and must be dropped automatically."""
     from transformers import BertConfig, BertModel
 
+    from adopter.rewrite import codemods
     from adopter.rules import get_rules, load_rules_file
 
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    import wrong_rule
+
+    monkeypatch.setitem(codemods(), wrong_rule.RULE_NAME, wrong_rule.WrongLayerNorm())
     wrong = load_rules_file(FIXTURES / "wrong_rule.dsl")
     config = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
     Optimized = optimize(BertModel, config=config, rules=wrong + get_rules(["biased_GeLU"]))

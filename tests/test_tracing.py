@@ -1,6 +1,6 @@
 """adopter.tracing: model building, fx capture, node->source mapping and confirmation on small models.
 
-Static matches here are hand-built (tests/tracing_helpers.py) so these tests pin tracing
+Static matches here are hand-built (tests/fixtures/tracing/match_helpers.py) so these tests pin tracing
 behaviour independently of extraction; tests/test_tracing_scan.py runs the real scanner.
 """
 
@@ -12,16 +12,13 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
+from torch import nn
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "fixtures", "tracing"))
-sys.path.insert(0, HERE)
 
-import dpt_like  # noqa: E402
-from tracing_helpers import layer, line_of, make_match  # noqa: E402
-
-from adopter.tracing import (  # noqa: E402
+import dpt_like
+from adopter.tracing import (
     TracingError,
     build_model,
     capture_model,
@@ -30,7 +27,8 @@ from adopter.tracing import (  # noqa: E402
     known_model_ids,
     map_nodes,
 )
-from adopter.tracing.capture import CaptureError  # noqa: E402
+from adopter.tracing.capture import CaptureError
+from match_helpers import layer, line_of, make_match
 
 FN = "PreActResidualLayer.forward"
 
@@ -79,8 +77,9 @@ def test_known_model_ids_cover_the_issue_list():
 
 
 def test_shipped_configs_have_the_published_sizes():
-    from adopter.configs import load_config_dict
     from adopter.tracing.models import _config_from_dict
+
+    from adopter.configs import load_config_dict
 
     bert = _config_from_dict(load_config_dict("bert-base-uncased"))
     assert (bert.hidden_size, bert.num_hidden_layers, bert.vocab_size) == (768, 12, 30522)
@@ -186,7 +185,8 @@ def test_dpt_batch_norm_branch_off_is_not_executed(dpt_off):
     static = [m for m in out if m.status != "runtime-only"]
     assert [m.status for m in static] == ["not-executed", "not-executed"]
     bn_line = line_of(dpt_like.PreActResidualLayer.forward, "self.batch_norm1(")
-    assert f"line {bn_line} never executes" in static[0].reason and "2 instances" in static[0].reason
+    assert f"line {bn_line} (under `if self.use_batch_norm`) never executes" in static[0].reason
+    assert "PreActResidualLayer runs (2 instances)" in static[0].reason
 
 
 def test_dpt_batch_norm_branch_on_is_confirmed(dpt_on):
@@ -250,3 +250,29 @@ def test_gelu_kind_inspects_the_instance():
     assert gelu_kind(ACT2FN["gelu_new"])[0] == "tanh"
     assert gelu_kind(ACT2FN["quick_gelu"])[0] is None
     assert gelu_kind(ACT2FN["relu"]) == (None, "activation is ReLU, not a GeLU")
+
+
+@pytest.mark.slow
+def test_local_directory_with_config_and_weights(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    original = BertModel(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                    intermediate_size=64, vocab_size=100))
+    original.save_pretrained(tmp_path)
+    built = build_model(str(tmp_path), device="cpu")
+    assert type(built.model).__name__ == "BertModel" and built.forward_checked
+    assert torch.equal(built.model.embeddings.word_embeddings.weight, original.embeddings.word_embeddings.weight)
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    config_only = build_model(str(tmp_path), device="cpu", config_overrides={"num_hidden_layers": 2})
+    assert len(config_only.model.encoder.layer) == 2
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(TracingError, match="has no config.json"):
+        build_model(str(tmp_path), device="cpu")
+
+
+def test_module_instance_and_bad_device(dpt_on):
+    built = build_model(dpt_on.model, device="cpu")
+    assert built.model is dpt_on.model and set(built.example_inputs) == {"pixel_values"}
+    with pytest.raises(TracingError, match="unknown device 'tpu'"):
+        build_model(dpt_on.model, device="tpu")

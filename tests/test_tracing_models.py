@@ -10,9 +10,10 @@ import sys
 import pytest
 
 pytest.importorskip("torch")
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures", "tracing"))
 
-from tracing_helpers import (  # noqa: E402
+from adopter.tracing import build_model, confirm_matches
+from match_helpers import (
     biased_gelu,
     dropout_layernorm,
     fused_qkv,
@@ -21,8 +22,6 @@ from tracing_helpers import (  # noqa: E402
     make_match,
     softmax_in_function,
 )
-
-from adopter.tracing import build_model, confirm_matches  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -20,22 +20,23 @@ matches (Dropout->add->LayerNorm, Linear->GeLU, Conv2d->BatchNorm2d, Linear->Bat
 
 from __future__ import annotations
 
+import functools
 import inspect
-import operator
 import os
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 from torch import nn
 
-from adopter.dsl import Arg, Layer, Span, TensorOp, Var
+from adopter.dsl import Layer, Span, TensorOp, Var
 from adopter.structures import Match, MatchedNode
 
 from .capture import Capture, CaptureError, capture_model
-from .source_map import NodeSource, map_nodes
+from .source_map import NodeSource, enclosing_condition, enclosing_scope, map_nodes
 
 # ------------------------------------------------------------------ op vocabulary
 
@@ -116,16 +117,28 @@ class TraceIndex:
     by_name: dict[str, NodeSource]
     nodes: dict[str, torch.fx.Node]
     by_file: dict[str, list[NodeSource]]
+    by_line: dict[tuple[str, int], list[NodeSource]]  # (file, line) of any frame -> nodes
 
     @classmethod
-    def build(cls, capture: Capture) -> "TraceIndex":
+    def build(cls, capture: Capture) -> TraceIndex:
         sources = map_nodes(capture.graph_module)
         nodes = {n.name: n for n in capture.graph_module.graph.nodes}
         by_file: dict[str, list[NodeSource]] = defaultdict(list)
+        by_line: dict[tuple[str, int], list[NodeSource]] = defaultdict(list)
         for s in sources:
             for f in {fr.file for fr in s.frames}:
                 by_file[f].append(s)
-        return cls(capture, sources, {s.node_name: s for s in sources}, nodes, by_file)
+            for key in {(fr.file, fr.line) for fr in s.frames}:
+                by_line[key].append(s)
+        return cls(capture, sources, {s.node_name: s for s in sources}, nodes, by_file, by_line)
+
+    def at_lines(self, file: str, lines: range) -> list[NodeSource]:
+        """Nodes with a frame at one of ``lines`` of ``file``, in graph order."""
+        found = {}
+        for line in lines:
+            for s in self.by_line.get((file, line), ()):
+                found[s.node_name] = s
+        return sorted(found.values(), key=lambda s: s.index)
 
     def users(self, name: str) -> list[str]:
         return [u.name for u in self.nodes[name].users]
@@ -220,6 +233,7 @@ def _realpath(p: str) -> str:
     return os.path.realpath(p) if p else p
 
 
+@functools.cache
 def _class_file(cls: type) -> str | None:
     try:
         f = inspect.getsourcefile(cls)
@@ -274,13 +288,13 @@ def _candidates(
         if not isinstance(target, nn.Module):
             sub = None  # e.g. an activation function stored on self: match by line below
     if sub is not None:
-        for s in index.by_file.get(file, ()):
-            if s.within(sub) and s.frame_in(file, lines) is not None:
+        for s in index.at_lines(file, lines):
+            if s.within(sub):
                 out.add(s.node_name)
         return out
     names = _op_names_for(node)
     func = (span.function or "").rsplit(".", 1)[-1] if span is not None else ""
-    for s in index.by_file.get(file, ()):
+    for s in index.at_lines(file, lines):
         frame = s.innermost_frame_in(file)
         if frame is None or frame.line not in lines:
             continue
@@ -543,6 +557,14 @@ def _confirm_one(index: TraceIndex, match: Match, model: nn.Module) -> Match:
         r = min(partial, key=lambda r: len(r.missing))
         lines = sorted({match.nodes[i].node.span.line for i in r.missing})
     line_text = ", ".join(map(str, lines))
+    # say why, where the source says it: the branch or the helper function holding the lines
+    functions = sorted({f for f in (enclosing_scope(file, ln)[0] for ln in lines) if f}
+                       - {f"{match.class_name}.{match.function}", match.function})
+    if functions:
+        line_text += f" (in {', '.join(functions)})"
+    condition = next((c for c in (enclosing_condition(file, ln) for ln in lines) if c), None)
+    if condition:
+        line_text += f" (under `{condition}`)"
     if match.class_name:
         reason = (
             f"{match.class_name} runs ({len(instances)} instance{'s' if len(instances) != 1 else ''}) "
@@ -569,9 +591,14 @@ def confirm_matches(
     *,
     capture: Capture | None = None,
     runtime_only: bool = True,
+    scanned_files: Iterable[str] | None = None,
 ) -> list[Match]:
     """Set ``status``/``reason`` of every match from a trace of ``model`` on ``example_inputs``;
-    append ``runtime-only`` matches for executed rule sequences no static match covers."""
+    append ``runtime-only`` matches for executed rule sequences no static match covers.
+
+    Runtime-only sequences are reported for ``scanned_files`` (the files the static pass looked
+    at); when not given, for the files of ``matches`` (every file when ``matches`` is empty).
+    """
     if capture is None:
         try:
             capture = capture_model(model, example_inputs)
@@ -581,7 +608,12 @@ def confirm_matches(
     index = TraceIndex.build(capture)
     out = [_confirm_one(index, m, model) for m in matches]
     if runtime_only:
-        out += find_runtime_only(index, model, matches)
+        files = scanned_files if scanned_files is not None else {m.file for m in matches} or None
+        extra = find_runtime_only(index, model, matches)
+        if files is not None:
+            wanted = {_realpath(str(f)) for f in files}
+            extra = [m for m in extra if m.file in wanted]
+        out += extra
     return out
 
 
@@ -775,9 +807,29 @@ def _direct_users(index: TraceIndex, names: set[str]) -> list[str]:
 # ------------------------------------------------------------------ model ids
 
 
-def confirm_model_id(matches: Sequence[Match], model_id: str, device: str | None = None, **build_kwargs) -> list[Match]:
-    """Build ``model_id`` (see :func:`adopter.tracing.models.build_model`) and confirm ``matches``."""
+def confirm_model_id(
+    matches: Sequence[Match],
+    model_id: str,
+    device: str | None = None,
+    *,
+    scanned_files: Iterable[str] | None = None,
+    **build_kwargs,
+) -> list[Match]:
+    """Build ``model_id`` (see :func:`adopter.tracing.models.build_model`) and confirm ``matches``
+    (raises :class:`~adopter.tracing.models.TracingError` when the model cannot be built or fed)."""
     from .models import build_model
 
     built = build_model(model_id, device=device, **build_kwargs)
-    return confirm_matches(built.model, built.example_inputs, matches)
+    attn = getattr(built.config, "_attn_implementation", None)
+    out = confirm_matches(built.model, built.example_inputs, matches, scanned_files=scanned_files)
+    if attn:
+        out = [with_config_note(m, attn) for m in out]
+    return out
+
+
+def with_config_note(match: Match, attn: str) -> Match:
+    """Name the attention implementation where the lines that did not run are eager attention code."""
+    if match.status == "not-executed" and "eager" in match.reason and "under this configuration" in match.reason:
+        return replace(match, reason=match.reason.replace(
+            "under this configuration", f"under this configuration (attn_implementation={attn})"))
+    return match

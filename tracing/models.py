@@ -110,7 +110,6 @@ def make_example_inputs(model: nn.Module, config, *, batch_size: int = 2, seq_le
     inputs: dict[str, Any] = {}
     gen = torch.Generator().manual_seed(0)
     vocab = int(getattr(config, "vocab_size", 0) or 1000)
-    on_meta = str(device) == "meta"
 
     def ids(n):
         t = torch.randint(3, max(4, min(vocab, 1000)), (batch_size, n), generator=gen)
@@ -124,8 +123,8 @@ def make_example_inputs(model: nn.Module, config, *, batch_size: int = 2, seq_le
 
     if "input_ids" in names:
         inputs["input_ids"] = ids(seq_len)
-        if "attention_mask" in names and not on_meta:
-            # On meta the padding check in masking utils would need data; trace without mask there.
+        if "attention_mask" in names:
+            # On meta the mask has the shape but no values: torch.export traces it symbolically.
             inputs["attention_mask"] = mask(seq_len)
     if "pixel_values" in names and "input_ids" not in names:
         size = getattr(config, "image_size", 224) if config is not None else 224

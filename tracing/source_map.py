@@ -24,7 +24,7 @@ _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<
 _TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _library_dirs() -> tuple[str, ...]:
     """Files that implement layers, not model structure: frames there are skipped when
     attributing a node to model code (the call site in the model file is what matters)."""
@@ -147,6 +147,33 @@ def _scopes(file: str) -> tuple[_Scope, ...]:
     return tuple(scopes)
 
 
+@functools.lru_cache(maxsize=256)
+def _conditions(file: str) -> tuple[tuple[int, int, str], ...]:
+    """``(first line, last line, "if <test>" | "else of if <test>")`` for every branch body."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=file)
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            for body, label in ((node.body, f"if {test}"), (node.orelse, f"else of if {test}")):
+                if body:
+                    out.append((body[0].lineno, body[-1].end_lineno or body[-1].lineno, label))
+    return tuple(out)
+
+
+def enclosing_condition(file: str, line: int) -> str | None:
+    """The innermost ``if`` branch holding ``line`` (``"if self.use_batch_norm"``), if any."""
+    best = None
+    for start, end, label in _conditions(file):
+        if start <= line <= end and (best is None or start >= best[0]):
+            best = (start, end, label)
+    return best[2] if best else None
+
+
 def enclosing_scope(file: str, line: int) -> tuple[str | None, str | None]:
     """``(qualified function, class)`` enclosing ``line`` of ``file`` (innermost function)."""
     best = None
@@ -195,7 +222,7 @@ def _class_str(cls) -> str:
 def _module_stack(node: torch.fx.Node) -> tuple[tuple[str, str], ...]:
     stack = node.meta.get("nn_module_stack") or {}
     out = []
-    for _key, value in stack.items():
+    for value in stack.values():
         try:
             path, cls = value
         except (TypeError, ValueError):

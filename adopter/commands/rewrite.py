@@ -1,13 +1,119 @@
-"""`adopter rewrite` (placeholder until implemented)."""
+"""`adopter rewrite PATH...`: rewrite model source to use the kernels (bowler/fissix).
 
-HELP = "rewrite (not implemented yet)"
+Default is ``--diff``: print unified diffs, change nothing. ``--write`` applies them
+(atomically, only files whose result compiles), ``--check`` exits 1 when anything would
+change (CI / pre-commit). Exit codes: 0 ok, 1 changes pending under --check, 2 errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HELP = "rewrite model source to use the optimized kernels (prints diffs unless --write)"
 
 
 def add_arguments(parser):
-    pass
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories (recursive over *.py)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--diff", action="store_true", help="print unified diffs and change nothing (default)")
+    mode.add_argument("--write", action="store_true", help="write the rewritten files (atomic, keeps encoding/newlines)")
+    mode.add_argument("--check", action="store_true", help="exit 1 when any file would change; writes nothing")
+    parser.add_argument("--rules", metavar="NAME,...", help="comma-separated rule names (default: all built-in rules)")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
+                        help="worker processes (default: CPU count; 1 = in process)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="also list every skipped match with its reason")
 
 
-def run(args):
+def _rewrite_one(task: tuple[str, tuple[str, ...] | None, bool]):
+    """Worker: rules travel by name (rule objects hold closures that do not pickle)."""
+    path, rule_names, write = task
+    from adopter.rewrite import rewrite_file
+    from adopter.rules import all_rules, get_rules
+
+    rules = get_rules(list(rule_names)) if rule_names else all_rules()
+    try:
+        return rewrite_file(path, rules, write=write)
+    except Exception as exc:  # one bad file must not stop the run
+        from adopter.rewrite import FileRewrite
+
+        return FileRewrite(path, "failed", reason=f"internal error: {exc!r}")
+
+
+def run(args) -> int:
     from adopter.cli import UserError
+    from adopter.rules import UnknownRuleError, get_rules
+    from adopter.scan import collect_files
 
-    raise UserError("not implemented yet")
+    rule_names = None
+    if args.rules:
+        names = tuple(n.strip() for n in args.rules.split(",") if n.strip())
+        try:
+            get_rules(list(names))
+        except UnknownRuleError as exc:
+            raise UserError(str(exc)) from None
+        if not names:
+            raise UserError("--rules names no rule")
+        rule_names = names
+    try:
+        files = [str(f) for f in collect_files(args.paths)]
+    except (FileNotFoundError, PermissionError) as exc:
+        raise UserError(str(exc)) from None
+    if args.jobs < 0:
+        raise UserError("--jobs must be >= 0")
+    tasks = [(f, rule_names, bool(args.write)) for f in files]
+    jobs = args.jobs or min(os.cpu_count() or 1, max(len(tasks), 1))
+    if jobs <= 1 or len(tasks) <= 1:
+        results = [_rewrite_one(t) for t in tasks]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            # map keeps input order: output is deterministic whatever finishes first.
+            results = list(pool.map(_rewrite_one, tasks, chunksize=4))
+
+    counts = {"changed": 0, "unchanged": 0, "skipped": 0, "failed": 0}
+    applied = skipped_matches = 0
+    for r in results:
+        counts[r.status] += 1
+        applied += sum(1 for o in r.outcomes if o.applied)
+        skipped_matches += sum(1 for o in r.outcomes if not o.applied)
+    summary = (
+        f"{counts['changed']} file(s) {'rewritten' if args.write else 'would change'}, "
+        f"{counts['unchanged']} unchanged, {counts['skipped']} skipped, {counts['failed']} failed "
+        f"({applied} rewrite(s) applied, {skipped_matches} match(es) skipped)"
+    )
+    if args.format == "json":
+        payload = {
+            "mode": "write" if args.write else "check" if args.check else "diff",
+            "files": [dict(r.to_json(), diff=r.diff) for r in results],
+            "summary": dict(counts, rewrites=applied, skipped_matches=skipped_matches),
+        }
+        json.dump(payload, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        out, err = sys.stdout, sys.stderr
+        for r in results:
+            if r.status == "changed":
+                if args.write:
+                    out.write(f"rewrote {r.path}\n")
+                elif not args.check:
+                    out.write(r.diff)
+                else:
+                    out.write(f"would rewrite {r.path}\n")
+            elif r.status in ("skipped", "failed"):
+                err.write(f"{r.path}: {r.status}: {r.reason}\n")
+            if args.verbose:
+                for o in r.outcomes:
+                    if not o.applied:
+                        lines = ",".join(str(n) for n in o.match.lines)
+                        err.write(f"{r.path}:{lines}: {o.match.rule} ({o.match.class_name or o.match.function}) "
+                                  f"skipped: {o.reason}\n")
+        err.write(summary + "\n")
+    if counts["failed"]:
+        return 2
+    if args.check and counts["changed"]:
+        return 1
+    return 0

@@ -52,7 +52,6 @@ def run(args) -> int:
         return 0
     from adopter.commands.scan import format_text, select_rules
     from adopter.scan import scan_paths
-
     from adopter.tracing import CaptureError, TracingError, build_model, capture_model, confirm_matches
 
     rules = select_rules(args)
@@ -76,7 +75,13 @@ def run(args) -> int:
         capture_info = {"method": capture.method, "seconds": round(capture.seconds, 3)}
         if capture.errors:
             capture_info["failed"] = capture.errors
-        report.matches = confirm_matches(built.model, built.example_inputs, report.matches, capture=capture)
+        report.matches = confirm_matches(built.model, built.example_inputs, report.matches, capture=capture,
+                                         scanned_files=built.source_files)
+        attn = getattr(built.config, "_attn_implementation", None)
+        if attn:
+            from adopter.tracing.confirm import with_config_note
+
+            report.matches = [with_config_note(m, attn) for m in report.matches]
     except CaptureError as exc:
         capture_info = {"method": None, "failed": exc.errors}
         reason = f"model could not be traced: {exc}"
@@ -102,6 +107,8 @@ def run(args) -> int:
         sys.stdout.write(json.dumps(payload) + "\n")
     else:
         attn = getattr(built.config, "_attn_implementation", None)
+        if not getattr(type(built.model), "_supports_sdpa", False) and not args.attn_implementation:
+            attn = None  # no attention in this model (ResNet): nothing to say
         how = (f"captured with {capture_info['method']} in {capture_info['seconds']:.2f} s"
                if capture_info.get("method") else "not captured")
         print(f"model {built.model_id}: {type(built.model).__name__} on {built.device}"

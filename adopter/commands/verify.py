@@ -22,10 +22,12 @@ HELP = "optimize a model, check equivalence, benchmark training, and gate regres
 
 DEFAULT_MODEL = "bert-base-uncased"
 # Budgeted for `adopter verify --model bert-base-uncased` to finish in < 3 minutes on a
-# shared 2-core CPU: one bert-base training step at 4 x 64 tokens takes ~1.5 s there.
+# 2-core CPU: one bert-base training step at 4 x 32 tokens takes ~0.9 s there (unloaded).
 DEFAULT_BATCH_SIZE = 4
-DEFAULT_SEQ_LEN = 64
-DEFAULT_BLOCKS = 8
+DEFAULT_SEQ_LEN = 32
+DEFAULT_BENCH_SECONDS = 20.0
+# mirrors adopter.verify_bench (not imported here: commands import torch only in run)
+MIN_BLOCKS, MAX_BLOCKS = 6, 30
 
 
 def add_arguments(parser) -> None:
@@ -35,8 +37,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="benchmark batch size")
     parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="benchmark sequence length (text models)")
     parser.add_argument(
-        "--blocks", type=int, default=DEFAULT_BLOCKS,
-        help="alternating original/optimized benchmark blocks (pairs) (default %(default)s)",
+        "--blocks", type=int, default=None,
+        help="alternating original/optimized benchmark blocks (pairs) (default: as many as fit "
+             f"--bench-seconds, {MIN_BLOCKS} to {MAX_BLOCKS})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--bench-seconds", type=float, default=DEFAULT_BENCH_SECONDS,
+        help="time budget for the timed benchmark rounds when --blocks is not given (default %(default)s)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per block (default %(default)s)")
     parser.add_argument("--no-benchmark", action="store_true", help="equivalence check only")
@@ -89,7 +96,7 @@ def run(args) -> int:
         except ValueError as exc:
             raise UserError(str(exc)) from None
     for name in ("batch_size", "seq_len", "blocks", "rounds"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
 
     progress = _Progress(args.quiet)
@@ -102,6 +109,7 @@ def run(args) -> int:
         batch_size=args.batch_size,
         seq_len=args.seq_len,
         blocks=args.blocks,
+        bench_seconds=args.bench_seconds,
         rounds=args.rounds,
         benchmark=not args.no_benchmark,
         benchmark_json=args.benchmark_json

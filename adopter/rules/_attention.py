@@ -88,23 +88,21 @@ class Source:
         return getattr(self.projection, "module", None)
 
 
-def producer_or_phi(nodes: list[Node], v: Value) -> Node | None:
+def producer_or_phi(nodes, v: Value) -> Node | None:
     """Producer of ``v``; for a version no node on the path produces (an SSA merge of
     branches without DL nodes, e.g. a KV-cache update), the producer of the latest lower
     version of the same name that is produced on the path."""
     n = producer(nodes, v)
     if n is not None or not isinstance(v, Var) or v.version == 0:
         return n
-    best = None
-    for cand in nodes:
-        out = getattr(cand, "output", None)
-        if isinstance(out, Var) and out.name == v.name and 0 < out.version < v.version:
-            if best is None or out.version > best.output.version:
-                best = cand
-    return best
+    for version in range(v.version - 1, 0, -1):
+        n = producer(nodes, Var(v.name, version))
+        if n is not None:
+            return n
+    return None
 
 
-def trace_operand(nodes: list[Node], v: Value, max_steps: int = 24) -> Source:
+def trace_operand(nodes, v: Value, max_steps: int = 24) -> Source:
     via: list[Node] = []
     split = False
     current = v
@@ -139,7 +137,7 @@ def trace_operand(nodes: list[Node], v: Value, max_steps: int = 24) -> Source:
     return Source("other", None, via)
 
 
-def _chain(nodes: list[Node], src: Value, dst: Value, ok, max_steps: int = 16) -> list[Node] | None:
+def _chain(nodes, src: Value, dst: Value, ok, max_steps: int = 16) -> list[Node] | None:
     """Nodes carrying ``src`` to ``dst`` (walking producers back from ``dst``), each accepted by ``ok``."""
     if not isinstance(src, Var) or not isinstance(dst, Var):
         return None
@@ -186,7 +184,9 @@ class AttentionFacts:
     v: Source
     score_ops: list[Node]
     prob_ops: list[Node]
-    position_bias: bool
+    position_bias: bool  # on this path
+    position_bias_in_function: bool  # on any path of the entry function (T5 skips it when None)
+    rotary: str | None  # what rotary / repeat_kv code runs before the scores, if any
 
     def projections(self) -> list[Node]:
         out = []
@@ -202,12 +202,53 @@ def _is_bias_name(v: Value) -> bool:
     return "position_bias" in last or last in ("pos_bias", "rel_pos_bias", "relative_position_bias")
 
 
+_ROTARY_MARKERS = ("rotary", "rope", "repeat_kv", "rotate_half", "apply_rotary")
+
+
+def _rotary_before(ctx: MatchContext, end: int) -> str | None:
+    """Name of rotary-embedding / repeat_kv code among the path's nodes before ``end``."""
+    for n in ctx.path.nodes[:end]:
+        names = [getattr(n, "type", "")]
+        if n.span is not None:
+            names.append(n.span.function)
+        for name in names:
+            low = name.lower()
+            if any(m in low for m in _ROTARY_MARKERS):
+                return name
+    return None
+
+
+_FN_BIAS: dict[int, tuple[object, bool]] = {}
+
+
+def _function_has_position_bias(ctx: MatchContext) -> bool:
+    hit = _FN_BIAS.get(id(ctx.function))
+    if hit is not None and hit[0] is ctx.function:
+        return hit[1]
+    seen: set[int] = set()
+    found = False
+    for p in ctx.function.paths:
+        for n in p.nodes:
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if isinstance(n, TensorOp) and n.op == "+" and any(_is_bias_name(a.value) for a in n.args):
+                found = True
+                break
+        if found:
+            break
+    if len(_FN_BIAS) > 4096:
+        _FN_BIAS.clear()
+    _FN_BIAS[id(ctx.function)] = (ctx.function, found)
+    return found
+
+
 def analyse(ctx: MatchContext) -> AttentionFacts | str:
     """Facts about the matched attention core, or a reason string when it is not one."""
     cached = ctx.extra.get("attention")
     if cached is not None:
         return cached
-    nodes = list(ctx.path.nodes)
+    nodes = ctx.producers()
     b = ctx.match.bindings
     result: AttentionFacts | str
     score_ops = _chain(nodes, b["$scores"], b["$logits"], _score_op_ok)
@@ -232,6 +273,8 @@ def analyse(ctx: MatchContext) -> AttentionFacts | str:
             score_ops=score_ops,
             prob_ops=prob_ops,
             position_bias=position_bias,
+            position_bias_in_function=position_bias or _function_has_position_bias(ctx),
+            rotary=_rotary_before(ctx, ctx.node_indices[0]),
         )
     ctx.extra["attention"] = result
     return result

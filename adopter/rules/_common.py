@@ -6,6 +6,7 @@ from typing import Callable, Iterable
 
 from adopter.dsl import Const, Layer, Node, TensorOp, Value, Var
 from adopter.match import MatchContext, reads, same_value, uses_outside
+from adopter.rules._source_uses import escaping_read
 
 Precondition = Callable[[MatchContext], "str | None"]
 
@@ -19,6 +20,7 @@ def intermediates_unused(*names: str) -> Precondition:
     node outside the match: fusing would otherwise remove a value still needed."""
 
     def check(ctx: MatchContext) -> str | None:
+        matched = [mn.node for mn in ctx.match.nodes]
         for name in names:
             v = ctx.binding(name)
             if v is None:
@@ -27,6 +29,11 @@ def intermediates_unused(*names: str) -> Precondition:
             if others:
                 line = others[0].span.line if others[0].span is not None else "?"
                 return f"intermediate {_show(v)} ({name}) is also used at line {line}"
+            prod = next((n for n in matched if getattr(n, "output", None) == v), None)
+            if prod is not None:
+                line = escaping_read(ctx.source, prod, v, matched)
+                if line is not None:
+                    return f"intermediate {_show(v)} ({name}) is also read at line {line}"
         return None
 
     check.__name__ = f"intermediates_unused({', '.join(names)})"
@@ -68,10 +75,13 @@ def kwarg(node: Node, name: str, position: int | None = None) -> Value | None:
     return None
 
 
-def producer(nodes: Iterable[Node], v: Value) -> Node | None:
-    """The node whose output is ``v`` (SSA: at most one per path)."""
+def producer(nodes, v: Value) -> Node | None:
+    """The node whose output is ``v`` (SSA: at most one per path). ``nodes`` is a path's
+    node list or its producer map (:meth:`MatchContext.producers`)."""
     if not isinstance(v, Var):
         return None
+    if isinstance(nodes, dict):
+        return nodes.get((v.name, v.version))
     for n in nodes:
         out = getattr(n, "output", None)
         if out is not None and same_value(out, v):

@@ -30,13 +30,15 @@ def _is_bert_attention(ctx: MatchContext) -> str | None:
     facts = analyse(ctx)
     if isinstance(facts, str):
         return facts
+    if facts.rotary:
+        return f"rotary embedding / repeat_kv code ({facts.rotary}) runs before the scores"
     for role, src in (("query", facts.q), ("key", facts.k), ("value", facts.v)):
         if src.kind != "linear":
             return f"{role} comes from {describe(src)}, not a Linear projection"
     mods = [facts.q.module, facts.k.module, facts.v.module]
     if any(same_value(a, b) for i, a in enumerate(mods) for b in mods[i + 1:]):
         return "q, k and v do not come from three distinct projections"
-    if facts.position_bias:
+    if facts.position_bias_in_function:
         return "a position bias is added to the scores (T5Attention)"
     ctx.extra["extra_nodes"] = facts.projections()
     return None

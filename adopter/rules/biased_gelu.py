@@ -54,18 +54,25 @@ literal defaults of ``<attr>`` in the sibling ``configuration_*.py``: when every
 non-GeLU key (``silu``, ``relu``, ``quick_gelu``...) it is not a match; otherwise it matches
 statically and tracing confirms. Not a match: a known non-GeLU activation (ReLU, SiLU,
 QuickGELU, clipped ``gelu_10``), any op between Linear and GeLU, a Linear output also read
-elsewhere (e.g. gated MLPs), a bias-free Linear."""
+elsewhere, a bias-free Linear (``bias=False``, or ``bias=config.<attr>`` whose configuration
+defaults are all ``False``, e.g. Llama/Gemma ``mlp_bias``)."""
+
+
+_CONFIG_ATTR = re.compile(r"^(?:self\.)?(?:config|cfg|.*_config)\.([A-Za-z_][A-Za-z_0-9]*)$")
 
 
 def _linear_has_bias(ctx: MatchContext) -> str | None:
     for ib in ctx.match.init_nodes:
         b = kwarg(ib.layer, "bias", 2)
-        if b is not None and const_text(b) in ("False", "0"):
+        text = const_text(b) if b is not None else None
+        if text in ("False", "0"):
             return f"{ib.attr} has no bias"
+        m = _CONFIG_ATTR.match(text or "")
+        if m:
+            defaults = config_defaults(ctx.structures.file, m.group(1))
+            if defaults and all(d is False for d in defaults):
+                return f"{ib.attr} has no bias by default ({text} defaults to False)"
     return None
-
-
-_CONFIG_ATTR = re.compile(r"^(?:self\.)?(?:config|cfg|.*_config)\.([A-Za-z_][A-Za-z_0-9]*)$")
 
 
 def _activation_key_texts(layer: Layer) -> list[str]:

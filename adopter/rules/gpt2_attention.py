@@ -25,13 +25,15 @@ def _is_gpt2_attention(ctx: MatchContext) -> str | None:
     facts = analyse(ctx)
     if isinstance(facts, str):
         return facts
+    if facts.rotary:
+        return f"rotary embedding / repeat_kv code ({facts.rotary}) runs before the scores"
     if facts.k.kind != "split" or facts.v.kind != "split":
         return f"key/value come from {describe(facts.k)} / {describe(facts.v)}, not a split fused projection"
     if not same_value(facts.k.module, facts.v.module):
         return "key and value are not split from the same projection"
     if facts.q.kind not in ("split", "linear"):
         return f"query comes from {describe(facts.q)}"
-    if facts.position_bias:
+    if facts.position_bias_in_function:
         return "a position bias is added to the scores (T5Attention)"
     ctx.extra["extra_nodes"] = facts.projections()
     return None

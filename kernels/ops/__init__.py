@@ -1,23 +1,7 @@
 """Pure kernels: functional forms with their own autograd where they have their own backward.
 
+One module per kernel family (``attention``, ``bias_gelu``, ``dropout_add_layer_norm``, ``qkv``,
+``softmax``, ``batch_norm_fold``); the public names are re-exported by ``adopter.kernels``.
 ``triton_*.py`` modules import triton and are loaded only when the triton backend is selected.
+(Nothing is re-exported here: the function names equal their module names.)
 """
-from .attention import attention, attention_eager, attention_sdpa
-from .batch_norm_fold import fold_batch_norm
-from .bias_gelu import bias_gelu, linear_bias_gelu
-from .dropout_add_layer_norm import dropout_add_layer_norm, dropout_add_layer_norm_reference
-from .qkv import qkv_projection
-from .softmax import softmax
-
-__all__ = [
-    "attention",
-    "attention_eager",
-    "attention_sdpa",
-    "bias_gelu",
-    "dropout_add_layer_norm",
-    "dropout_add_layer_norm_reference",
-    "fold_batch_norm",
-    "linear_bias_gelu",
-    "qkv_projection",
-    "softmax",
-]

@@ -127,7 +127,12 @@ def attention(
         return attention_eager(q, k, v, mask, bias, dropout_p, scale, is_causal)
     backend = select_backend(
         "attention", (q, k, v, mask, bias),
-        has_xformers=lambda: q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.dim() == 4,
+        # a learned bias (T5) needs a bias gradient, which not every xformers operator has: SDPA then
+        has_xformers=lambda: (
+            q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and q.dim() == 4
+            and not any(t is not None and t.requires_grad for t in (mask, bias))
+        ),
     )
     if backend == "xformers":
         try:

@@ -5,7 +5,10 @@ from typing import Optional, Tuple
 
 import torch
 
+from .common import fx_leaf
 
+
+@fx_leaf
 def fold_batch_norm(
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],

@@ -1,6 +1,10 @@
 """Shape helpers shared by the kernels; no triton import here (auto mode on CPU must not load it)."""
 from __future__ import annotations
 
+import functools
+
+from torch.fx import Proxy
+
 # One row of a row-wise kernel must fit in one block (the triton layer-norm tutorial's limit).
 MAX_FUSED_BYTES = 65536
 
@@ -24,8 +28,6 @@ def fx_leaf(fn):
     ``torch.fx.wrap`` (but wherever the function is called from), a call with a Proxy argument is
     recorded as one node instead of being traced through.
     """
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         proxy = _first_proxy(args, kwargs)
@@ -37,8 +39,6 @@ def fx_leaf(fn):
 
 
 def _first_proxy(args, kwargs):
-    from torch.fx import Proxy
-
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, Proxy):
             return value
@@ -50,6 +50,4 @@ def _first_proxy(args, kwargs):
 
 
 def is_proxy(value) -> bool:
-    from torch.fx import Proxy
-
     return isinstance(value, Proxy)

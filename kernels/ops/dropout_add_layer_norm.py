@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import fx_leaf, row_block
-from ..backend import autocast_active, fresh_seed, select_backend, triton_dtype_ok
+from ..backend import autocast_to_fp32, fresh_seed, select_backend, triton_dtype_ok
 
 
 def dropout_add_layer_norm_reference(
@@ -82,7 +82,7 @@ def dropout_add_layer_norm(
         return dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, eps, p, training)
     from .triton_layer_norm import DropoutAddLayerNormFunction
 
-    out_dtype = torch.float32 if autocast_active(x.device.type) else x.dtype  # layer_norm autocasts to fp32
+    out_dtype = torch.float32 if autocast_to_fp32(x.device.type) else x.dtype  # as F.layer_norm
     if seed is None:
         seed = fresh_seed() if p_eff > 0 else 0
     w = weight.contiguous() if weight is not None else None

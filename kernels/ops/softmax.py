@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..backend import autocast_active, requested_backend, select_backend, triton_dtype_ok
+from ..backend import autocast_to_fp32, requested_backend, select_backend, triton_dtype_ok
 from .common import fx_leaf, row_block
 
 
@@ -31,8 +31,8 @@ def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = N
 
     if dtype is not None:
         out_dtype = dtype
-    elif autocast_active(input.device.type):
-        out_dtype = torch.float32  # softmax autocasts to fp32
+    elif autocast_to_fp32(input.device.type):
+        out_dtype = torch.float32  # as F.softmax under CUDA autocast
     else:
         out_dtype = input.dtype
     if last:
