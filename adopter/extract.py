@@ -126,6 +126,10 @@ class _V:
 _UNPARSED: dict[int, str] = {}
 
 _NONE = _V(text="None")
+_TRUE = _V(text="True")
+_FALSE = _V(text="False")
+# id(if test) -> names it reads (cleared per file with _UNPARSED)
+_TEST_NAMES: dict[int, list[str]] = {}
 _SELF = _V(alias=("self",), text="self")
 
 
@@ -649,6 +653,7 @@ class _Interp:
         self.inlined_at: tuple[int, ...] = ()
         self.qual = qual
         self.stack = [id(fdef)]
+        self.ret_dest = None
         self.memo: dict = {}
         self.stmt = fdef
         self.capped = False
@@ -771,7 +776,9 @@ class _Interp:
                     st.flow, st.ret = RET, _NONE
                     out.append(st)
                 else:
-                    for st2, v in self.ev(s.value, st):
+                    # in an inlined callee, the returned node writes straight into the
+                    # caller's assignment target (``q = self._split_heads(x)``: permute -> q#1)
+                    for st2, v in self.ev(s.value, st, self.ret_dest):
                         st2.flow, st2.ret = RET, v
                         out.append(st2)
             return out
@@ -836,15 +843,92 @@ class _Interp:
             if len(out) >= MAX_PATHS:
                 self.capped = True
                 break
-            body = self.block(s.body, [st.fork()])
+            known = self.truth(test, st)
+            if known is not None:
+                out.extend(self.block(s.body if known else s.orelse, [st]))
+                continue
+            # Remember the decision on each branch: a later ``if`` on the same condition
+            # (same names, same SSA versions) takes the same branch, so ``if
+            # self.use_batch_norm:`` twice in a forward gives 2 paths, not 4.
+            dkey = self.decision_key(test, st)
+            taken = st.fork()
+            taken.env[dkey] = _TRUE
+            body = self.block(s.body, [taken])
             self.stmt = s
             if self.no_fork and any(b.nodes is not st.nodes for b in body if b.flow != DEAD):
                 out.extend(body)
                 continue
+            st.env[dkey] = _FALSE
             orelse = self.block(s.orelse, [st]) if s.orelse else [st]
             self.stmt = s
             out.extend(self.merge(body + orelse, s))
         return out
+
+    def decision_key(self, test, st: _St) -> str:
+        names = _TEST_NAMES.get(id(test))
+        if names is None:
+            names = _TEST_NAMES[id(test)] = sorted(
+                {n.id for n in ast.walk(test) if type(n) is ast.Name}
+                | {"self." + n.attr for n in ast.walk(test) if type(n) is ast.Attribute and type(n.value) is ast.Name}
+            )
+        text = _UNPARSED.get(id(test))
+        if text is None:
+            text = _UNPARSED[id(test)] = ast.unparse(test)
+        parts = [text]
+        env = st.env
+        for n in names:
+            v = env.get(n)
+            if v is not None:
+                parts.append(f"{n}={v.var if v.var is not None else id(v)}")
+        return "?" + "|".join(parts)
+
+    def truth(self, test, st: _St) -> bool | None:
+        """Statically known truth of an ``if`` test, or None. Only decides tests on names
+        that hold a literal constant on this path (an inlined function's ``None`` default):
+        ``if scaling is None``, ``if dropout``, ``not x``, ``and``/``or`` of those."""
+        t = type(test)
+        if t is not ast.Constant and len(st.env) > 0:
+            d = st.env.get(self.decision_key(test, st))
+            if d is _TRUE or d is _FALSE:
+                return d is _TRUE
+        if t is ast.Name:
+            v = st.env.get(test.id)
+            if v is not None and v.var is None and type(v.expr) is ast.Constant:
+                return bool(v.expr.value)
+            return None
+        if t is ast.Compare:
+            if len(test.ops) != 1 or type(test.left) is not ast.Name:
+                return None
+            op = type(test.ops[0])
+            right = test.comparators[0]
+            if op not in (ast.Is, ast.IsNot) or type(right) is not ast.Constant or right.value is not None:
+                return None
+            v = st.env.get(test.left.id)
+            if v is None:
+                return None
+            if v is _NONE or (v.var is None and type(v.expr) is ast.Constant and v.expr.value is None):
+                is_none = True
+            elif v.alias is not None or v.elts is not None or (
+                v.var is None and v.expr is not None and type(v.expr) not in (ast.Name, ast.Subscript)
+            ):
+                # a literal or an expression like ``self.scaling`` passed for the parameter
+                is_none = False
+            else:
+                return None
+            return is_none if op is ast.Is else not is_none
+        if t is ast.UnaryOp and type(test.op) is ast.Not:
+            r = self.truth(test.operand, st)
+            return None if r is None else not r
+        if t is ast.BoolOp:
+            vals = [self.truth(v, st) for v in test.values]
+            if type(test.op) is ast.And:
+                if any(v is False for v in vals):
+                    return False
+                return True if all(v is True for v in vals) else None
+            if any(v is True for v in vals):
+                return True
+            return False if all(v is False for v in vals) else None
+        return None
 
     def loop(self, s, live: list[_St]) -> list[_St]:
         out = []
@@ -1503,7 +1587,7 @@ class _Interp:
                 # Same callee, call site, arguments and ``self.*`` state -> same nodes: the
                 # callee runs once per distinct input, its node deltas are replayed per path.
                 key = (
-                    id(e), self.ctx, id(fdef),
+                    id(e), self.ctx, id(fdef), dest,
                     tuple(_sig(v) for v in pos),
                     tuple((k, _sig(v)) for k, v in kw),
                     tuple((k, _sig(v)) for k, v in caller_env.items() if k[0] == "@" or k.startswith("self.")),
@@ -1512,7 +1596,7 @@ class _Interp:
             else:
                 results = None
             if results is None:
-                results = self.run_callee(fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure)
+                results = self.run_callee(fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure, dest)
                 if key is not None:
                     self.memo[key] = results
             if not results:
@@ -1533,7 +1617,7 @@ class _Interp:
                 out.append((_St(nodes, cenv), ret))
         return out
 
-    def run_callee(self, fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure) -> list:
+    def run_callee(self, fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure, dest) -> list:
         """Run an inlined body from an empty node list: [(added nodes, return value, self.* updates)]."""
         env = {}
         if closure:
@@ -1571,7 +1655,8 @@ class _Interp:
             env[a.vararg.arg] = _V(text=a.vararg.arg)
         if a.kwarg is not None:
             env[a.kwarg.arg] = _V(text=a.kwarg.arg)
-        saved = (self.qual, self.ctx, self.inlined_at, self.stmt, self.cls)
+        saved = (self.qual, self.ctx, self.inlined_at, self.stmt, self.cls, self.ret_dest)
+        self.ret_dest = dest
         self.qual = qual
         self.ctx = self.ctx + (id(e),)
         self.inlined_at = self.inlined_at + (e.lineno,)
@@ -1582,7 +1667,7 @@ class _Interp:
             results = self.block(fdef.body, [_St(None, env)])
         finally:
             self.stack.pop()
-            self.qual, self.ctx, self.inlined_at, self.stmt, self.cls = saved
+            self.qual, self.ctx, self.inlined_at, self.stmt, self.cls, self.ret_dest = saved
         rets = []
         for r in results:
             if r.flow == DEAD:
@@ -1625,18 +1710,26 @@ def _is_module(fc: _File, cls: _ClassCtx, seen=()) -> bool:
     return False
 
 
-def _attr_uses(cls: _ClassCtx) -> dict[str, tuple[int, ...]]:
-    uses: dict[str, list[int]] = {}
+_SELF_ATTR = re.compile(r"\bself\.([A-Za-z_][A-Za-z_0-9]*)(?!\s*(?:=(?!=)|:[^=\n]*=(?!=)))")
+
+
+def _attr_uses(cls: _ClassCtx, lines: list[str]) -> dict[str, tuple[int, ...]]:
+    """``self.<attr>`` reads (not plain stores) in every method but ``__init__``, by line.
+
+    A regex over the method's lines (much faster than walking the tree); an attribute
+    named in a comment or string counts as used, which only keeps an init statement.
+    """
+    uses: dict[str, set[int]] = {}
     for name, fn in cls.methods.items():
         if name == "__init__":
             continue
-        selfname = fn.args.args[0].arg if fn.args.args else "self"
-        for n in ast.walk(fn):
-            if type(n) is ast.Attribute and type(n.value) is ast.Name and n.value.id == selfname:
-                if type(n.ctx) is ast.Load:
-                    lst = uses.setdefault("self." + n.attr, [])
-                    if n.lineno not in lst:
-                        lst.append(n.lineno)
+        first = fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno
+        for ln in range(first, fn.end_lineno + 1):
+            line = lines[ln - 1]
+            if "self." not in line:
+                continue
+            for m in _SELF_ATTR.finditer(line):
+                uses.setdefault("self." + m.group(1), set()).add(ln)
     return {k: tuple(sorted(v)) for k, v in uses.items()}
 
 
@@ -1647,13 +1740,15 @@ def extract_source(text: str, filename: str = "<string>") -> FileStructures:
     """
     tree = ast.parse(text, filename=filename)
     _UNPARSED.clear()
+    _TEST_NAMES.clear()
     try:
-        return _extract_tree(tree, filename)
+        return _extract_tree(tree, filename, text.splitlines())
     finally:
         _UNPARSED.clear()
+        _TEST_NAMES.clear()
 
 
-def _extract_tree(tree: ast.Module, filename: str) -> FileStructures:
+def _extract_tree(tree: ast.Module, filename: str, lines: list[str]) -> FileStructures:
     fc = _File(tree, filename)
     # bases and module-ness first: bindings of subclasses are looked up through them
     for cls in fc.classes.values():
@@ -1687,7 +1782,7 @@ def _extract_tree(tree: ast.Module, filename: str) -> FileStructures:
                 is_module=cls.is_module,
                 init_bindings=tuple(cls.bindings),
                 span=_span(node, cls.name, node),
-                attr_uses=_attr_uses(cls),
+                attr_uses=_attr_uses(cls, lines),
             )
         )
         fwd = cls.methods.get("forward")

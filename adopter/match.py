@@ -473,8 +473,21 @@ def reads(n: Node, v: Value) -> bool:
     return any(same_value(a, v) for a in _arg_vars(n))
 
 
+# Tensor methods whose second argument only contributes its shape/dtype.
+_METADATA_ARG_METHODS = {"torch.Tensor.reshape_as", "torch.Tensor.view_as", "torch.Tensor.expand_as",
+                         "torch.Tensor.type_as"}
+
+
+def _reads_data(n: Node, v: Var) -> bool:
+    if isinstance(n, Layer) and n.type in _METADATA_ARG_METHODS:
+        args = [a.value for a in n.args if isinstance(a.value, Var)]
+        return bool(args) and same_value(args[0], v)
+    return True
+
+
 def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
-    """Nodes of the matched path, other than the matched ones, that read ``v``."""
+    """Nodes of the matched path, other than the matched ones, that read the data of ``v``
+    (``y.reshape_as(v)`` reads only its shape and does not count)."""
     if not isinstance(v, Var):
         return []
     inside = set(ctx.node_indices)
@@ -482,7 +495,8 @@ def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
         positions = [i for (name, _), lst in ctx.readers().items() if name == v.name for i in lst]
     else:
         positions = ctx.readers().get((v.name, v.version), [])
-    return [ctx.path.nodes[i] for i in sorted(set(positions)) if i not in inside]
+    nodes = ctx.path.nodes
+    return [nodes[i] for i in sorted(set(positions)) if i not in inside and _reads_data(nodes[i], v)]
 
 
 # ---------------------------------------------------------------- driver
@@ -509,6 +523,12 @@ def _rehome(m: Match, structures: FileStructures) -> Match:
         # nested function or method of an unknown class: keep the entry's class
         return replace(m, function=qual)
     return replace(m, class_name=None, function=qual)
+
+
+def _dedup_key(m: Match) -> tuple:
+    """:meth:`Match.key` plus the modules called: layers inside one ``nn.Sequential`` share
+    the call's line but are different places (``self.block[0]`` vs ``self.block[3]``)."""
+    return m.key() + (tuple(str(getattr(mn.node, "module", None)) for mn in m.nodes),)
 
 
 def _match_path(
@@ -541,7 +561,7 @@ def _match_path(
                 init_only = {k: v for k, v in ib.items() if k not in b}
                 m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
             homed = _rehome(m, structures) if rehome else m
-            key = homed.key()
+            key = _dedup_key(homed)
             if veto and key in rejected:
                 continue
             if not veto and key in accepted:
@@ -608,7 +628,12 @@ def match_structures(
 
 
 def _node_ids(m: Match) -> set:
-    return {(mn.node.span.line, mn.node.span.col) for mn in m.nodes if mn.node.span is not None}
+    return {
+        (mn.node.span.line, mn.node.span.col, mn.node.span.inlined_at if hasattr(mn.node.span, "inlined_at") else (),
+         str(getattr(mn.node, "module", None)), getattr(mn.node, "type", getattr(mn.node, "op", "")))
+        for mn in m.nodes
+        if mn.node.span is not None
+    }
 
 
 def _resolve_overlaps(rule: RuleLike, found: list[Match]) -> list[Match]:

@@ -184,7 +184,10 @@ def run_pytest_benchmark(
     """Run the alternating benchmark in-process; returns per variant, per block, the
     per-step times (s), and pytest's output. The full pytest-benchmark JSON is written to
     ``json_path``."""
-    cases = [(variant, block) for block in range(blocks) for variant in steps]
+    # Alternate which variant goes first in a pair, so that neither always runs right after
+    # the other (cache state, allocator state, clock ramp-up).
+    names = list(steps)
+    cases = [(variant, block) for block in range(blocks) for variant in (names if block % 2 == 0 else names[::-1])]
     _STEPS.clear()
     _STEPS.update(steps)
     output = io.StringIO()

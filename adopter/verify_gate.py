@@ -106,6 +106,21 @@ def evaluate_gate(current: dict, baseline: dict, max_regression: float) -> GateR
     if not bench or not base_bench:
         checks.append(GateCheck("benchmark", False, "no benchmark in the current result or the baseline"))
     else:
+        differ = [
+            f"{key} {bench.get(key)} vs {base_bench.get(key)}"
+            for key in ("batch_size", "seq_len", "threads", "device")
+            if base_bench.get(key) is not None and bench.get(key) != base_bench.get(key)
+        ]
+        checks.append(
+            GateCheck(
+                "benchmark settings",
+                not differ,
+                "same as the baseline's"
+                if not differ
+                else "differ from the baseline's (" + ", ".join(differ) + "): ratios are not comparable; "
+                "use the baseline's settings or record a new baseline",
+            )
+        )
         base_speed = float(base_bench["speed_ratio"])
         speed = float(bench["speed_ratio"])
         high = float(bench.get("speed_ratio_high", speed))
@@ -194,14 +209,20 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     applied = result.get("rules_applied", [])
     lines.append(f"rules applied ({len(applied)}):")
     for r in applied:
-        lines.append(f"  {r['rule']:<18} {r['where']:<40} {r.get('status', '')}")
+        lines.append(f"  {r['rule']:<18} {r['where']:<52} {r.get('status', '')}")
     if not applied:
         lines.append("  (none)")
     skipped = result.get("rules_skipped", [])
-    if skipped:
-        lines.append(f"rules not applied ({len(skipped)}):")
-        for r in skipped:
-            lines.append(f"  {r['rule']:<18} {r['where']:<40} {r['reason']}")
+    # Pattern matches rejected by a rule's preconditions are many and expected (every attention
+    # rule tried on every attention); list the rest, count those (all are in the JSON).
+    rejected = [r for r in skipped if r["reason"].startswith("precondition:")]
+    listed = [r for r in skipped if not r["reason"].startswith("precondition:")]
+    if listed:
+        lines.append(f"rules not applied ({len(listed)}):")
+        for r in listed:
+            lines.append(f"  {r['rule']:<18} {r['where']:<24} {r['reason']}")
+    if rejected:
+        lines.append(f"({len(rejected)} pattern matches rejected by rule preconditions; see --json)")
     for warning in result.get("warnings", []):
         lines.append(f"warning: {warning}")
     eq = result.get("equivalence")
@@ -210,6 +231,8 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     bench = result.get("benchmark")
     if bench:
         shape = f"batch {bench['batch_size']}" + (f", seq {bench['seq_len']}" if bench.get("seq_len") else "")
+        if bench.get("threads"):
+            shape += f", {bench['threads']} thread(s)"
         lines.append(
             f"training step (forward+backward+AdamW, {shape}, {bench['device']}, "
             f"{bench['blocks']} alternating blocks x {bench['rounds_per_block']} round(s) x "

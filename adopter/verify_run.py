@@ -27,6 +27,7 @@ class VerifyOptions:
     device: str | None = None
     batch_size: int = 4
     seq_len: int = 32
+    threads: int | None = None  # torch CPU threads for the whole run; None: torch's default
     blocks: int | None = None  # None: as many as fit bench_seconds
     bench_seconds: float = 20.0
     rounds: int = 1
@@ -50,10 +51,23 @@ def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Verif
         import torch
     except ImportError:
         raise UserError("adopter verify needs torch, which is not installed") from None
+    previous_threads = torch.get_num_threads()
+    try:
+        return _run_verify(options, progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> VerifyOutcome:
+    import torch
+
+    from adopter.cli import UserError
     from adopter.optimize import AdopterWarning, OptimizeError, optimize, shrink_config
     from adopter.tracing import TracingError, build_model, make_example_inputs
     from adopter.verify import check_equivalence
 
+    if options.threads:
+        torch.set_num_threads(options.threads)
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -154,7 +168,7 @@ def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Verif
 
         t = time.perf_counter()
         bench = measure(options.benchmark_json)
-        result["benchmark"] = bench.to_json()
+        result["benchmark"] = {**bench.to_json(), "threads": torch.get_num_threads()}
         phases["benchmark"] = time.perf_counter() - t
         if options.baseline is not None:
             gate = evaluate_gate(result, options.baseline, options.max_regression)
@@ -165,7 +179,7 @@ def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Verif
                 root, ext = os.path.splitext(options.benchmark_json)
                 second = measure(f"{root}.retry{ext}")
                 bench = merge(bench, second)
-                result["benchmark"] = bench.to_json()
+                result["benchmark"] = {**bench.to_json(), "threads": torch.get_num_threads()}
                 gate = evaluate_gate(result, options.baseline, options.max_regression)
             result["gate"] = gate.to_json()
             if not gate.passed:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -31,6 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 BATCH, SEQ, HIDDEN, INTERMEDIATE, HEADS = 8, 128, 768, 3072, 12
+# CPU threads (ADOPTER_BENCH_THREADS, default 1): on a shared 2-core machine one thread per process
+# gives far steadier ratios than two threads fighting other jobs for the same cores.
+if not torch.cuda.is_available():
+    torch.set_num_threads(int(os.environ.get("ADOPTER_BENCH_THREADS", "1")))
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.float16 if DEVICE.type == "cuda" else torch.float32
 IMPLS = ("fused", "reference")
@@ -179,7 +184,7 @@ def linear_bn_eval(impl):
     return _eval_fwd(*_linear_bn(impl))
 
 
-CASES: Dict[str, Callable[[str], Callable[[], None]]] = {
+CASES: dict[str, Callable[[str], Callable[[], None]]] = {
     f.__name__: f
     for f in (dropout_add_layer_norm, linear_bias_gelu, qkv, softmax, attention_dropout0, attention_dropout01,
               conv_bn_train, conv_bn_eval, linear_bn_train, linear_bn_eval)
@@ -198,7 +203,8 @@ def test_kernel(benchmark, case, impl):
 
 # ------------------------------------------------------------------ reports
 def summarize(path: str) -> str:
-    data = json.load(open(path))
+    with open(path) as f:
+        data = json.load(f)
     by_case: dict = {}
     for b in data["benchmarks"]:
         by_case.setdefault(b["params"]["case"], {})[b["params"]["impl"]] = b["stats"]
@@ -218,15 +224,25 @@ def summarize(path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _time(step) -> float:
+def _time(step, n: int = 1) -> float:
+    """Seconds per call, over ``n`` back-to-back calls."""
     start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - start) / n
+
+
+def _calls_for(step, target_s: float = 0.05) -> int:
+    """Calls per timing so that one timing lasts about ``target_s`` (short ops are all noise otherwise)."""
+    return max(1, min(200, round(target_s / max(_time(step), 1e-6))))
 
 
 def paired(rounds: int, cases) -> str:
     lines = [
-        f"device: {DEVICE.type}, dtype: {DTYPE}, torch threads: {torch.get_num_threads()}, rounds: {rounds}",
+        (
+            f"device: {DEVICE.type}, dtype: {DTYPE}, torch threads: {torch.get_num_threads()}, "
+            f"rounds: {rounds} (each timing repeats the step for >= ~50 ms)"
+        ),
         "",
         "| kernel | fused median (ms) | reference median (ms) | median per-round fused/reference | IQR of ratio |",
         "|---|---|---|---|---|",
@@ -235,12 +251,13 @@ def paired(rounds: int, cases) -> str:
         fused, ref = CASES[case]("fused"), CASES[case]("reference")
         for _ in range(2):
             fused(), ref()
+        n = _calls_for(ref)
         tf, tr, ratios = [], [], []
         for i in range(rounds):
             if i % 2:  # alternate who goes first
-                b, a = _time(ref), _time(fused)
+                b, a = _time(ref, n), _time(fused, n)
             else:
-                a, b = _time(fused), _time(ref)
+                a, b = _time(fused, n), _time(ref, n)
             tf.append(a), tr.append(b), ratios.append(a / b)
         q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [min(ratios), 0, max(ratios)]
         lines.append(

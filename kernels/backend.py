@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from typing import Callable, Iterable, Optional, Union
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -33,7 +33,7 @@ class KernelBackendError(RuntimeError):
     """A forced backend (ADOPTER_KERNEL_BACKEND) cannot run the given inputs."""
 
 
-def requested_backend() -> Optional[str]:
+def requested_backend() -> str | None:
     """The backend forced by ``ADOPTER_KERNEL_BACKEND`` (read at every call), or None for auto."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if not value or value == "auto":
@@ -43,11 +43,11 @@ def requested_backend() -> Optional[str]:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_ok(name: str) -> bool:
     try:
         importlib.import_module(name)
-    except Exception:  # ImportError, or a broken install raising at import
+    except Exception:  # noqa: BLE001  (ImportError, or a broken install raising anything at import)
         return False
     return True
 
@@ -60,11 +60,11 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _devices(tensors: Iterable[Optional[torch.Tensor]]) -> set:
+def _devices(tensors: Iterable[torch.Tensor | None]) -> set:
     return {t.device.type for t in tensors if t is not None}
 
 
-def triton_can_run(tensors: Iterable[Optional[torch.Tensor]]) -> bool:
+def triton_can_run(tensors: Iterable[torch.Tensor | None]) -> bool:
     """triton runs on CUDA tensors, and on CPU tensors only under the interpreter."""
     devices = _devices(tensors)
     if not triton_installed() or len(devices) != 1:
@@ -73,7 +73,7 @@ def triton_can_run(tensors: Iterable[Optional[torch.Tensor]]) -> bool:
     return device == "cuda" or (device == "cpu" and triton_interpreting())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def xformers_supports(device_type: str, dtype: torch.dtype) -> bool:
     """Cached probe: does xformers have a memory-efficient attention operator for this device/dtype?
 
@@ -87,17 +87,17 @@ def xformers_supports(device_type: str, dtype: torch.dtype) -> bool:
 
         q = torch.zeros(1, 8, 1, 32, device=device_type, dtype=dtype)
         xops.memory_efficient_attention(q, q, q)
-    except Exception:
+    except Exception:  # noqa: BLE001  (any failure means: no usable operator)
         return False
     return True
 
 
 def select_backend(
     op: str,
-    tensors: Iterable[Optional[torch.Tensor]],
+    tensors: Iterable[torch.Tensor | None],
     *,
-    has_triton: Union[bool, Callable[[], bool]] = False,
-    has_xformers: Union[bool, Callable[[], bool]] = False,
+    has_triton: bool | Callable[[], bool] = False,
+    has_xformers: bool | Callable[[], bool] = False,
 ) -> str:
     """Pick the backend for one call of ``op`` on ``tensors``.
 
@@ -137,11 +137,11 @@ def select_backend(
     return "torch"
 
 
-def _truth(flag: Union[bool, Callable[[], bool]]) -> bool:
+def _truth(flag: bool | Callable[[], bool]) -> bool:
     return bool(flag()) if callable(flag) else bool(flag)
 
 
-def triton_dtype_ok(*tensors: Optional[torch.Tensor]) -> bool:
+def triton_dtype_ok(*tensors: torch.Tensor | None) -> bool:
     return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
 
 

@@ -1,8 +1,6 @@
 """Conv2d+BatchNorm2d and Linear+BatchNorm1d: separate math in training, BN folded in eval."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 from torch import nn
 
@@ -20,8 +18,8 @@ class _FoldsBatchNorm(ParentKeyRemap):
 
     bn: nn.modules.batchnorm._BatchNorm
     bn_name: str
-    _fold_key: Optional[tuple]
-    _fold_cache: Optional[Tuple[torch.Tensor, torch.Tensor]]
+    _fold_key: tuple | None
+    _fold_cache: tuple[torch.Tensor, torch.Tensor] | None
 
     def _can_fold(self) -> bool:
         bn = self.bn
@@ -32,7 +30,7 @@ class _FoldsBatchNorm(ParentKeyRemap):
         bn = self.bn
         return (self.weight, self.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
 
-    def _folded(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _folded(self) -> tuple[torch.Tensor, torch.Tensor]:
         tensors = self._fold_inputs()
         if any(is_proxy(t) for t in tensors):  # torch.fx symbolic tracing: record the fold itself
             return fold_batch_norm(*tensors, self.bn.eps)
@@ -52,6 +50,10 @@ class _FoldsBatchNorm(ParentKeyRemap):
                 self._fold_cache = fold_batch_norm(*tensors, self.bn.eps)
             self._fold_key = key
         return self._fold_cache
+
+    def _parent_views(self) -> dict[str, nn.Module]:
+        # the BN itself, unregistered, as <parent>.<bn_name> (for loaders that resolve key paths)
+        return {self.bn_name: self.bn}
 
     def _export_to_parent(self, state_dict, prefix, parent_prefix) -> None:
         move_keys(state_dict, f"{prefix}{_BN_CHILD}.", f"{parent_prefix}{self.bn_name}.", _BN_KEYS)
@@ -85,7 +87,7 @@ class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
         padding_mode: str = "zeros",
         *,
         bn_eps: float = 1e-5,
-        bn_momentum: Optional[float] = 0.1,
+        bn_momentum: float | None = 0.1,
         bn_affine: bool = True,
         bn_track_running_stats: bool = True,
         bn_name: str = "batch_norm",
@@ -119,7 +121,7 @@ class FusedLinearBatchNorm1d(_FoldsBatchNorm, nn.Linear):
         bias: bool = True,
         *,
         bn_eps: float = 1e-5,
-        bn_momentum: Optional[float] = 0.1,
+        bn_momentum: float | None = 0.1,
         bn_affine: bool = True,
         bn_track_running_stats: bool = True,
         bn_name: str = "batch_norm",

@@ -1,7 +1,7 @@
 """``FusedDropoutAddLayerNorm``: ``LayerNorm(Dropout(x) + residual)`` in one kernel each way on CUDA."""
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -18,7 +18,7 @@ class FusedDropoutAddLayerNorm(nn.LayerNorm):
 
     def __init__(
         self,
-        normalized_shape: Union[int, Sequence[int]],
+        normalized_shape: int | Sequence[int],
         p: float = 0.5,
         eps: float = 1e-5,
         elementwise_affine: bool = True,

@@ -2,13 +2,58 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .ops.qkv import qkv_projection
 from .state_dict_hooks import ParentKeyRemap, install_hooks
+
+
+class ProjectionView(nn.Module):
+    """One projection of a :class:`FusedQKV`, seen as the ``nn.Linear`` it replaced.
+
+    Installed unregistered as ``<parent>.<name>`` so that loaders which resolve checkpoint keys by
+    module path (transformers' ``from_pretrained``) find ``query.weight``: reading ``weight``/``bias``
+    gives the slice of the fused tensor, assigning one copies into that slice, and calling it
+    computes that projection alone.
+    """
+
+    def __init__(self, fused: FusedQKV, index: int) -> None:
+        super().__init__()
+        # plain attributes, not registrations: the fused module owns the parameters
+        object.__setattr__(self, "_fused", fused)
+        object.__setattr__(self, "_index", index)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._fused.projection_slice("weight", self._index)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._fused.projection_slice("bias", self._index)
+
+    @property
+    def in_features(self) -> int:
+        return self._fused.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self._fused.sizes[self._index]
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("weight", "bias"):
+            self._fused.load_projection(name, self._index, value)
+        else:
+            super().__setattr__(name, value)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"view of {self._fused.names[self._index]!r} in FusedQKV"
 
 
 class FusedQKV(ParentKeyRemap, nn.Linear):
@@ -28,7 +73,7 @@ class FusedQKV(ParentKeyRemap, nn.Linear):
         out_features: int,
         bias: bool = True,
         names: Sequence[str] = ("query", "key", "value"),
-        kv_out_features: Optional[int] = None,
+        kv_out_features: int | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -55,7 +100,7 @@ class FusedQKV(ParentKeyRemap, nn.Linear):
                     bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
                     nn.init.uniform_(b, -bound, bound)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return qkv_projection(x, self.weight, self.bias, self.sizes)
 
     def extra_repr(self) -> str:
@@ -64,6 +109,38 @@ class FusedQKV(ParentKeyRemap, nn.Linear):
             f"in_features={self.in_features}, out_features={self.q_out_features}{kv}, "
             f"bias={self.bias is not None}, names={self.names}"
         )
+
+    def projection_slice(self, param: str, index: int) -> torch.Tensor | None:
+        fused = getattr(self, param)
+        if fused is None:
+            return None
+        start = sum(self.sizes[:index])
+        return fused[start:start + self.sizes[index]]
+
+    def load_projection(self, param: str, index: int, value: torch.Tensor) -> None:
+        """Copy one projection's ``weight``/``bias`` into the fused tensor (what assigning
+        ``parent.<name>.weight`` does). A fused tensor still on the meta device (transformers builds
+        models there before loading) is first materialized on the value's device and dtype."""
+        fused = getattr(self, param)
+        if fused is None:
+            raise AttributeError(f"FusedQKV({self.names}) has no {param}")
+        expected = self.projection_slice(param, index).shape
+        if tuple(value.shape) != tuple(expected):
+            raise ValueError(f"{self.names[index]}.{param}: shape {tuple(value.shape)} != {tuple(expected)}")
+        loaded = self.__dict__.setdefault("_loaded_projections", {}).setdefault(param, set())
+        with torch.no_grad():
+            if fused.is_meta and not value.is_meta:
+                fused = nn.Parameter(torch.empty(fused.shape, dtype=value.dtype, device=value.device),
+                                     requires_grad=fused.requires_grad)
+                setattr(self, param, fused)
+                loaded.clear()
+            self.projection_slice(param, index).copy_(value)
+        loaded.add(index)
+        if len(loaded) == len(self.names) and getattr(value, "_is_hf_initialized", False):
+            fused._is_hf_initialized = True  # all slices loaded: transformers must not re-initialize it
+
+    def _parent_views(self) -> dict[str, nn.Module]:
+        return {name: ProjectionView(self, i) for i, name in enumerate(self.names)}
 
     def _export_to_parent(self, state_dict, prefix, parent_prefix) -> None:
         for param in ("weight", "bias"):

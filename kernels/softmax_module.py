@@ -1,8 +1,6 @@
 """``Softmax`` module over the functional :func:`adopter.kernels.ops.softmax.softmax`."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,7 +11,7 @@ from .ops.softmax import softmax
 class Softmax(nn.Softmax):
     """Drop-in for ``nn.Softmax(dim)`` (default ``dim=-1``)."""
 
-    def __init__(self, dim: Optional[int] = -1) -> None:
+    def __init__(self, dim: int | None = -1) -> None:
         super().__init__(dim)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

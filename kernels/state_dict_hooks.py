@@ -12,26 +12,34 @@ its *parent*: ``<parent>.query.weight``, ``<parent>.<bn_name>.running_mean``, ..
   installs that pre-hook on any module that gets a fused child (once per parent; it looks the
   children up at load time, so deep copies and pickles stay correct). The fused module also has
   its own pre-hook, which does the same job when it is itself the root of ``load_state_dict``.
+* Loaders that bypass ``load_state_dict`` (transformers' ``from_pretrained`` resolves each key with
+  ``get_submodule(path)`` and assigns the tensor with ``setattr``): the same registration hook puts
+  *unregistered* views under the original sibling names in the parent's ``__dict__`` (e.g.
+  ``parent.query``, ``parent.batch_norm``), so those paths resolve. Views are not in ``_modules``:
+  no duplicate parameters, state-dict keys or ``modules()`` entries.
 """
 from __future__ import annotations
-
-from typing import Dict, List
 
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
 
 _PARENT_HOOK_FLAG = "_adopter_parent_key_hook"
+_PARENT_VIEWS = "_adopter_parent_views"  # names of the views we installed in a parent's __dict__
 
 
 class ParentKeyRemap:
     """Mixin for fused modules whose state-dict keys live at the parent level."""
 
-    def _export_to_parent(self, state_dict: Dict[str, torch.Tensor], prefix: str, parent_prefix: str) -> None:
+    def _export_to_parent(self, state_dict: dict[str, torch.Tensor], prefix: str, parent_prefix: str) -> None:
         raise NotImplementedError
 
+    def _parent_views(self) -> dict[str, nn.Module]:
+        """Modules to expose (unregistered) under the replaced siblings' names in the parent."""
+        return {}
+
     def _import_from_parent(
-        self, state_dict: Dict[str, torch.Tensor], prefix: str, parent_prefix: str, missing_keys: List[str]
+        self, state_dict: dict[str, torch.Tensor], prefix: str, parent_prefix: str, missing_keys: list[str]
     ) -> None:
         """Move parent-level keys to this module's own keys; report absent parent-level keys (by
         their original names) in ``missing_keys``."""
@@ -73,16 +81,27 @@ def ensure_parent_hook(parent: nn.Module) -> None:
         parent.__dict__[_PARENT_HOOK_FLAG] = True
 
 
+def install_parent_views(parent: nn.Module, child: ParentKeyRemap) -> None:
+    """Expose ``child._parent_views()`` as plain attributes of ``parent`` (never over a real member)."""
+    ours = parent.__dict__.setdefault(_PARENT_VIEWS, set())
+    for attr, view in child._parent_views().items():
+        taken = attr in parent._modules or attr in parent._parameters or attr in parent._buffers
+        if taken or (attr in parent.__dict__ and attr not in ours):
+            continue
+        parent.__dict__[attr] = view
+        ours.add(attr)
+
+
 def _on_module_registration(parent: nn.Module, name: str, child) -> None:
     if isinstance(child, ParentKeyRemap):
         ensure_parent_hook(parent)
-    return None
+        install_parent_views(parent, child)
 
 
 _registration_handle = register_module_module_registration_hook(_on_module_registration)
 
 
-def move_keys(state_dict: Dict[str, torch.Tensor], src_prefix: str, dst_prefix: str, keys) -> None:
+def move_keys(state_dict: dict[str, torch.Tensor], src_prefix: str, dst_prefix: str, keys) -> None:
     """Rename ``src_prefix + k`` to ``dst_prefix + k`` for the given local keys that are present."""
     for key in keys:
         if src_prefix + key in state_dict:

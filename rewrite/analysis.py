@@ -201,6 +201,19 @@ class FileContext:
                     uses.append((node.lineno, node.col_offset, fn.name))
         return uses
 
+    def subclasses(self, class_name: str) -> list[str]:
+        """Classes in this file deriving (transitively) from ``class_name``."""
+        out: list[str] = []
+        frontier = [class_name]
+        while frontier:
+            base = frontier.pop()
+            for cls in self.classes.values():
+                names = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in cls.bases}
+                if base in names and cls.name not in out and cls.name != class_name:
+                    out.append(cls.name)
+                    frontier.append(cls.name)
+        return out
+
     def class_attr_stores(self, class_name: str, attr: str) -> list[ast.stmt]:
         cls = self.classes.get(class_name)
         out = []

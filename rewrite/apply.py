@@ -314,6 +314,37 @@ def collapse_identical_branches(if_node) -> None:
     cst.replace_statement(if_node, moved)
 
 
+# ---------------------------------------------------------------- formatting
+
+LINE_LIMIT = 110
+
+
+def wrap_statement(text: str, indent: str, limit: int = LINE_LIMIT) -> str:
+    """Black-style wrapping of a synthesized ``target = callee(args)`` that is too long:
+    arguments on one indented line, or one per line when that is still too long."""
+    import ast as _ast
+
+    if "\n" in text or len(indent) + len(text) <= limit:
+        return text
+    try:
+        tree = _ast.parse(text)
+    except SyntaxError:
+        return text
+    stmt = tree.body[0] if len(tree.body) == 1 else None
+    call = getattr(stmt, "value", None)
+    if not isinstance(stmt, _ast.Assign) or not isinstance(call, _ast.Call):
+        return text
+    head = text[: call.func.end_col_offset] + "("
+    args = [_ast.get_source_segment(text, a) for a in call.args]
+    args += [_ast.get_source_segment(text, k) for k in call.keywords]
+    if any(a is None for a in args) or text[call.end_col_offset:].strip():
+        return text
+    one_line = ", ".join(args)
+    if len(indent) + 4 + len(one_line) <= limit:
+        return f"{head}\n    {one_line}\n)"
+    return head + "\n" + "".join(f"    {a},\n" for a in args) + ")"
+
+
 # ---------------------------------------------------------------- edits
 
 
@@ -334,7 +365,8 @@ def apply_edit(root, edit: Edit) -> None:
             replace_expression(scope, expr_edit.extent, expr_edit.text)
         for stmt_edit in fe.statement_edits:
             old = by_pos.get(stmt_edit.at) or find_statement(root, stmt_edit.at)
-            new_nodes = cst.parse_statements(stmt_edit.text, cst.indent_of(old))
+            indentation = cst.indent_of(old)
+            new_nodes = cst.parse_statements(wrap_statement(stmt_edit.text, indentation), indentation)
             cst.replace_statement(old, new_nodes)
             if old is anchor:
                 anchor = new_nodes[0]
@@ -342,7 +374,9 @@ def apply_edit(root, edit: Edit) -> None:
         if fe.insert_before:
             block = anchor.parent
             indentation = cst.indent_of(anchor)
-            new_nodes = cst.parse_statements("".join(t + "\n" for t in fe.insert_before), indentation)
+            new_nodes = cst.parse_statements(
+                "".join(wrap_statement(t, indentation) + "\n" for t in fe.insert_before), indentation
+            )
             cst.insert_statements(block, cst.statements_in(block).index(anchor), new_nodes, indentation)
         for p in fe.delete:
             cst.remove_statement(by_pos[p] if p in by_pos else find_statement(root, p))
@@ -351,7 +385,8 @@ def apply_edit(root, edit: Edit) -> None:
     for init in edit.init:
         old = find_statement(root, init.replace)
         deletions = [find_statement(root, p) for p in init.delete]
-        new_nodes = cst.parse_statements(init.construct, cst.indent_of(old))
+        indentation = cst.indent_of(old)
+        new_nodes = cst.parse_statements(wrap_statement(init.construct, indentation), indentation)
         cst.replace_statement(old, new_nodes)
         for stmt in deletions:
             cst.remove_statement(stmt)

@@ -92,6 +92,8 @@ def init_statement(ctx: FileContext, match: Match, attr: str) -> tuple[ast.stmt,
     class_name = owner or match.class_name
     if class_name is None:
         raise Skip(f"no class for self.{attr}")
+    if match.class_name and class_name != match.class_name:
+        raise Skip(f"self.{attr} is built in base class {class_name}; rewriting it would change every subclass")
     stmts = [s for s in ctx.class_attr_stores(class_name, attr)]
     if len(stmts) != 1:
         where = ", ".join(str(s.lineno) for s in stmts) or "nowhere"
@@ -119,9 +121,10 @@ def attr_used_elsewhere(
         for sub in ast.walk(node):
             if isinstance(sub, ast.Attribute):
                 allowed_positions.add((sub.lineno, sub.col_offset))
-    for use in ctx.class_attr_uses(class_name, attr):
-        if (use[0], use[1]) not in allowed_positions:
-            return use
+    for owner in [class_name] + ctx.subclasses(class_name):
+        for use in ctx.class_attr_uses(owner, attr):
+            if (use[0], use[1]) not in allowed_positions:
+                return use if owner == class_name else (use[0], use[1], f"{owner}.{use[2]}")
     return None
 
 

@@ -145,6 +145,8 @@ def rewrite_source(
         ctx = FileContext(text, filename=filename, config=config)
     except SyntaxError as exc:
         return _all_skipped(text, matches, f"syntax error: {exc.msg} (line {exc.lineno})", filename)
+    except (ValueError, RecursionError) as exc:  # null bytes; absurdly deep nesting
+        return _all_skipped(text, matches, f"cannot analyze: {exc}", filename)
     try:
         tree = cst.parse(text)
     except cst.ParseFailure as exc:

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from adopter.kernels import backend
+from adopter.kernels.ops.attention import attention, attention_eager
 from torch import nn
 
 from adopter import kernels
-from adopter.kernels import backend
-from adopter.kernels.ops.attention import attention, attention_eager
 
 ATOL = 1e-5
 
@@ -274,6 +274,12 @@ def test_attention_dropout_only_when_asked():
     out, w = attention_eager(q, k, v, dropout_p=0.5)
     assert ((w == 0).float().mean() - 0.5).abs() < 0.15
     assert not torch.allclose(attention(q, k, v, dropout_p=0.5), attention(q, k, v))
+    # CPU + dropout: the eager path, which draws the mask exactly like the unfused BERT code
+    torch.manual_seed(3)
+    out = attention(q, k, v, dropout_p=0.3)
+    torch.manual_seed(3)
+    probs = F.dropout(F.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1), 0.3)
+    torch.testing.assert_close(out, probs @ v, atol=ATOL, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- Conv/Linear + BatchNorm
@@ -367,7 +373,7 @@ def test_batch_norm_fold_cache_is_refreshed_when_parameters_change():
 
 
 def test_fused_conv_bn_keys_and_num_batches_tracked():
-    orig, fused = _pair(ConvBN)
+    _, fused = _pair(ConvBN)
     assert "bn1.num_batches_tracked" in fused.state_dict() and not any(".bn." in k for k in fused.state_dict())
     fused.train()
     fused(torch.randn(2, 4, 6, 6))
@@ -521,3 +527,55 @@ def test_attention_xformers_path_layout(monkeypatch, case):
         kwargs["bias"], kwargs["scale"] = torch.randn(1, 3, 7, 7), 1.0
     out = attention_ops.attention_xformers(q, k, v, **kwargs)
     torch.testing.assert_close(out, attention_ops.attention_sdpa(q, k, v, **kwargs), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- transformers' loader (no load_state_dict)
+@pytest.mark.slow
+def test_transformers_save_and_from_pretrained_round_trip(tmp_path):
+    """transformers' from_pretrained resolves keys by module path and assigns with setattr, bypassing
+    the load hooks: the unregistered parent views must make `query.weight`, `batch_norm.*` land."""
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    class TinyConfig(PretrainedConfig):
+        model_type = "adopter-kernels-tiny"
+
+    class Base(PreTrainedModel):
+        config_class = TinyConfig
+
+        def _init_weights(self, module):
+            if isinstance(module, nn.Linear):
+                module.weight.data.normal_()
+
+    class Original(Base):
+        def __init__(self, config):
+            super().__init__(config)
+            self.query, self.key, self.value = (nn.Linear(8, n, bias=False) for n in (8, 4, 4))
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.batch_norm = nn.BatchNorm2d(4)
+            self.post_init()
+
+    class Fused(Base):
+        def __init__(self, config):
+            super().__init__(config)
+            self.qkv = kernels.FusedQKV(8, 8, bias=False, kv_out_features=4)
+            self.conv = kernels.FusedConv2dBatchNorm2d(3, 4, 3)
+            self.post_init()
+
+    torch.manual_seed(0)
+    original = Original(TinyConfig())
+    with torch.no_grad():
+        for t in list(original.parameters()) + [original.batch_norm.running_mean]:
+            t.normal_()
+    original.save_pretrained(tmp_path / "original")
+    fused, info = Fused.from_pretrained(tmp_path / "original", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert set(fused.state_dict()) == set(original.state_dict())
+    for key, value in original.state_dict().items():
+        assert torch.equal(fused.state_dict()[key], value), key
+    assert "query" not in dict(fused.named_modules()) and len(list(fused.parameters())) == 5  # views only
+    fused.save_pretrained(tmp_path / "fused")
+    back = Original.from_pretrained(tmp_path / "fused")
+    for key, value in original.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(fused.query(x), original.query(x))  # a view computes its projection

@@ -68,7 +68,7 @@ def test_golden_attention(name):
 
 def test_fig1_shape():
     after = (FIXTURES / "dropout_layernorm.after.py").read_text()
-    assert "self.LayerNorm = FusedDropoutAddLayerNorm(config.hidden_size, p=config.hidden_dropout_prob, eps=config.layer_norm_eps)" in after
+    assert "self.LayerNorm = FusedDropoutAddLayerNorm(\n            config.hidden_size, p=config.hidden_dropout_prob, eps=config.layer_norm_eps\n        )" in after
     assert "hidden_states = self.LayerNorm(hidden_states, input_tensor)" in after
     assert after.count("from adopter.kernels import") == 1
     # The shared dropout is still used elsewhere: its binding stays.
@@ -272,3 +272,111 @@ def test_cli_errors(tmp_path, capsys):
     assert _cli(str(tmp_path), "--rules", "NoSuchRule") == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- the fixtures compute the same thing
+
+
+def _load_fixture(name: str, which: str):
+    import types
+
+    text = (FIXTURES / f"{name}.{which}.py").read_text()
+    module = types.ModuleType(f"fixture_{name}_{which}")
+    exec(compile(text, f"{name}.{which}.py", "exec"), module.__dict__)
+    return module
+
+
+class _Cfg:
+    hidden_size = 8
+    layer_norm_eps = 1e-6
+    hidden_dropout_prob = 0.1
+    num_attention_heads = 2
+    attention_probs_dropout_prob = 0.1
+    use_batch_norm_in_fusion_residual = True
+    fusion_hidden_size = 4
+
+
+# fixture -> [(class, constructor args, input shapes...)]
+NUMERIC = {
+    "dropout_layernorm": [("BertSelfOutput", (_Cfg(),), [(2, 3, 8), (2, 3, 8)]), ("SharedDropout", (8, 0.1), [(2, 8), (2, 8)])],
+    "biased_gelu": [("Intermediate", (8, 12), [(2, 8)]), ("FunctionalGelu", (8,), [(3, 8)])],
+    "fused_qkv": [("SelfAttention", (8, 2), [(2, 8)])],
+    "conv_batchnorm": [("ResNetConvLayer", (3, 4), [(2, 3, 9, 9)])],
+    "conv_batchnorm_branch": [("DPTPreActResidualLayer", (_Cfg(),), [(2, 4, 6, 6)])],
+    "linear_batchnorm": [("Head", (8, 5), [(4, 8)])],
+    "softmax": [("Scores", (), [(2, 3, 5), (2, 3, 5)])],
+    "bert_attention": [("BertSelfAttention", (_Cfg(),), [(2, 5, 8)])],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC))
+def test_fixture_rewrite_is_equivalent(name):
+    torch = pytest.importorskip("torch")
+    before, after = _load_fixture(name, "before"), _load_fixture(name, "after")
+    for cls_name, args, shapes in NUMERIC[name]:
+        torch.manual_seed(0)
+        reference = getattr(before, cls_name)(*args)
+        candidate = getattr(after, cls_name)(*args)
+        # Non-trivial batch-norm statistics and affine parameters.
+        with torch.no_grad():
+            for key, value in reference.state_dict().items():
+                if value.is_floating_point():
+                    value.copy_(torch.rand_like(value) + 0.5 if "running_var" in key else torch.randn_like(value))
+        candidate.load_state_dict(reference.state_dict(), strict=True)
+        reference.load_state_dict(candidate.state_dict(), strict=True)
+        reference.eval(), candidate.eval()
+        inputs = [torch.randn(*shape) for shape in shapes]
+        out_ref, out_new = reference(*inputs), candidate(*inputs)
+        out_ref = out_ref[0] if isinstance(out_ref, tuple) else out_ref
+        out_new = out_new[0] if isinstance(out_new, tuple) else out_new
+        torch.testing.assert_close(out_new, out_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt2_attention", "t5_attention"])
+def test_attention_function_fixture_is_equivalent(name):
+    torch = pytest.importorskip("torch")
+    before, after = _load_fixture(name, "before"), _load_fixture(name, "after")
+
+    class Module(torch.nn.Module):
+        pass
+
+    module = Module().eval()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
+    mask = torch.zeros(2, 1, 5, 5)
+    mask[1, ..., 3:] = -1e9
+    extra = {"position_bias": torch.randn(1, 3, 5, 5)} if name == "t5_attention" else {}
+    ref = before.eager_attention_forward(module, q, k, v, mask, **extra)
+    new = after.eager_attention_forward(module, q, k, v, mask, **extra)
+    torch.testing.assert_close(new[0], ref[0], atol=1e-5, rtol=1e-5)
+    if ref[1] is not None:
+        torch.testing.assert_close(new[1], ref[1], atol=1e-5, rtol=1e-5)
+    g_ref = torch.autograd.grad(ref[0].sum(), (q, k, v))
+    g_new = torch.autograd.grad(new[0].sum(), (q, k, v))
+    for a, b in zip(g_new, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_subclass_use_blocks_rewrite():
+    text = '''from torch import nn
+
+
+class Output(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.LayerNorm = nn.LayerNorm(hidden)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x, r):
+        x = self.dropout(x)
+        return self.LayerNorm(x + r)
+
+
+class PlainNormOutput(Output):
+    def forward(self, x, r):
+        return self.LayerNorm(x)
+'''
+    result = _scan_rewrite(text, "m.py")
+    mine = [o for o in result.outcomes if o.match.class_name == "Output"]
+    assert mine and not mine[0].applied and "PlainNormOutput" in mine[0].reason
+    assert result.new_text == text

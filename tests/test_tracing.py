@@ -276,3 +276,29 @@ def test_module_instance_and_bad_device(dpt_on):
     assert built.model is dpt_on.model and set(built.example_inputs) == {"pixel_values"}
     with pytest.raises(TracingError, match="unknown device 'tpu'"):
         build_model(dpt_on.model, device="tpu")
+
+
+@pytest.mark.parametrize("kwargs, status, reason", [
+    ({}, "confirmed", "3 x Linear in=8 out=[8, 8, 8] bias=True"),
+    ({"kv_hidden": 4}, "confirmed", "out=[8, 4, 4]"),  # grouped k/v: FusedQKV(kv_out_features=4)
+    ({"value_bias": False}, "rejected", "projections differ in bias"),
+])
+def test_fused_qkv_runtime_shapes_and_biases(kwargs, status, reason):
+    import attention_like
+    from match_helpers import fused_qkv
+
+    built = build_model(attention_like.SelfAttention, init_kwargs=kwargs, device="cpu",
+                        example_inputs={"hidden_states": torch.randn(2, 5, 8)})
+    (out,) = confirm_matches(built.model, built.example_inputs, [fused_qkv(attention_like.SelfAttention)])
+    assert out.status == status and reason in out.reason
+
+
+def test_fused_qkv_reading_different_tensors_is_not_confirmed():
+    import attention_like
+    from match_helpers import fused_qkv
+
+    # a static match claiming all three read hidden_states; at runtime k/v read encoder_states
+    built = build_model(attention_like.CrossAttention, device="cpu",
+                        example_inputs={"hidden_states": torch.randn(2, 5, 8), "encoder_states": torch.randn(2, 3, 8)})
+    (out,) = confirm_matches(built.model, built.example_inputs, [fused_qkv(attention_like.CrossAttention)])
+    assert out.status == "not-executed" and "do not read the same tensor at runtime" in out.reason

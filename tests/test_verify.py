@@ -176,8 +176,8 @@ def test_benchmark_pair_runs_pytest_benchmark_and_saves_json(tmp_path):
         original, optimized, (torch.randn(16, 8),), batch_size=16, blocks=2, json_path=str(path)
     )
     data = json.loads(path.read_text())
-    variants = sorted((b["extra_info"]["variant"], b["extra_info"]["block"]) for b in data["benchmarks"])
-    assert variants == [("optimized", 0), ("optimized", 1), ("original", 0), ("original", 1)]
+    order = [(b["extra_info"]["variant"], b["extra_info"]["block"]) for b in data["benchmarks"]]
+    assert sorted(order) == [("optimized", 0), ("optimized", 1), ("original", 0), ("original", 1)]
     assert result.blocks == 2
     assert result.original.throughput > 0 and result.optimized.throughput > 0
     assert result.speed_ratio_low <= result.speed_ratio <= result.speed_ratio_high
@@ -266,6 +266,14 @@ def test_gate_fails_hard_when_a_rule_is_lost():
 def test_gate_passes_when_rules_are_gained():
     gate = evaluate_gate(_result(rules=("Dropout_LayerNorm", "biased_GeLU", "softmax")), _result(), 0.05)
     assert gate.passed
+
+
+def test_gate_fails_when_benchmark_settings_differ_from_baseline():
+    current = _result()
+    current["benchmark"]["batch_size"] = 16
+    gate = evaluate_gate(current, _result(), 0.05)
+    assert not gate.passed
+    assert [c.name for c in gate.checks if not c.ok] == ["benchmark settings"]
 
 
 def test_gate_fails_when_not_equivalent():

@@ -268,13 +268,13 @@ class _Found:
 
 def _candidates(
     index: TraceIndex, match: Match, mnode: MatchedNode, instance: str, model: nn.Module
-) -> set[str]:
+) -> set[str] | None:
     node = mnode.node
     span = getattr(node, "span", None)
     lines = _span_lines(span)
     file = match.file
     if lines is None:
-        return set()
+        return None  # a node without position (a wildcard): nothing to look for
     out = set()
     sub = None
     module_var = getattr(node, "module", None) if isinstance(node, Layer) else None
@@ -333,12 +333,16 @@ def _flow_requirements(match: Match) -> tuple[list[tuple[int, int]], list[list[i
 
 
 def _evaluate_instance(index: TraceIndex, match: Match, instance: str, model: nn.Module) -> _Found:
-    groups = [_candidates(index, match, mn, instance, model) for mn in match.nodes]
-    missing = [i for i, g in enumerate(groups) if not g]
+    looked = [_candidates(index, match, mn, instance, model) for mn in match.nodes]
+    missing = [i for i, g in enumerate(looked) if g is not None and not g]
+    groups = [g or set() for g in looked]
     found = _Found(instance, groups, missing)
     if missing:
         return found
     pairs, shared = _flow_requirements(match)
+    pairs = [(i, j) for i, j in pairs if looked[i] is not None and looked[j] is not None]
+    shared = [[j for j in js if looked[j] is not None] for js in shared]
+    shared = [js for js in shared if len(js) > 1]
     for i, j in pairs:
         if not index.flows(groups[i], groups[j]):
             found.problem = (
@@ -352,10 +356,12 @@ def _evaluate_instance(index: TraceIndex, match: Match, instance: str, model: nn
             found.problem = f"lines {lines} do not read the same tensor at runtime"
             return found
     # order: data-connected nodes are ordered by construction; straight-line statements by line
-    first = [min(index.by_name[n].index for n in g) for g in groups]
+    first = [min((index.by_name[n].index for n in g), default=-1) for g in groups]
     for a in range(len(groups)):
         for b in range(a + 1, len(groups)):
             sa, sb = match.nodes[a].node.span, match.nodes[b].node.span
+            if looked[a] is None or looked[b] is None:
+                continue
             if sa.function != sb.function or sa.stmt_line == sb.stmt_line or not sa.stmt_line:
                 continue
             if (sa.stmt_line < sb.stmt_line) != (first[a] < first[b]):
@@ -661,10 +667,15 @@ def _in_leaf(src: NodeSource) -> bool:
 
 
 def _module_nodes(index: TraceIndex, path: str) -> list[NodeSource]:
-    cache = index.__dict__.setdefault("_module_nodes", {})
-    if path not in cache:
-        cache[path] = [s for s in index.sources if s.within(path)]
-    return cache[path]
+    """Nodes that ran inside the module instance at ``path`` (built once per trace)."""
+    by_path = index.__dict__.get("_by_module_path")
+    if by_path is None:
+        by_path = defaultdict(list)
+        for s in index.sources:
+            for p in {p for p, _ in s.module_stack}:
+                by_path[p].append(s)
+        index.__dict__["_by_module_path"] = by_path
+    return by_path.get(path, [])
 
 
 def _gelu_step_group(index: TraceIndex, src: NodeSource) -> tuple[str, set[str]] | None:

@@ -117,8 +117,13 @@ def run(args) -> int:
             from adopter.tracing import confirm_model_id
         except ImportError as exc:
             raise UserError(f"--model needs the tracing extras: {exc}", code=1) from None
+        import inspect
+
+        kwargs = {}
+        if "scanned_files" in inspect.signature(confirm_model_id).parameters:
+            kwargs["scanned_files"] = [str(f) for f in files]
         try:
-            report.matches = list(confirm_model_id(report.matches, args.model, device=args.device))
+            report.matches = list(confirm_model_id(report.matches, args.model, device=args.device, **kwargs))
         except UserError:
             raise
         except Exception as exc:

@@ -11,7 +11,7 @@ HELP = "scan a model's source and confirm the matches with a torch.fx trace of t
 
 
 def add_arguments(parser):
-    parser.add_argument("--model", required=True, metavar="ID",
+    parser.add_argument("--model", metavar="ID",
                         help="known model id (see --list-models), or a directory holding config.json")
     parser.add_argument("--device", choices=("cpu", "cuda", "meta"), default=None,
                         help="where to build the model (default: cuda if available, else cpu; "
@@ -50,6 +50,8 @@ def run(args) -> int:
     if args.list_models:
         print("\n".join(known_model_ids()))
         return 0
+    if not args.model:
+        raise UserError("--model ID is required (known model ids: " + ", ".join(known_model_ids()) + ")")
     from adopter.commands.scan import format_text, select_rules
     from adopter.scan import scan_paths
     from adopter.tracing import CaptureError, TracingError, build_model, capture_model, confirm_matches

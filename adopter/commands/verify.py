@@ -34,8 +34,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model id or local directory (default {DEFAULT_MODEL})")
     parser.add_argument("--rules", default=None, help="comma-separated rule names (default: all rules)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="benchmark batch size")
-    parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="benchmark sequence length (text models)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"benchmark batch size (default {DEFAULT_BATCH_SIZE}, or the baseline's)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help=f"benchmark sequence length, text models (default {DEFAULT_SEQ_LEN}, or the baseline's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's, or the baseline's); 1 is the least noisy on a "
+                             "shared machine")
     parser.add_argument(
         "--blocks", type=int, default=None,
         help="alternating original/optimized benchmark blocks (pairs) (default: as many as fit "
@@ -95,7 +100,16 @@ def run(args) -> int:
             baseline = load_json(args.baseline, "baseline")
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    for name in ("batch_size", "seq_len", "blocks", "rounds"):
+    # A gate run measures with the baseline's settings unless told otherwise: ratios are only
+    # comparable at the same batch size, sequence length and thread count.
+    settings = (baseline or {}).get("benchmark") or {}
+    if args.batch_size is None:
+        args.batch_size = int(settings.get("batch_size") or DEFAULT_BATCH_SIZE)
+    if args.seq_len is None:
+        args.seq_len = int(settings.get("seq_len") or DEFAULT_SEQ_LEN)
+    if args.threads is None and settings.get("threads"):
+        args.threads = int(settings["threads"])
+    for name in ("batch_size", "seq_len", "blocks", "rounds", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
 
@@ -108,6 +122,7 @@ def run(args) -> int:
         device=args.device,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
+        threads=args.threads,
         blocks=args.blocks,
         bench_seconds=args.bench_seconds,
         rounds=args.rounds,

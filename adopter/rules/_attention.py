@@ -102,6 +102,23 @@ def producer_or_phi(nodes, v: Value) -> Node | None:
     return None
 
 
+def is_projection(n: Node) -> bool:
+    return (
+        isinstance(n, Layer)
+        and n.module is not None
+        and (n.type in PROJECTIONS or n.type.rsplit(".", 1)[-1] == "Conv1D")
+    )
+
+
+def namesake(ctx: MatchContext, rule_name: str) -> str | None:
+    """The attention rules target the class they are named after (and classes whose
+    name ends with it), as the kernel policies they come from do."""
+    cls = ctx.match.class_name or ""
+    if not cls.endswith(rule_name):
+        return f"class {cls or '(none)'} is not a {rule_name} class"
+    return None
+
+
 def trace_operand(nodes, v: Value, max_steps: int = 24) -> Source:
     via: list[Node] = []
     split = False
@@ -111,7 +128,7 @@ def trace_operand(nodes, v: Value, max_steps: int = 24) -> Source:
         if n is None:
             return Source("input", None, via)
         if isinstance(n, Layer):
-            if (n.type in PROJECTIONS or n.type.rsplit(".", 1)[-1] == "Conv1D") and n.module is not None:
+            if is_projection(n):
                 return Source("split" if split else "linear", n, via)
             low = n.type.lower()
             if "rotary" in low or "rope" in low:

@@ -68,3 +68,95 @@ def config_defaults(modeling_file: str, attr: str) -> frozenset | None:
             if attr in d:
                 return d[attr]
     return None
+
+
+@lru_cache(maxsize=64)
+def _parse_source(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _function_node(tree: ast.Module, qualname: str) -> ast.AST | None:
+    scope = list(tree.body)
+    found = None
+    for part in qualname.split("."):
+        found = next(
+            (n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part),
+            None,
+        )
+        if found is None:
+            return None
+        scope = list(found.body)
+    return found
+
+
+def local_origin(source: str, function: str, name: str, before_line: int):
+    """Where the local ``name`` used at ``before_line`` in ``function`` comes from:
+    ``("default", value)`` for a parameter with a literal default that is not reassigned,
+    ``("config", (attr, fallback))`` for ``name = getattr(config, "attr", fallback)`` or
+    ``name = config.attr``; None when unknown."""
+    tree = _parse_source(source)
+    fn = _function_node(tree, function) if tree is not None else None
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    assigns = [
+        n for n in ast.walk(fn)
+        if isinstance(n, ast.Assign) and n.lineno < before_line
+        and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+    ]
+    if assigns:
+        if len(assigns) > 1:
+            return None
+        value = assigns[0].value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "getattr" \
+                and len(value.args) >= 2 and isinstance(value.args[1], ast.Constant) and isinstance(value.args[1].value, str):
+            fallback = None
+            if len(value.args) > 2:
+                try:
+                    fallback = ast.literal_eval(value.args[2])
+                except Exception:
+                    return None
+            return ("config", (value.args[1].value, fallback))
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and "config" in value.value.id:
+            return ("config", (value.attr, None))
+        return None
+    args = fn.args
+    pos = args.posonlyargs + args.args
+    pairs = list(zip(pos[len(pos) - len(args.defaults):], args.defaults)) + list(zip(args.kwonlyargs, args.kw_defaults))
+    for a, d in pairs:
+        if a.arg == name and d is not None:
+            try:
+                return ("default", ast.literal_eval(d))
+            except Exception:
+                return None
+    return None
+
+
+def param_passed(source: str, class_name: str, param: str) -> bool:
+    """Whether some call ``ClassName(...)`` in the file passes ``param`` (by keyword, by
+    ``**kwargs``, or positionally far enough to reach it), so its default may not hold."""
+    tree = _parse_source(source)
+    if tree is None:
+        return True
+    cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) if cls else None
+    if init is None:
+        return True
+    names = [a.arg for a in init.args.posonlyargs + init.args.args][1:]  # without self
+    index = names.index(param) if param in names else None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        if called != class_name:
+            continue
+        if any(kw.arg == param or kw.arg is None for kw in node.keywords):
+            return True
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            return True
+        if index is not None and len(node.args) > index:
+            return True
+    return False

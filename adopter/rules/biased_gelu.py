@@ -8,7 +8,7 @@ from adopter.dsl import Const, Layer, Var
 from adopter.match import MatchContext
 from adopter.rules import Rule
 from adopter.rules._common import const_text, intermediates_unused, kwarg
-from adopter.rules._config_defaults import config_defaults
+from adopter.rules._config_defaults import config_defaults, local_origin, param_passed
 
 _TA = "transformers.activations."
 # Activation modules computing exact (erf) GeLU or its tanh approximation: both are kernel modes.
@@ -84,23 +84,52 @@ def _activation_key_texts(layer: Layer) -> list[str]:
     return out
 
 
+def _key_defaults(ctx: MatchContext, binding, text: str) -> tuple[frozenset | None, str]:
+    """Possible default values of an activation key expression, and where they come from."""
+    m = _CONFIG_ATTR.match(text)
+    if m:
+        return config_defaults(ctx.structures.file, m.group(1)), "the model's configuration"
+    if not re.match(r"^[A-Za-z_][A-Za-z_0-9]*$", text) or ctx.source is None or binding.span is None:
+        return None, ""
+    origin = local_origin(ctx.source, binding.span.function, text, binding.span.line)
+    if origin is None:
+        return None, ""
+    kind, value = origin
+    if kind == "default":
+        cls = binding.span.function.rpartition(".")[0]
+        if cls and param_passed(ctx.source, cls.rsplit(".", 1)[-1], text):
+            return None, ""  # some instantiation in the file passes its own activation
+        return frozenset([value]), f"the default of parameter {text}"
+    if kind == "config":
+        attr, fallback = value
+        defaults = config_defaults(ctx.structures.file, attr)
+        if defaults is None:
+            return None, ""
+        return defaults, "the model's configuration"
+    return None, ""
+
+
 def _activation_is_gelu(ctx: MatchContext) -> str | None:
     act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
     if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
         return None
-    binding = ctx.init_binding_for(ctx.binding("$act"))
+    act = ctx.binding("$act")
+    binding = next(
+        (ib for ib in ctx.init_bindings
+         if isinstance(act, Var) and ib.attr == act.name and ib.layer.type == ACT2FN
+         and (ib.container is None or ib.container == act.name)),
+        None,
+    )
     if binding is None:
         return None  # activation passed in from outside: unknown, runtime decides
-    for text in _activation_key_texts(binding.layer):
-        m = _CONFIG_ATTR.match(text)
-        if not m:
+    texts = [binding.activation] if getattr(binding, "activation", None) else _activation_key_texts(binding.layer)
+    for text in texts:
+        defaults, where = _key_defaults(ctx, binding, text)
+        if not defaults or (None in defaults and len(defaults) > 1):
             continue
-        defaults = config_defaults(ctx.structures.file, m.group(1))
-        if not defaults or None in defaults:
-            return None
         if not any(isinstance(d, str) and d in GELU_KEYS for d in defaults):
             shown = ", ".join(sorted(repr(d) for d in defaults))
-            return f"activation {text} defaults to {shown} (not GeLU) in the model's configuration"
+            return f"activation {text} defaults to {shown} (not GeLU) in {where}"
     return None
 
 

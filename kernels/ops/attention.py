@@ -2,7 +2,8 @@
 
 Backends: xformers ``memory_efficient_attention`` where xformers has an operator for the inputs
 (probed once per device/dtype), else ``torch.nn.functional.scaled_dot_product_attention``; the eager
-matmul-softmax-matmul path when the attention weights are asked for.
+matmul-softmax-matmul path when the attention weights are asked for, and on CPU with dropout (where
+SDPA itself falls back to that math).
 
 Masks: ``mask`` is a padding/attention mask broadcastable to ``(batch, heads, q_len, k_len)``,
 either additive float (0 keeps, large negative drops; what HF's BERT builds) or bool (True keeps,
@@ -13,13 +14,12 @@ as SDPA). Key/value with fewer heads than the query (GQA/MQA) are shared by cons
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from .common import fx_leaf
 from ..backend import requested_backend, select_backend
+from .common import fx_leaf
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -32,7 +32,7 @@ def _causal_keep(q_len: int, k_len: int, device) -> torch.Tensor:
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
 
 
-def _combined_mask(q, k, mask, bias, is_causal, *, force_tensor: bool) -> Optional[torch.Tensor]:
+def _combined_mask(q, k, mask, bias, is_causal, *, force_tensor: bool) -> torch.Tensor | None:
     """One attn_mask (bool or additive in q's dtype) equivalent to mask + bias + causal."""
     parts = [m for m in (mask, bias) if m is not None]
     if is_causal and (parts or force_tensor):
@@ -70,7 +70,7 @@ def attention_eager(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, is
     combined = _combined_mask(q, k, mask, bias, is_causal, force_tensor=True)
     if combined is not None:
         scores = scores + _additive(combined, scores.dtype)
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (no-op casts in fp32)
     if dropout_p > 0.0:
         weights = F.dropout(weights, dropout_p, training=True)
     return torch.matmul(weights, v), weights
@@ -112,13 +112,13 @@ def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: Optional[torch.Tensor] = None,
-    bias: Optional[torch.Tensor] = None,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     dropout_p: float = 0.0,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     is_causal: bool = False,
     need_weights: bool = False,
-) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q @ k^T * scale + mask + bias) @ v``; ``(out, weights)`` when ``need_weights``.
 
     ``dropout_p`` applies as given: callers pass ``p if module.training else 0.0``.
@@ -141,4 +141,8 @@ def attention(
             # xformers refuses some shapes (no operator for them); auto mode then uses SDPA
             if requested_backend() == "xformers":
                 raise
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        # SDPA has no fused CPU kernel with dropout: it runs its math path (the same matmul-softmax-
+        # dropout-matmul plus a masked-row-safe softmax), so the eager path is the faster equal
+        return attention_eager(q, k, v, mask, bias, dropout_p, scale, is_causal)[0]
     return attention_sdpa(q, k, v, mask, bias, dropout_p, scale, is_causal)

@@ -1,8 +1,6 @@
 """Folding an eval-mode BatchNorm into the preceding Conv/Linear weights."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 
 from .common import fx_leaf
@@ -11,13 +9,13 @@ from .common import fx_leaf
 @fx_leaf
 def fold_batch_norm(
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     running_mean: torch.Tensor,
     running_var: torch.Tensor,
-    bn_weight: Optional[torch.Tensor],
-    bn_bias: Optional[torch.Tensor],
+    bn_weight: torch.Tensor | None,
+    bn_bias: torch.Tensor | None,
     eps: float,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weight and bias of ``BN(layer(x))`` as one layer, for per-output-channel (dim 0) BN.
 
     ``w' = w * g / sqrt(var + eps)`` and ``b' = (b - mean) * g / sqrt(var + eps) + beta``, computed in

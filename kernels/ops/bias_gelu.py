@@ -1,13 +1,11 @@
 """Functional fused bias + GeLU after a bias-free matmul, and the linear layer built on it."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
-from .common import fx_leaf
 from ..backend import select_backend, triton_dtype_ok
+from .common import fx_leaf
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -18,7 +16,7 @@ def _check_approximate(approximate: str) -> None:
 
 
 @fx_leaf
-def bias_gelu(y: torch.Tensor, bias: Optional[torch.Tensor], approximate: str = "none") -> torch.Tensor:
+def bias_gelu(y: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
     """``F.gelu(y + bias, approximate=approximate)``; one triton kernel each way on CUDA."""
     _check_approximate(approximate)
     backend = select_backend(
@@ -35,7 +33,7 @@ def bias_gelu(y: torch.Tensor, bias: Optional[torch.Tensor], approximate: str = 
 
 @fx_leaf
 def linear_bias_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], approximate: str = "none"
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none"
 ) -> torch.Tensor:
     """``F.gelu(F.linear(x, weight, bias), approximate)``: matmul without bias, then fused bias+GeLU.
 

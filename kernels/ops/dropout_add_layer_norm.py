@@ -2,21 +2,21 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .common import fx_leaf, row_block
 from ..backend import autocast_to_fp32, fresh_seed, select_backend, triton_dtype_ok
+from .common import fx_leaf, row_block
 
 
 def dropout_add_layer_norm_reference(
     x: torch.Tensor,
     residual: torch.Tensor,
     normalized_shape: Sequence[int],
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
     eps: float,
     p: float,
     training: bool,
@@ -49,13 +49,13 @@ def _triton_supported(x, residual, weight, n_cols: int) -> bool:
 def dropout_add_layer_norm(
     x: torch.Tensor,
     residual: torch.Tensor,
-    normalized_shape: Union[int, Sequence[int]],
-    weight: Optional[torch.Tensor] = None,
-    bias: Optional[torch.Tensor] = None,
+    normalized_shape: int | Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     eps: float = 1e-5,
     p: float = 0.0,
     training: bool = True,
-    seed: Optional[int] = None,
+    seed: int | None = None,
 ) -> torch.Tensor:
     """``F.layer_norm(F.dropout(x, p, training) + residual, normalized_shape, weight, bias, eps)``.
 

@@ -1,7 +1,7 @@
 """Fused query/key/value projection: one matmul instead of three."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -11,8 +11,8 @@ from .common import fx_leaf
 
 @fx_leaf
 def qkv_projection(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], sizes: Sequence[int]
-) -> Tuple[torch.Tensor, ...]:
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sizes: Sequence[int]
+) -> tuple[torch.Tensor, ...]:
     """``F.linear(x, weight, bias)`` split into ``len(sizes)`` projections along the last dim.
 
     The projections are last-dim slices of one output (as GPT-2's ``c_attn(x).split(...)``): the

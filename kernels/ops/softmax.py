@@ -1,8 +1,6 @@
 """Functional softmax: a triton row kernel for last-dim rows on CUDA, ``F.softmax`` otherwise."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -11,7 +9,7 @@ from .common import fx_leaf, row_block
 
 
 @fx_leaf
-def softmax(input: torch.Tensor, dim: int = -1, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``."""
     if input.dim() == 0:
         return F.softmax(input, dim, dtype=dtype)

@@ -13,7 +13,7 @@ def row_num_warps(block: int) -> int:
     return min(max(block // 256, 1), 8)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
