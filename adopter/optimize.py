@@ -552,6 +552,13 @@ def optimize(
     pipe = pipeline or Pipeline()
     if not (isinstance(model_cls, type)):
         raise OptimizeError(f"optimize() expects a model class, got {type(model_cls).__name__}")
+    if model_cls.__module__ == "__main__":
+        # Loading the rewritten module means executing it: for the running script that would
+        # run the script (and this optimize() call) again.
+        raise OptimizeError(
+            f"{model_cls.__name__} is defined in the script being run (__main__); "
+            "move it into a module and import it from there"
+        )
     subject = _subject or _build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs)
     report = OptimizeReport(model_class=f"{model_cls.__module__}.{model_cls.__qualname__}")
 

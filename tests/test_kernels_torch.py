@@ -267,6 +267,14 @@ def test_attention_matches_reference(case, need_weights):
     assert_close_all(grads(out, inputs, g), grads(ref_out, inputs, g), atol=1e-4)
 
 
+def test_attention_cuts_masks_made_for_a_longer_key_cache():
+    q, k, v = _qkv()
+    long_mask = torch.randn(2, 1, 7, 10)
+    ref_out, _ = reference_attention(q, k, v, long_mask[..., :7])
+    torch.testing.assert_close(attention(q, k, v, mask=long_mask), ref_out, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(attention(q, k, v, mask=long_mask, need_weights=True)[0], ref_out, atol=ATOL, rtol=1e-5)
+
+
 def test_attention_dropout_only_when_asked():
     q, k, v = _qkv()
     torch.testing.assert_close(attention(q, k, v, dropout_p=0.0), attention(q, k, v))

@@ -325,3 +325,37 @@ def test_rule_whose_kernel_computes_something_else_is_dropped(monkeypatch):
     dropped = [s for s in report.skipped if s.rule == "Dropout_LayerNorm"]
     assert dropped and all("not equivalent" in s.reason for s in dropped)
     assert dropped[0].max_abs_diff == pytest.approx(1e-3, rel=0.05)
+
+
+@pytest.mark.slow
+@needs_pipeline
+def test_untraceable_class_gives_static_result_with_warning_real_pipeline(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    import untraceable
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Optimized = optimize(
+            untraceable.DataDependentModel, rules=["Dropout_LayerNorm"], init_kwargs={"width": 16},
+            example_inputs={"hidden_states": torch.randn(3, 5, 16)},
+        )  # fmt: skip
+    report = Optimized.adopter_report
+    assert any(issubclass(w.category, AdopterWarning) for w in caught), [str(w.message) for w in caught]
+    assert not report.traced
+    assert report.applied_rules == ["Dropout_LayerNorm"], report.summary()
+    assert report.applied[0].status == "static"
+    assert report.equivalence.equivalent
+    original = untraceable.DataDependentModel(16).eval()
+    optimized = Optimized(16).eval()
+    optimized.load_state_dict(original.state_dict(), strict=True)
+    x = torch.randn(2, 4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(optimized(x), original(x), atol=1e-5, rtol=1e-4)
+
+
+def test_class_defined_in_main_script_is_refused():
+    from adopter.optimize import OptimizeError
+
+    Script = type("Script", (torch.nn.Module,), {"__module__": "__main__"})
+    with pytest.raises(OptimizeError, match="__main__"):
+        optimize(Script, example_inputs={}, pipeline=PIPELINE)

@@ -366,3 +366,26 @@ def test_cli_plot_without_matplotlib_is_a_one_line_error(capsys, monkeypatch):
 
 def test_copy_of_result_is_json_serializable():
     json.dumps(copy.deepcopy(_result()))
+
+
+@pytest.mark.slow
+def test_cli_gate_fails_end_to_end_when_rules_are_lost(tmp_path, capsys):
+    """tiny-bert against the project's baseline, but with only one rule enabled: the
+    optimization is lost, so the gate must fail (exit 1) whatever the timing noise."""
+    import os
+
+    from adopter.cli import main
+
+    baseline = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "baselines", "tiny-bert.json")
+    out = tmp_path / "result.json"
+    code = main([
+        "verify", "--model", "tiny-bert", "--rules", "Dropout_LayerNorm", "--blocks", "6", "--quiet",
+        "--baseline", baseline, "--json", str(out), "--benchmark-json", str(tmp_path / "bench.json"),
+    ])  # fmt: skip
+    assert code == 1
+    data = json.loads(out.read_text())
+    assert data["equivalence"]["equivalent"]
+    failed = {c["name"]: c["detail"] for c in data["gate"]["checks"] if not c["ok"]}
+    assert "applied rules" in failed and "fused_QKV" in failed["applied rules"]
+    assert json.loads((tmp_path / "bench.json").read_text())["benchmarks"]  # pytest-benchmark's JSON
+    assert "regression gate" in capsys.readouterr().out

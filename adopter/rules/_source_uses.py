@@ -53,15 +53,21 @@ def _metadata_only(parent: ast.AST | None, grandparent: ast.AST | None) -> bool:
     return False
 
 
-def _loads_and_stores(fn: ast.AST, name: str) -> tuple[list[tuple[int, int]], list[int]]:
-    loads: list[tuple[int, int]] = []
-    stores: list[int] = []
+@lru_cache(maxsize=512)
+def _name_index(source: str, qualname: str) -> dict[str, tuple[list[tuple[int, int]], list[int]]] | None:
+    """name -> (data loads (line, col), store lines) in one function, computed once."""
+    tree = _parse(source)
+    fn = _find_function(tree, qualname) if tree is not None else None
+    if fn is None:
+        return None
     parents: dict[int, ast.AST] = {}
     for node in ast.walk(fn):
         for child in ast.iter_child_nodes(node):
             parents[id(child)] = node
+    index: dict[str, tuple[list[tuple[int, int]], list[int]]] = {}
     for node in ast.walk(fn):
-        if isinstance(node, ast.Name) and node.id == name:
+        if isinstance(node, ast.Name):
+            loads, stores = index.setdefault(node.id, ([], []))
             if isinstance(node.ctx, ast.Load):
                 parent = parents.get(id(node))
                 if _metadata_only(parent, parents.get(id(parent)) if parent is not None else None):
@@ -69,9 +75,9 @@ def _loads_and_stores(fn: ast.AST, name: str) -> tuple[list[tuple[int, int]], li
                 loads.append((node.lineno, node.col_offset))
             else:
                 stores.append(node.lineno)
-        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-            loads.append((node.lineno, node.col_offset))
-    return loads, stores
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            index.setdefault(node.target.id, ([], []))[0].append((node.lineno, node.col_offset))
+    return index
 
 
 def escaping_read(source: str | None, producer: Node, value: Var, matched: list[Node]) -> int | None:
@@ -85,11 +91,8 @@ def escaping_read(source: str | None, producer: Node, value: Var, matched: list[
     span = producer.span
     if span is None or not span.function:
         return None
-    tree = _parse(source)
-    if tree is None:
-        return None
-    fn = _find_function(tree, span.function)
-    if fn is None:
+    index = _name_index(source, span.function)
+    if index is None:
         return None
     def_end = span.stmt_end_line or span.end_line
     matched_ranges = [
@@ -97,7 +100,7 @@ def escaping_read(source: str | None, producer: Node, value: Var, matched: list[
         for n in matched
         if n.span is not None and n.span.function == span.function
     ]
-    loads, stores = _loads_and_stores(fn, value.name)
+    loads, stores = index.get(value.name, ([], []))
     later_stores = sorted(line for line in stores if line > def_end)
     horizon = later_stores[0] if later_stores else 10**9
     for line, _col in sorted(loads):

@@ -34,9 +34,11 @@ def _causal_keep(q_len: int, k_len: int, device) -> torch.Tensor:
 
 def _combined_mask(q, k, mask, bias, is_causal, *, force_tensor: bool) -> torch.Tensor | None:
     """One attn_mask (bool or additive in q's dtype) equivalent to mask + bias + causal."""
-    parts = [m for m in (mask, bias) if m is not None]
+    k_len = k.shape[-2]
+    # masks built for a longer (static) key cache are cut to the keys present, as HF's eager code does
+    parts = [m[..., :k_len] if m.shape[-1] > k_len else m for m in (mask, bias) if m is not None]
     if is_causal and (parts or force_tensor):
-        parts.append(_causal_keep(q.shape[-2], k.shape[-2], q.device))
+        parts.append(_causal_keep(q.shape[-2], k_len, q.device))
     if not parts:
         return None
     if len(parts) == 1 and (parts[0].dtype == torch.bool or not force_tensor):

@@ -10,10 +10,12 @@ import triton
 import triton.language as tl
 
 BLOCK_SIZE = 1024
-_SQRT1_2 = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
-_SQRT_2_OVER_PI = 0.7978845608028654
-_TANH_COEF = 0.044715
+# compiled kernels may only read globals that are constexpr (the interpreter does not check this);
+# keep the tensor on the left of `*` (the interpreter's constexpr * tensor does not make a tensor)
+_SQRT1_2 = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_TANH_COEF = tl.constexpr(0.044715)
 
 
 @triton.jit
@@ -31,7 +33,7 @@ def _bias_gelu_fwd(Y, B, OUT, numel, N, HAS_BIAS: tl.constexpr, APPROX_TANH: tl.
     if HAS_BIAS:
         z += tl.load(B + offs % N, mask=inside, other=0.0).to(tl.float32)
     if APPROX_TANH:
-        out = 0.5 * z * (1.0 + _tanh(_SQRT_2_OVER_PI * (z + _TANH_COEF * z * z * z)))
+        out = 0.5 * z * (1.0 + _tanh((z + z * z * z * _TANH_COEF) * _SQRT_2_OVER_PI))
     else:
         out = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
     tl.store(OUT + offs, out.to(OUT.dtype.element_ty), mask=inside)
@@ -47,9 +49,8 @@ def _bias_gelu_bwd(DOUT, Y, B, DZ, numel, N, HAS_BIAS: tl.constexpr, APPROX_TANH
         z += tl.load(B + offs % N, mask=inside, other=0.0).to(tl.float32)
     dout = tl.load(DOUT + offs, mask=inside, other=0.0).to(tl.float32)
     if APPROX_TANH:
-        inner = _SQRT_2_OVER_PI * (z + _TANH_COEF * z * z * z)
-        t = _tanh(inner)
-        grad = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * _TANH_COEF * z * z)
+        t = _tanh((z + z * z * z * _TANH_COEF) * _SQRT_2_OVER_PI)
+        grad = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + z * z * (3.0 * _TANH_COEF))
     else:
         grad = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2)) + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
     tl.store(DZ + offs, (dout * grad).to(DZ.dtype.element_ty), mask=inside)
