@@ -52,14 +52,14 @@ from adopter.dsl import Arg, Const, Layer, Node, Pattern, RulePart, RuleText, Te
 
 __all__ = [
     "DSLSyntaxError",
-    "parse_pattern",
-    "parse_rule",
-    "parse_rules",
-    "format_value",
     "format_node",
     "format_pattern",
     "format_rule",
     "format_rules",
+    "format_value",
+    "parse_pattern",
+    "parse_rule",
+    "parse_rules",
 ]
 
 BINARY_OPS = ("**", "//", "+", "-", "*", "/", "%", "@")

@@ -71,6 +71,12 @@ _UNARY = {ast.USub: "-", ast.Invert: "~", ast.UAdd: "+"}
 _BUILTINS = frozenset(dir(builtins))
 _CONTAINERS = ("torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ModuleDict")
 _TENSOR_HOLDERS = ("torch.nn.Parameter", "torch.nn.Buffer", "torch.nn.parameter.Parameter")
+# ``self.<name>(...)`` with no binding and no method in the file: inherited utilities
+# (PreTrainedModel) rather than layers, so no barrier node.
+_NOT_LAYER_METHODS = (
+    "get_", "set_", "warn", "post_init", "loss_function", "size", "__init__", "register_", "invert_attention_mask",
+    "_prepare_4d", "_update_causal_mask", "_update_full_mask", "_update_cross_attn_mask", "num_parameters",
+)
 _OPAQUE_CLASS_SUFFIXES = ("Output", "Config", "Cache", "Mixin", "Kwargs", "Dict")
 
 LIVE, RET, DEAD, BRK, CONT = range(5)
@@ -654,6 +660,7 @@ class _Interp:
         self.qual = qual
         self.stack = [id(fdef)]
         self.ret_dest = None
+        self.sources: dict = {}
         self.memo: dict = {}
         self.stmt = fdef
         self.capped = False
@@ -679,6 +686,7 @@ class _Interp:
             paths=paths,
             span=span,
             capped=self.capped,
+            sources=self.sources,
         )
 
     @staticmethod
@@ -965,39 +973,36 @@ class _Interp:
 
     def bind_loop_target(self, s, st: _St) -> bool:
         """Bind the loop variable(s) for one iteration; True if iterating a module container."""
-        it = s.iter
-        fname = _dotted(it.func) if type(it) is ast.Call else None
-        if fname in ("enumerate", "reversed", "zip") and it.args:
-            elems = [self.element(a, st) for a in it.args]
-            if fname == "enumerate":
-                elems = [_V(text="i")] + elems[:1]
-            target = s.target
-            if fname != "reversed" and type(target) in (ast.Tuple, ast.List) and len(target.elts) == len(elems):
-                for tg, ev in zip(target.elts, elems):
-                    self.bind(tg, ev, st, s, None)
-            else:
-                self.bind(target, elems[0] if fname == "reversed" else _V(tensor=False, text="item"), st, s, None)
-            return any(e.alias is not None and e.alias[0] == "mod" for e in elems)
-        elem = self.element(it, st)
+        elem = self.element(s.iter, st)
         self.bind(s.target, elem, st, s, None)
-        return elem.alias is not None and elem.alias[0] == "mod"
+        return _has_module(elem)
 
     def element(self, it, st: _St) -> _V:
-        """Abstract value of one element of iterable ``it``."""
+        """Abstract value of one element of iterable ``it`` (``enumerate``/``zip`` give tuples)."""
         t = type(it)
-        if t is ast.Call and _dotted(it.func) == "range":
-            return _V(text="i")
-        if t is ast.Subscript:  # self.layers[:n]
+        if t is ast.Call:
+            fname = _dotted(it.func)
+            if fname == "range":
+                return _V(text="i")
+            if fname in ("enumerate", "zip") and it.args and not any(type(a) is ast.Starred for a in it.args):
+                elts = [self.element(a, st) for a in it.args]
+                if fname == "enumerate":
+                    elts = [_V(text="i"), elts[0]]
+                return _V(elts=elts)
+            if fname in ("reversed", "list", "tuple", "iter") and len(it.args) == 1:
+                return self.element(it.args[0], st)
+            if type(it.func) is ast.Attribute and it.func.attr in ("values", "children"):
+                return self.element(it.func.value, st)
+            return _V(text="item", tensor=True)
+        if t is ast.Subscript and type(it.slice) is ast.Slice:  # self.layers[:n]
             it = it.value
         base = None
         if type(it) is ast.Attribute and type(it.value) is ast.Name:
             bv = st.env.get(it.value.id)
-            if bv is _SELF or (bv is not None and bv.alias == ("self",)):
+            if bv is _SELF:
                 base = self.self_attr(it.attr, st, it)
         elif type(it) is ast.Name:
             base = st.env.get(it.id)
-        elif type(it) is ast.Call and type(it.func) is ast.Attribute and it.func.attr in ("values", "children"):
-            return self.element(it.func.value, st)
         if base is not None and base.alias is not None and base.alias[0] == "mod":
             return _V(alias=("mod", base.alias[1] + "[*]"), text=ast.unparse(it) + "[i]")
         if base is not None and base.elts:
@@ -1065,12 +1070,27 @@ class _Interp:
                     continue
                 if v0 is not None and v0.alias is not None:
                     continue  # same alias on every state (the signature says so)
-                env[k] = _V(var=self.new_var(k, site), tensor=any(v is None or v.tensor for v in vals))
+                phi = self.new_var(k, site)
+                env[k] = _V(var=phi, tensor=any(v is None or v.tensor for v in vals))
+                self.add_sources(phi, vals)
             ret = first.ret
             if first.flow == RET and any(s.ret is not ret for s in g):
-                ret = _V(var=self.tmp(site, "ret"), tensor=any(s.ret is None or s.ret.tensor for s in g))
+                phi = self.tmp(site, "ret")
+                ret = _V(var=phi, tensor=any(s.ret is None or s.ret.tensor for s in g))
+                self.add_sources(phi, [s.ret for s in g])
             out.append(_St(first.nodes, env, first.flow, ret))
         return out
+
+    def add_sources(self, var: Var, vals) -> None:
+        srcs = []
+        for v in vals:
+            if v is not None and v.var is not None and v.var != var and v.var not in srcs:
+                srcs.append(v.var)
+        if srcs:
+            old = self.sources.get(var)
+            if old:
+                srcs = list(old) + [x for x in srcs if x not in old]
+            self.sources[var] = tuple(srcs)
 
     # -- assignment
     def assign(self, s, st: _St) -> list[_St]:
@@ -1096,6 +1116,8 @@ class _Interp:
                 st.env[tg.id] = v
             else:
                 var = dest if dest is not None else self.new_var(tg.id, site)
+                if v.var is not None and v.var != var:
+                    self.add_sources(var, (v,))
                 st.env[tg.id] = _V(var=var, tensor=v.tensor, elts=v.elts)
         elif t is ast.Tuple or t is ast.List:
             elts = tg.elts
@@ -1391,7 +1413,7 @@ class _Interp:
                 av = self.self_attr(attr, st, e.func)
                 if av.alias is not None:
                     return self.call_value(av, e, st, dest)
-                if self.cls is not None and self.cls.is_module and attr not in ("__init__",):
+                if self.cls is not None and self.cls.is_module and not attr.startswith(_NOT_LAYER_METHODS):
                     return self.emit(UNKNOWN_TYPE, e, st, dest, module=Var("self." + attr))
                 return self.opaque(e, st, True)
             if kind == "fn":
@@ -1421,14 +1443,16 @@ class _Interp:
             return self.inline(fdef, a[1], None, e, st, dest, bound_self=False)
         if kind == "method":
             fdef, owner = self.cls.find_method(a[1])
-            return self.inline(fdef, f"{owner.name}.{a[1]}", owner, e, st, dest, bound_self=True)
+            static = any(_dotted(d) == "staticmethod" for d in fdef.decorator_list)
+            return self.inline(fdef, f"{owner.name}.{a[1]}", owner, e, st, dest, bound_self=not static)
         if kind == "def":
             fdef, qual = self.defs[a[1]]
             return self.inline(fdef, qual, None, e, st, dest, bound_self=False, closure=True)
         if kind == "class":
             cls = self.fc.classes.get(a[1])
             if cls is not None and cls.is_module:
-                return self.emit(self.fc.class_type(a[1]), e, st, dest)
+                # constructing a module in forward: calling the instance is the node
+                return [(st, _V(alias=("act", self.fc.class_type(a[1]), ""), expr=e))]
             return self.opaque(e, st, True)
         if kind == "act":
             return self.emit(a[1], e, st, dest)
@@ -1441,6 +1465,10 @@ class _Interp:
         if fq.startswith("torch."):
             if fq in T.NON_DL_TORCH or fq.startswith(T.NON_DL_TORCH_PREFIXES) or fq.startswith("torch.nn.init."):
                 return [(st, _V(expr=e, tensor=True))]
+            if last[:1].isupper() and fq.startswith("torch.nn."):
+                # ``nn.Softmax(dim=-1)(x)``, ``loss_fct = CrossEntropyLoss()``: the call of the
+                # instance is the node, not its construction
+                return [(st, _V(alias=("act", fq, ""), expr=e))]
             return self.emit(fq, e, st, dest)
         if last == "get_activation" and e.args:
             ty, _args, key = _activation_type(e.args[0])
@@ -1478,7 +1506,9 @@ class _Interp:
             return self.emit(fq, e, st, dest)
         if last[:1].isupper() and not last.endswith(_OPAQUE_CLASS_SUFFIXES) and not last.isupper():
             if not fq.startswith("transformers.") or ".modeling_" in fq or fq.endswith("pytorch_utils.Conv1D"):
-                return self.emit(fq, e, st, dest)
+                return [(st, _V(alias=("act", fq, ""), expr=e))]
+        if last == "apply" and fq.rsplit(".", 2)[-2][:1].isupper():  # autograd.Function.apply
+            return self.emit(fq, e, st, dest)
         return self.opaque(e, st, True)
 
     def call_module(self, var: str, e: ast.Call, st: _St, dest) -> list:
@@ -1678,6 +1708,12 @@ class _Interp:
         for r in self.merge(rets, e):
             out.append((_cons_to_tuple(r.nodes), r.ret, r.env))
         return out
+
+
+def _has_module(v: _V) -> bool:
+    if v.alias is not None:
+        return v.alias[0] == "mod"
+    return v.elts is not None and any(_has_module(e) for e in v.elts)
 
 
 def _sig(v: _V):

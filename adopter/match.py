@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import ast
 from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 from adopter.dsl import Arg, Const, Layer, Node, Pattern, RuleText, TensorOp, Value, Var, Wildcard
 from adopter.structures import (
@@ -55,10 +56,10 @@ __all__ = [
     "SIGNATURES",
     "MatchContext",
     "RuleLike",
-    "match_pattern",
-    "match_init",
-    "match_structures",
     "class_init_bindings",
+    "match_init",
+    "match_pattern",
+    "match_structures",
     "reads",
     "uses_outside",
 ]
@@ -93,7 +94,7 @@ Bindings = dict  # str -> Value
 class RuleLike(Protocol):
     name: str
     variants: tuple[RuleText, ...]
-    preconditions: tuple[Callable[["MatchContext"], str | None], ...]
+    preconditions: tuple[Callable[[MatchContext], str | None], ...]
     dedup: str  # "lines" or "class"
 
 
@@ -378,10 +379,8 @@ def _search(pattern: Pattern, index: _PathIndex, b: Bindings) -> Iterator[tuple[
             if nb is not None:
                 yield from rec(pi + 1, ni + 1, nb, acc + (ni,))
 
-    count = 0
-    for result in rec(0, 0, b, ()):
+    for count, result in enumerate(rec(0, 0, b, ()), start=1):
         yield result
-        count += 1
         if count >= MAX_MATCHES_PER_PATH:
             return
 
@@ -502,10 +501,6 @@ def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
 # ---------------------------------------------------------------- driver
 
 
-def _qualname(fs: FunctionStructures) -> str:
-    return f"{fs.class_name}.{fs.function}" if fs.class_name else fs.function
-
-
 def _rehome(m: Match, structures: FileStructures) -> Match:
     """Report a match whose nodes all lie in one other function under that function."""
     funcs = {mn.node.span.function for mn in m.nodes if mn.node.span is not None and mn.node.span.function}
@@ -538,7 +533,7 @@ def _match_path(
     cls: ClassInfo | None,
     init_list: tuple[InitBinding, ...],
     path: PathStructure,
-    index: "_PathIndex",
+    index: _PathIndex,
     accepted: dict,
     rejected: dict,
     path_cache: dict,

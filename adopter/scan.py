@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from adopter.structures import Match
 
-__all__ = ["ScanError", "ScanReport", "collect_files", "scan_source", "scan_file", "scan_paths"]
+__all__ = ["ScanError", "ScanReport", "collect_files", "scan_file", "scan_paths", "scan_source"]
 
 SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".tox", ".mypy_cache", ".pytest_cache", "node_modules"}
 

@@ -51,6 +51,12 @@ class FunctionStructures:
     span: Span | None = None
     # True when the path count hit the extractor's cap and further paths were dropped.
     capped: bool = False
+    # Data flow that involves no DL node: each key Var is a plain copy (``a = b``, an inlined
+    # function's returned value bound by the caller) or a join ("phi": the value after an
+    # ``if`` whose branches assigned different versions without any DL node) of the listed
+    # Vars. A matcher may follow it to connect ``key_layer#1`` to ``key_layer#3`` across
+    # ``if past_key_values is not None: key_layer = cache.update(...)``.
+    sources: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

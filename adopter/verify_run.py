@@ -28,6 +28,7 @@ class VerifyOptions:
     batch_size: int = 4
     seq_len: int = 32
     threads: int | None = None  # torch CPU threads for the whole run; None: torch's default
+    attn_implementation: str | None = None  # transformers attention: eager, sdpa, ...; None: the model's default
     blocks: int | None = None  # None: as many as fit bench_seconds
     bench_seconds: float = 20.0
     rounds: int = 1
@@ -62,7 +63,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     import torch
 
     from adopter.cli import UserError
-    from adopter.optimize import AdopterWarning, OptimizeError, optimize, shrink_config
+    from adopter.optimize import AdopterWarning, OptimizeError, optimize, optimize_instance, shrink_config
     from adopter.tracing import TracingError, build_model, make_example_inputs
     from adopter.verify import check_equivalence
 
@@ -74,7 +75,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
 
     progress(f"building {options.model} on {device}")
     try:
-        built = build_model(options.model, device=device)
+        built = build_model(options.model, device=device, attn_implementation=options.attn_implementation)
     except TracingError as exc:
         raise UserError(str(exc)) from None
     original = built.model
@@ -107,11 +108,34 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
 
     progress(f"building the optimized {model_cls.__name__} at full size and checking equivalence")
     t = time.perf_counter()
+
+    def make_full(cls):
+        return cls(copy.deepcopy(config)).to(device).eval()
+
     try:
-        optimized = optimized_cls(copy.deepcopy(config)).to(device).eval()
+        optimized = make_full(optimized_cls)
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"the optimized {model_cls.__name__} cannot be built: {type(exc).__name__}: {exc}") from None
     equivalence = check_equivalence(original, optimized, built.example_inputs)
+    if not equivalence.equivalent and report.applied:
+        # Equivalent on the shrunk config but not at full size (numerical error that grows with
+        # depth, say): decide rule by rule again, on the full model, and drop what fails.
+        progress(f"not equivalent at full size ({equivalence.summary()}); re-checking each rule at full size")
+        first_report = report
+        with warnings.catch_warnings(record=True) as recorded:
+            warnings.simplefilter("always", AdopterWarning)
+            try:
+                optimized_cls = optimize_instance(original, built.example_inputs, make_full, rules=rules)
+            except OptimizeError as exc:
+                raise UserError(f"cannot optimize {model_cls.__name__}: {exc}") from None
+        report = optimized_cls.adopter_report
+        caught += [str(w.message) for w in recorded if issubclass(w.category, AdopterWarning)]
+        caught = list(dict.fromkeys(caught))
+        result_note = f"rules re-checked at full size after: {first_report.applied_rules}"
+        optimized = make_full(optimized_cls)
+        equivalence = check_equivalence(original, optimized, built.example_inputs)
+    else:
+        result_note = ""
     phases["equivalence"] = time.perf_counter() - t
 
     n_params = sum(p.numel() for p in original.parameters())
@@ -122,11 +146,13 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
             "class": f"{model_cls.__module__}.{model_cls.__qualname__}",
             "parameters": n_params,
             "device": device,
+            "attn_implementation": getattr(config, "_attn_implementation", None),
         },
         "rules_applied": [a.to_json() for a in report.applied],
         "rules_skipped": [s.to_json() for s in report.skipped],
         "traced": report.traced,
         "warnings": caught,
+        **({"note": result_note} if result_note else {}),
         "equivalence": {**equivalence.to_json(), "summary": equivalence.summary()},
         "per_rule_equivalence": report.equivalence.to_json() if report.equivalence is not None else None,
         "diff_lines": report.diff.count("\n"),

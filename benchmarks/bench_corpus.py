@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "corpus"))
 
-import corpus_eval  # noqa: E402
+import corpus_eval
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "corpus_precision.json"
 

@@ -29,7 +29,7 @@ def transformers_models_dir() -> Path:
     spec = importlib.util.find_spec("transformers")  # locate only: transformers is not imported
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("transformers is not installed")
-    return Path(list(spec.submodule_search_locations)[0]) / "models"
+    return Path(next(iter(spec.submodule_search_locations))) / "models"
 
 
 def modeling_files() -> list[Path]:

@@ -170,9 +170,9 @@ def _ensure_else(if_node) -> None:
     for part in (else_leaf, colon, suite):
         part.remove()
     last_suite = _branch_suites(if_node)[-1]
-    old_dedent = last_suite.children[-1]
-    new_dedent = suite.children[-1]
-    if old_dedent.type == token.DEDENT and new_dedent.type == token.DEDENT:
+    old_dedent = cst._last_dedent(last_suite)
+    new_dedent = cst._last_dedent(suite)
+    if old_dedent is not None and new_dedent is not None:
         new_dedent.prefix = old_dedent.prefix
         old_dedent.prefix = ""
     else_leaf.prefix = if_indent

@@ -85,7 +85,7 @@ class BiasedGeLU(Codemod):
             raise Skip(f"self.{attr} is not assigned in the class")
         modes = set()
         for stmt in stmts:
-            value = stmt.value if isinstance(stmt, ast.Assign) else None
+            value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
             if self._dead_for_config(ctx, value):
                 continue
             modes.add(self._mode_of(ctx, value, attr))

@@ -164,17 +164,16 @@ def end_position(node: LN) -> tuple[int, int]:
 
 
 def indent_of(stmt: LN) -> str:
-    """Indentation string of the line where ``stmt`` starts."""
-    prev = stmt.prev_sibling
-    if prev is not None and prev.type == token.INDENT:
-        return prev.value
+    """Indentation string of the line where ``stmt`` starts: every statement of a block
+    shares the indentation held by the block's ``INDENT`` leaf (module level: none)."""
+    block = stmt.parent
+    if block is None or block.type == syms.file_input:
+        return ""
+    for child in block.children:
+        if child.type == token.INDENT:
+            return child.value
     prefix = stmt.prefix
-    if "\n" in prefix:
-        return prefix.rsplit("\n", 1)[1]
-    if prev is None or stmt.parent.type == syms.file_input:
-        return prefix if prefix.strip() == "" else ""
-    # A statement following another on the same block: its prefix is its indentation.
-    return prefix
+    return prefix.rsplit("\n", 1)[-1] if prefix.strip() == "" or "\n" in prefix else ""
 
 
 def has_multiline_string(node: LN) -> bool:
@@ -272,11 +271,34 @@ def prefix_in_dedent(stmt: LN) -> bool:
     return prev is not None and prev.type in STMT_TYPES and prev.type != syms.simple_stmt and stmt.prefix == ""
 
 
-def _last_dedent(node: LN) -> Leaf | None:
-    last = node
-    while isinstance(last, Node) and last.children:
-        last = last.children[-1]
-    return last if isinstance(last, Leaf) and last.type == token.DEDENT else None
+class _TrailingDedents:
+    """The DEDENT leaves closing a compound statement (one per nested block). They print
+    back to back, so the text they hold (the next statement's comments and indentation)
+    is their joined prefixes; setting it puts it on the outermost and clears the others."""
+
+    def __init__(self, leaves_: list[Leaf]):
+        self.leaves = leaves_
+
+    @property
+    def prefix(self) -> str:
+        return "".join(leaf.prefix for leaf in self.leaves)
+
+    @prefix.setter
+    def prefix(self, value: str) -> None:
+        for leaf in self.leaves:
+            leaf.prefix = ""
+        self.leaves[-1].prefix = value
+
+
+def _last_dedent(node: LN) -> _TrailingDedents | None:
+    trailing: list[Leaf] = []
+    for leaf in reversed(list(node.leaves())):
+        if leaf.type != token.DEDENT:
+            break
+        trailing.append(leaf)
+    if not trailing:
+        return None
+    return _TrailingDedents(list(reversed(trailing)))
 
 
 def _release_dedent(stmt: LN) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from adopter.dsl import Arg, Const, Layer, Pattern, TensorOp, Var, Wildcard
+from adopter.dsl import Arg, Const, Layer, TensorOp, Var, Wildcard
 from adopter.dsl_text import (
     DSLSyntaxError,
     format_node,

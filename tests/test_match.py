@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 from adopter.dsl import Span, Var
-from adopter.dsl_text import parse_pattern, parse_rules
+from adopter.dsl_text import parse_pattern
 from adopter.match import match_init, match_pattern, match_structures
 from adopter.rules import Rule
 from adopter.rules._common import intermediates_unused

@@ -296,13 +296,20 @@ class _Cfg:
     fusion_hidden_size = 4
 
 
+class _CfgNoBatchNorm(_Cfg):
+    use_batch_norm_in_fusion_residual = False
+
+
 # fixture -> [(class, constructor args, input shapes...)]
 NUMERIC = {
     "dropout_layernorm": [("BertSelfOutput", (_Cfg(),), [(2, 3, 8), (2, 3, 8)]), ("SharedDropout", (8, 0.1), [(2, 8), (2, 8)])],
     "biased_gelu": [("Intermediate", (8, 12), [(2, 8)]), ("FunctionalGelu", (8,), [(3, 8)])],
     "fused_qkv": [("SelfAttention", (8, 2), [(2, 8)])],
     "conv_batchnorm": [("ResNetConvLayer", (3, 4), [(2, 3, 9, 9)])],
-    "conv_batchnorm_branch": [("DPTPreActResidualLayer", (_Cfg(),), [(2, 4, 6, 6)])],
+    "conv_batchnorm_branch": [
+        ("DPTPreActResidualLayer", (_Cfg(),), [(2, 4, 6, 6)]),
+        ("DPTPreActResidualLayer", (_CfgNoBatchNorm(),), [(2, 4, 6, 6)]),
+    ],
     "linear_batchnorm": [("Head", (8, 5), [(4, 8)])],
     "softmax": [("Scores", (), [(2, 3, 5), (2, 3, 5)])],
     "bert_attention": [("BertSelfAttention", (_Cfg(),), [(2, 5, 8)])],
@@ -380,3 +387,35 @@ class PlainNormOutput(Output):
     mine = [o for o in result.outcomes if o.match.class_name == "Output"]
     assert mine and not mine[0].applied and "PlainNormOutput" in mine[0].reason
     assert result.new_text == text
+
+
+def test_comments_after_nested_blocks_keep_indentation():
+    # The comment above the deleted statement lives in the DEDENT tokens closing the
+    # nested if/else before it (fissix); deleting and inserting there must keep the layout.
+    text = '''from torch import nn
+
+
+class Output(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.LayerNorm = nn.LayerNorm(hidden)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x, r, flag=None):
+        if flag is None:
+            x = x + 1
+        else:
+            if flag:
+                x = x * 2
+                # inner comment
+
+        # dropout, then norm of the residual sum
+        x = self.dropout(x)
+
+        x = self.LayerNorm(x + r)
+        return x
+'''
+    result = _scan_rewrite(text, "m.py")
+    assert [o.applied for o in result.outcomes] == [True], result.outcomes
+    compile(result.new_text, "m", "exec")
+    assert "                # inner comment\n\n        x = self.LayerNorm(x, r)\n        return x\n" in result.new_text

@@ -123,13 +123,13 @@ def test_model_option_calls_tracing(tree, capsys, monkeypatch):
 
 def test_subprocess_json_and_exit_codes(tree):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    r = subprocess.run([sys.executable, "-m", "adopter", "scan", str(tree / "pkg"), "--format", "json"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    cmd = [sys.executable, "-m", "adopter", "scan", str(tree / "pkg"), "--format", "json"]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)  # exactly one JSON object
     assert data["files_scanned"] == 2 and len(data["errors"]) == 1 and len(data["matches"]) == 2
-    r = subprocess.run([sys.executable, "-m", "adopter", "scan", str(tree / "nope")],
-                       capture_output=True, text=True, env=env, timeout=120)
+    cmd = [sys.executable, "-m", "adopter", "scan", str(tree / "nope")]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
 
@@ -142,7 +142,7 @@ def test_scan_never_imports_torch_or_the_scanned_code(tmp_path):
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    r = subprocess.run([sys.executable, "-c", code, str(victim)], capture_output=True, text=True, env=env,
-                       timeout=120)
+    cmd = [sys.executable, "-c", code, str(victim)]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["files_scanned"] == 1

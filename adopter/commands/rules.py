@@ -47,7 +47,7 @@ def run(args) -> int:
         print(f"{rule.name}  ->  {rule.kernel}\n")
         print(textwrap.fill(" ".join(rule.doc.split()), width=88))
         print()
-        print((rule.dsl.strip() or format_rules(list(rule.variants)).strip()))
+        print(rule.dsl.strip() or format_rules(list(rule.variants)).strip())
         return 0
     if args.format == "json":
         sys.stdout.write(json.dumps([_rule_json(r, full=False) for r in rules]) + "\n")

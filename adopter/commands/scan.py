@@ -15,7 +15,8 @@ def add_arguments(parser):
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--rules", metavar="NAME,...", help="comma-separated rule names (default: all built-in rules)")
     parser.add_argument("--rules-file", metavar="FILE", action="append", default=[],
-                        help="additional rules in the DSL (see `adopter rules --help`); may repeat")
+                        help="rules written in the DSL (syntax: `pydoc adopter.dsl_text`); used instead of the "
+                             "built-in rules unless --rules also names some; may repeat")
     parser.add_argument("--model", metavar="ID", help="confirm matches by tracing this model id (imports torch)")
     parser.add_argument("--device", metavar="DEV", default=None, help="device for --model tracing (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar on stderr")

@@ -53,6 +53,9 @@ def add_arguments(parser) -> None:
         help="time budget for the timed benchmark rounds when --blocks is not given (default %(default)s)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per block (default %(default)s)")
+    parser.add_argument("--attn-implementation", default=None, metavar="NAME",
+                        help="transformers attention implementation of the original (eager, sdpa, ...; default: "
+                             "the model's). The attention and softmax rules match the eager code path.")
     parser.add_argument("--no-benchmark", action="store_true", help="equivalence check only")
     parser.add_argument("--json", metavar="FILE", help="write the result as JSON")
     parser.add_argument("--benchmark-json", metavar="FILE", help="where pytest-benchmark's JSON goes "
@@ -125,6 +128,7 @@ def run(args) -> int:
         batch_size=args.batch_size,
         seq_len=args.seq_len,
         threads=args.threads,
+        attn_implementation=args.attn_implementation,
         blocks=args.blocks,
         bench_seconds=args.bench_seconds,
         rounds=args.rounds,

@@ -13,14 +13,14 @@ doc paragraph that says exactly what counts as a match.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from adopter.dsl import Layer, RuleText
 from adopter.dsl_text import DSLSyntaxError, parse_rules
 
-__all__ = ["Rule", "UnknownRuleError", "RULE_MODULES", "all_rules", "get_rules", "load_rules_file", "rule_names"]
+__all__ = ["RULE_MODULES", "Rule", "UnknownRuleError", "all_rules", "get_rules", "load_rules_file", "rule_names"]
 
 # name -> module under adopter.rules (Table 1 order)
 RULE_MODULES: dict[str, str] = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adopter.dsl import Const, Layer, Node, TensorOp, Value, Var
+from adopter.dsl import Layer, Node, TensorOp, Value, Var
 from adopter.match import MatchContext, same_value
 from adopter.rules._common import producer
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable
 
 from adopter.dsl import Const, Layer, Node, TensorOp, Value, Var
 from adopter.match import MatchContext, reads, same_value, uses_outside

@@ -11,12 +11,13 @@ from pathlib import Path
 
 
 @lru_cache(maxsize=256)
-def _defaults_of_file(path: str) -> dict[str, frozenset]:
-    """attribute -> set of literal default values over every class in the file."""
+def _defaults_of_file(path: str) -> dict[str, dict[str, frozenset]]:
+    """class name -> attribute -> set of literal default values, for every class in the file."""
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return {}
+    per_class: dict[str, dict[str, frozenset]] = {}
     found: dict[str, set] = {}
 
     def note(name: str, value_node: ast.AST | None):
@@ -37,6 +38,7 @@ def _defaults_of_file(path: str) -> dict[str, frozenset]:
     for cls in ast.walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
+        found = {}
         for stmt in cls.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 note(stmt.target.id, stmt.value)
@@ -51,22 +53,55 @@ def _defaults_of_file(path: str) -> dict[str, frozenset]:
                     note(a.arg, d)
                 for a, d in zip(args.kwonlyargs, args.kw_defaults):
                     note(a.arg, d)
-    return {k: frozenset(v) for k, v in found.items()}
+        per_class[cls.name] = {k: frozenset(v) for k, v in found.items()}
+    return per_class
 
 
-def config_defaults(modeling_file: str, attr: str) -> frozenset | None:
-    """All default values of ``attr`` in the configuration file next to ``modeling_file``
-    (None inside the set when one is not a literal); None when there is no such file/attr."""
+def config_defaults(modeling_file: str, attr: str, config_class: str | None = None) -> frozenset | None:
+    """Default values of ``attr`` in the configuration file(s) next to ``modeling_file``
+    (None inside the set when one is not a literal): of ``config_class`` when it is given and
+    defined there, else of every config class defining ``attr``. None when unknown."""
     p = Path(modeling_file)
     if not p.name.startswith("modeling_"):
         return None
     candidates = [p.with_name("configuration_" + p.name[len("modeling_"):])]
     candidates += sorted(p.parent.glob("configuration_*.py"))
+    merged: set = set()
     for c in candidates:
-        if c.is_file():
-            d = _defaults_of_file(str(c))
-            if attr in d:
-                return d[attr]
+        if not c.is_file():
+            continue
+        classes = _defaults_of_file(str(c))
+        if config_class and config_class in classes:
+            d = classes[config_class].get(attr)
+            return d
+        for attrs in classes.values():
+            if attr in attrs:
+                merged |= attrs[attr]
+        if merged:
+            return frozenset(merged)
+    return None
+
+
+def config_annotation(source: str | None, class_name: str) -> str | None:
+    """The annotated type name of the ``config`` parameter of ``class_name.__init__``."""
+    if source is None:
+        return None
+    tree = _parse_source(source)
+    if tree is None:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for stmt in node.body:
+                if isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
+                    for a in stmt.args.args + stmt.args.kwonlyargs:
+                        if a.arg == "config" and a.annotation is not None:
+                            ann = a.annotation
+                            if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+                                return ann.value.split(".")[-1]
+                            if isinstance(ann, ast.Name):
+                                return ann.id
+                            if isinstance(ann, ast.Attribute):
+                                return ann.attr
     return None
 
 

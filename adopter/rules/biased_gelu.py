@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from adopter.dsl import Const, Layer, Var
+from adopter.dsl import Layer, Var
 from adopter.match import MatchContext
 from adopter.rules import Rule
 from adopter.rules._common import const_text, intermediates_unused, kwarg
-from adopter.rules._config_defaults import config_defaults, local_origin, param_passed
+from adopter.rules._config_defaults import config_annotation, config_defaults, local_origin, param_passed
 
 _TA = "transformers.activations."
 # Activation modules computing exact (erf) GeLU or its tanh approximation: both are kernel modes.
@@ -44,18 +44,21 @@ forward:
 
 DOC = """\
 Fuses a linear layer with bias and the GeLU applied directly to its output. A match is a
-``torch.nn.Linear`` module call (bound in ``__init__``, ``bias`` not literally ``False``)
-whose output is directly the input of a GeLU: ``torch.nn.functional.gelu``, a
+``torch.nn.Linear`` module call (bound in ``__init__``, ``nn.Sequential`` members
+included) whose output is directly the input of a GeLU: ``torch.nn.functional.gelu``, a
 ``torch.nn.GELU`` module, a transformers GeLU activation module (``GELUActivation``,
 ``NewGELUActivation``, ``GELUTanh``, ``FastGELUActivation``, ``AccurateGELUActivation``),
-or an activation module looked up from a key (``ACT2FN[...]``/``get_activation``) that is a
-GeLU key or unknown statically. An unknown ``ACT2FN[config.<attr>]`` is resolved from the
-literal defaults of ``<attr>`` in the sibling ``configuration_*.py``: when every default is a
-non-GeLU key (``silu``, ``relu``, ``quick_gelu``...) it is not a match; otherwise it matches
-statically and tracing confirms. Not a match: a known non-GeLU activation (ReLU, SiLU,
-QuickGELU, clipped ``gelu_10``), any op between Linear and GeLU, a Linear output also read
-elsewhere, a bias-free Linear (``bias=False``, or ``bias=config.<attr>`` whose configuration
-defaults are all ``False``, e.g. Llama/Gemma ``mlp_bias``)."""
+or an activation module looked up from a key (``ACT2FN[...]``/``get_activation``) that is
+a GeLU key or cannot be resolved statically. Keys are resolved without executing
+anything: ``config.<attr>`` (or ``name = getattr(config, "<attr>", ...)``) from the
+literal defaults of ``<attr>`` in the sibling ``configuration_*.py``; a constructor
+parameter from its literal default when no instantiation in the file passes it. When
+every possible default is a non-GeLU key (``silu``, ``relu``, ``quick_gelu``, ``tanh``,
+None) it is not a match; otherwise it matches statically and tracing confirms. Not a
+match: a known non-GeLU activation (ReLU, SiLU, QuickGELU, clipped ``gelu_10``), any op
+between Linear and GeLU, a Linear output also read elsewhere, a bias-free Linear
+(``bias=False``, or ``bias=config.<attr>`` whose configuration defaults are all
+``False``, e.g. Llama/Gemma ``mlp_bias``)."""
 
 
 _CONFIG_ATTR = re.compile(r"^(?:self\.)?(?:config|cfg|.*_config)\.([A-Za-z_][A-Za-z_0-9]*)$")
@@ -69,7 +72,8 @@ def _linear_has_bias(ctx: MatchContext) -> str | None:
             return f"{ib.attr} has no bias"
         m = _CONFIG_ATTR.match(text or "")
         if m:
-            defaults = config_defaults(ctx.structures.file, m.group(1))
+            config_class = config_annotation(ctx.source, ctx.cls.name) if ctx.cls is not None else None
+            defaults = config_defaults(ctx.structures.file, m.group(1), config_class)
             if defaults and all(d is False for d in defaults):
                 return f"{ib.attr} has no bias by default ({text} defaults to False)"
     return None
@@ -86,9 +90,11 @@ def _activation_key_texts(layer: Layer) -> list[str]:
 
 def _key_defaults(ctx: MatchContext, binding, text: str) -> tuple[frozenset | None, str]:
     """Possible default values of an activation key expression, and where they come from."""
+    config_class = config_annotation(ctx.source, ctx.cls.name) if ctx.cls is not None else None
     m = _CONFIG_ATTR.match(text)
     if m:
-        return config_defaults(ctx.structures.file, m.group(1)), "the model's configuration"
+        where = config_class or "the model's configuration"
+        return config_defaults(ctx.structures.file, m.group(1), config_class), where
     if not re.match(r"^[A-Za-z_][A-Za-z_0-9]*$", text) or ctx.source is None or binding.span is None:
         return None, ""
     origin = local_origin(ctx.source, binding.span.function, text, binding.span.line)
@@ -101,11 +107,11 @@ def _key_defaults(ctx: MatchContext, binding, text: str) -> tuple[frozenset | No
             return None, ""  # some instantiation in the file passes its own activation
         return frozenset([value]), f"the default of parameter {text}"
     if kind == "config":
-        attr, fallback = value
-        defaults = config_defaults(ctx.structures.file, attr)
+        attr, _fallback = value
+        defaults = config_defaults(ctx.structures.file, attr, config_class)
         if defaults is None:
             return None, ""
-        return defaults, "the model's configuration"
+        return defaults, config_class or "the model's configuration"
     return None, ""
 
 

@@ -28,7 +28,7 @@ def transformers_models_dir() -> Path | None:
     spec = importlib.util.find_spec("transformers")  # locate only, never imported
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0]) / "models"
+    return Path(next(iter(spec.submodule_search_locations))) / "models"
 
 
 def load_corpus(path: Path = LABELS_PATH) -> dict:
@@ -169,7 +169,8 @@ def _fp_reason(m, labels, negatives, credited, found) -> str:
     for li, l in enumerate(labels):
         if l["rule"] == m["rule"] and l["file"] == m["file"] and _overlaps(l["lines"], m["lines"]):
             if li in credited and l["class"] == m["class"]:
-                return f"duplicate: label already credited to the match at lines {found[credited[li]]['lines']}"
+                first = found[credited[li]]["lines"]
+                return f"duplicate: label already credited to the match at lines {first}"
             if l["class"] != m["class"]:
                 return f"class {m['class']!r} differs from the label's {l['class']!r} (lines {l['lines']})"
     return "no label: not an applicable location (see labels.json / README for the labelling rules)"
@@ -203,9 +204,12 @@ def report_json(corpus: dict, score: Score, report, files: CorpusFiles) -> dict:
 
 
 def format_report(data: dict) -> str:
-    lines = [f"corpus: {data['files']} files, {data['labels']} labels "
-             f"({data['labels_doc_scope']} inside the rule docs' scope), {data['matches']} matches, "
-             f"scan {data['scan_seconds']} s"]
+    head = (
+        f"corpus: {data['files']} files, {data['labels']} labels "
+        f"({data['labels_doc_scope']} inside the rule docs' scope), {data['matches']} matches, "
+        f"scan {data['scan_seconds']} s"
+    )
+    lines = [head]
     lines.append(f"{'rule':<20}{'labels':>7}{'tp':>5}{'fp':>5}{'fn':>5}{'precision':>11}{'recall':>8}")
     for rule, r in data["per_rule"].items():
         p = "-" if r["precision"] is None else f"{r['precision']:.2f}"
