@@ -651,6 +651,7 @@ class _Interp:
     # -- entry
     def entry(self, cls: _ClassCtx | None, fdef: ast.FunctionDef, qual: str) -> FunctionStructures:
         self.cls = cls
+        self.owner = cls
         self.vers: dict = {}
         self.vcount: dict[str, int] = {}
         self.tmps: dict = {}
@@ -662,6 +663,7 @@ class _Interp:
         self.ret_dest = None
         self.sources: dict = {}
         self.memo: dict = {}
+        self.spans: dict = {}
         self.stmt = fdef
         self.capped = False
         self.steps = 0
@@ -727,7 +729,12 @@ class _Interp:
         return v
 
     def span(self, node) -> Span:
-        return _span(node, self.qual, self.stmt, self.inlined_at)
+        # the same expression in the same inlining context always has the same span
+        key = (id(node), self.ctx)
+        sp = self.spans.get(key)
+        if sp is None:
+            sp = self.spans[key] = _span(node, self.qual, self.stmt, self.inlined_at)
+        return sp
 
     # -- statements
     def block(self, body, states: list[_St]) -> list[_St]:
@@ -851,14 +858,15 @@ class _Interp:
             if len(out) >= MAX_PATHS:
                 self.capped = True
                 break
-            known = self.truth(test, st)
-            if known is not None:
-                out.extend(self.block(s.body if known else s.orelse, [st]))
-                continue
             # Remember the decision on each branch: a later ``if`` on the same condition
             # (same names, same SSA versions) takes the same branch, so ``if
             # self.use_batch_norm:`` twice in a forward gives 2 paths, not 4.
             dkey = self.decision_key(test, st)
+            d = st.env.get(dkey)
+            known = (d is _TRUE) if (d is _TRUE or d is _FALSE) else self.truth(test, st)
+            if known is not None:
+                out.extend(self.block(s.body if known else s.orelse, [st]))
+                continue
             taken = st.fork()
             taken.env[dkey] = _TRUE
             body = self.block(s.body, [taken])
@@ -895,10 +903,6 @@ class _Interp:
         that hold a literal constant on this path (an inlined function's ``None`` default):
         ``if scaling is None``, ``if dropout``, ``not x``, ``and``/``or`` of those."""
         t = type(test)
-        if t is not ast.Constant and len(st.env) > 0:
-            d = st.env.get(self.decision_key(test, st))
-            if d is _TRUE or d is _FALSE:
-                return d is _TRUE
         if t is ast.Name:
             v = st.env.get(test.id)
             if v is not None and v.var is None and type(v.expr) is ast.Constant:
@@ -1045,41 +1049,62 @@ class _Interp:
             coarse.setdefault((id(s.nodes), s.flow), []).append(s)
         if len(coarse) == len(states):
             return states
-        groups: dict = {}
-        for key0, g0 in coarse.items():
-            if len(g0) == 1:
-                groups[key0] = g0
-                continue
-            for s in g0:
-                sig = tuple(sorted((k, v.alias) for k, v in s.env.items() if v.alias is not None))
-                groups.setdefault((key0, sig, s.ret is None or s.ret.alias), []).append(s)
         out = []
-        for g in groups.values():
-            if len(g) == 1:
-                out.append(g[0])
+        for g0 in coarse.values():
+            if len(g0) == 1:
+                out.append(g0[0])
                 continue
-            first = g[0]
-            env = dict(first.env)
-            keys = set()
-            for s in g:
-                keys.update(s.env)
+            first = g0[0]
+            fenv = first.env
+            keys = set(fenv)
+            for s in g0:
+                if s.env is not fenv:
+                    keys.update(s.env)
+            diff = []
+            alias_keys = []
             for k in keys:
-                vals = [s.env.get(k) for s in g]
-                v0 = vals[0]
+                v0 = fenv.get(k)
+                vals = [s.env.get(k) for s in g0]
                 if all(v is v0 for v in vals):
                     continue
-                if v0 is not None and v0.alias is not None:
-                    continue  # same alias on every state (the signature says so)
-                phi = self.new_var(k, site)
-                env[k] = _V(var=phi, tensor=any(v is None or v.tensor for v in vals))
-                self.add_sources(phi, vals)
-            ret = first.ret
-            if first.flow == RET and any(s.ret is not ret for s in g):
-                phi = self.tmp(site, "ret")
-                ret = _V(var=phi, tensor=any(s.ret is None or s.ret.tensor for s in g))
-                self.add_sources(phi, [s.ret for s in g])
-            out.append(_St(first.nodes, env, first.flow, ret))
+                diff.append(k)
+                if any(v is not None and v.alias is not None for v in vals):
+                    alias_keys.append(k)
+            ret_alias = first.flow == RET and any(s.ret is not None and s.ret.alias is not None for s in g0)
+            if alias_keys or ret_alias:
+                # states whose callables differ stay apart: they lead to different nodes
+                sub: dict = {}
+                for s in g0:
+                    sig = tuple(None if s.env.get(k) is None else s.env[k].alias for k in alias_keys)
+                    if ret_alias:
+                        sig += (None if s.ret is None else s.ret.alias,)
+                    sub.setdefault(sig, []).append(s)
+                groups = list(sub.values())
+            else:
+                groups = [g0]
+            for g in groups:
+                out.append(g[0] if len(g) == 1 else self.join(g, diff, site))
         return out
+
+    def join(self, g: list[_St], diff: list[str], site) -> _St:
+        first = g[0]
+        env = dict(first.env)
+        for k in diff:
+            vals = [s.env.get(k) for s in g]
+            v0 = vals[0]
+            if all(v is v0 for v in vals):
+                continue
+            if v0 is not None and v0.alias is not None:
+                continue  # the same callable on every state (grouped by it)
+            phi = self.new_var(k, site)
+            env[k] = _V(var=phi, tensor=any(v is None or v.tensor for v in vals))
+            self.add_sources(phi, vals)
+        ret = first.ret
+        if first.flow == RET and any(s.ret is not ret for s in g) and (ret is None or ret.alias is None):
+            phi = self.tmp(site, "ret")
+            ret = _V(var=phi, tensor=any(s.ret is None or s.ret.tensor for s in g))
+            self.add_sources(phi, [s.ret for s in g])
+        return _St(first.nodes, env, first.flow, ret)
 
     def add_sources(self, var: Var, vals) -> None:
         srcs = []
@@ -1368,6 +1393,8 @@ class _Interp:
         tf = type(f)
         if tf is ast.Attribute:
             root = f.value
+            if type(root) is ast.Call and type(root.func) is ast.Name and root.func.id == "super":
+                return self.call_super(f.attr, e, st, dest)
             while type(root) is ast.Attribute:
                 root = root.value
             if type(root) is ast.Name and root.id not in st.env:
@@ -1390,6 +1417,17 @@ class _Interp:
         for st1, fv in self.ev(f, st):
             out.extend(self.call_value(fv, e, st1, dest))
         return out
+
+    def call_super(self, attr: str, e: ast.Call, st: _St, dest) -> list:
+        """``super().<attr>(...)``: inline the method of a base class in the same file."""
+        owner = self.owner
+        if owner is not None:
+            for base in owner.local_bases:
+                fdef, found = base.find_method(attr)
+                if fdef is not None:
+                    static = any(_dotted(d) == "staticmethod" for d in fdef.decorator_list)
+                    return self.inline(fdef, f"{found.name}.{attr}", found, e, st, dest, bound_self=not static)
+        return self.opaque(e, st, True)
 
     def call_global(self, name: str, e: ast.Call, st: _St) -> list:
         if name in _BUILTINS:
@@ -1685,8 +1723,10 @@ class _Interp:
             env[a.vararg.arg] = _V(text=a.vararg.arg)
         if a.kwarg is not None:
             env[a.kwarg.arg] = _V(text=a.kwarg.arg)
-        saved = (self.qual, self.ctx, self.inlined_at, self.stmt, self.cls, self.ret_dest)
+        saved = (self.qual, self.ctx, self.inlined_at, self.stmt, self.cls, self.ret_dest, self.owner)
         self.ret_dest = dest
+        if owner is not None:
+            self.owner = owner
         self.qual = qual
         self.ctx = self.ctx + (id(e),)
         self.inlined_at = self.inlined_at + (e.lineno,)
@@ -1697,7 +1737,7 @@ class _Interp:
             results = self.block(fdef.body, [_St(None, env)])
         finally:
             self.stack.pop()
-            self.qual, self.ctx, self.inlined_at, self.stmt, self.cls, self.ret_dest = saved
+            self.qual, self.ctx, self.inlined_at, self.stmt, self.cls, self.ret_dest, self.owner = saved
         rets = []
         for r in results:
             if r.flow == DEAD:

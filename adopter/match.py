@@ -538,6 +538,8 @@ def _match_path(
     rejected: dict,
     path_cache: dict,
     source: str | None = None,
+    found_on: dict | None = None,
+    path_id: tuple = (),
 ) -> None:
     veto = getattr(rule, "veto_across_paths", True)
     rehome = getattr(rule, "rehome", True)
@@ -557,6 +559,8 @@ def _match_path(
                 m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
             homed = _rehome(m, structures) if rehome else m
             key = _dedup_key(homed)
+            if found_on is not None:
+                found_on.setdefault(key, set()).add(path_id)
             if veto and key in rejected:
                 continue
             if not veto and key in accepted:
@@ -603,16 +607,21 @@ def match_structures(
     classes = {c.name: c for c in structures.classes}
     accepted: list[dict] = [{} for _ in rules]
     rejected_by_rule: list[dict] = [{} for _ in rules]
+    found_on: list[dict] = [{} for _ in rules]
     key_cache: dict[int, str | None] = {}
-    for fs in structures.functions:
+    for f_index, fs in enumerate(structures.functions):
         cls = classes.get(fs.class_name) if fs.class_name else None
         init_list = class_init_bindings(structures, cls)
-        for path in fs.paths:
+        for p_index, path in enumerate(fs.paths):
             index = _PathIndex(path.nodes, key_cache)
             path_cache: dict = {}
             for i, rule in enumerate(rules):
                 _match_path(rule, structures, fs, cls, init_list, path, index, accepted[i], rejected_by_rule[i],
-                            path_cache, source)
+                            path_cache, source, found_on[i], (f_index, p_index))
+    span_sets: dict[tuple[int, int], frozenset] = {}
+    for i, rule in enumerate(rules):
+        if getattr(rule, "veto_across_paths", True):
+            _veto_inconsistent_paths(structures, accepted[i], rejected_by_rule[i], found_on[i], span_sets)
     results: list[Match] = []
     for i, rule in enumerate(rules):
         results.extend(_resolve_overlaps(rule, list(accepted[i].values())))
@@ -620,6 +629,46 @@ def match_structures(
             rejected.extend(m for k, m in rejected_by_rule[i].items() if k not in accepted[i])
     results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
     return results
+
+
+def _span_key(n: Node) -> tuple | None:
+    sp = getattr(n, "span", None)
+    if sp is None:
+        return None
+    return (sp.line, sp.col, getattr(sp, "inlined_at", ()), getattr(n, "type", getattr(n, "op", "")))
+
+
+def _veto_inconsistent_paths(
+    structures: FileStructures, accepted: dict, rejected: dict, found_on: dict, span_sets: dict
+) -> None:
+    """A rewrite replaces statements on every path through them: when another path runs all
+    the matched statements but the pattern does not match there (the same calls read other
+    values, e.g. k/v projections of ``key_value_states`` on a cross-attention path), the
+    match is dropped."""
+    for key, m in list(accepted.items()):
+        keys = [_span_key(mn.node) for mn in m.nodes]
+        if any(k is None for k in keys):
+            continue
+        needed = set(keys)
+        where = found_on.get(key, set())
+        for f_index in {f for f, _ in where}:
+            fs = structures.functions[f_index]
+            for p_index, path in enumerate(fs.paths):
+                if (f_index, p_index) in where:
+                    continue
+                spans = span_sets.get((f_index, p_index))
+                if spans is None:
+                    spans = span_sets[(f_index, p_index)] = frozenset(
+                        k for k in map(_span_key, path.nodes) if k is not None
+                    )
+                if needed <= spans:
+                    del accepted[key]
+                    rejected.setdefault(key, replace(
+                        m, reason="on another control-flow path the same statements are not connected this way"
+                    ))
+                    break
+            if key not in accepted:
+                break
 
 
 def _node_ids(m: Match) -> set:

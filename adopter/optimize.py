@@ -33,8 +33,9 @@ import linecache
 import os
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from adopter.structures import Match
 
@@ -261,7 +262,7 @@ class _RewrittenSourceLoader(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         code = compile(self.text, self.code_filename, "exec", dont_inherit=True)
-        exec(code, module.__dict__)
+        exec(code, module.__dict__)  # noqa: S102 - executing the rewritten module is the point
 
     def get_source(self, fullname: str) -> str:
         return self.text
@@ -376,8 +377,8 @@ def load_rewritten_modules(sources: dict[str, tuple[str, str]]) -> dict[str, Any
         linecache.cache[code_filename] = (len(text), None, text.splitlines(keepends=True), code_filename)
         modules[name] = module
 
-    for name in modules:
-        sys.modules[generated[name]] = modules[name]
+    for name, module in modules.items():
+        sys.modules[generated[name]] = module
     try:
         with _imports_resolve_to(modules):
             for name in _dependency_order(sources):
@@ -530,7 +531,6 @@ def optimize(
     device=None,
     init_args: tuple = (),
     init_kwargs: dict | None = None,
-    check: bool = True,
     pipeline: Pipeline | None = None,
     _subject: _Subject | None = None,
 ) -> type:
@@ -542,8 +542,8 @@ def optimize(
     transformers classes: ``model_cls.config_class()`` shrunk), or for plain modules a dict of
     keyword / tuple of positional constructor arguments (or use ``init_args``/``init_kwargs``).
     ``example_inputs``: a dict of forward keyword arguments (generated for transformers models).
-    ``check``: verify equivalence per rule and combined (rules that fail are dropped); turning
-    it off applies every confirmed match unchecked — only for debugging.
+    Every rule is checked for equivalence alone and all together (:mod:`adopter.verify`);
+    rules that fail are dropped and reported, so the class never holds a non-equivalent rewrite.
     """
     import torch  # noqa: F401  (optimize always needs torch; import errors surface here)
 
@@ -656,19 +656,18 @@ def optimize(
             report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewrite: {reason}"))
         if not applied:
             continue
-        if check:
-            result, error = equivalent(new_cls)
-            if result is None or not result.equivalent:
-                reason = error or (
-                    f"not equivalent: max |diff| {result.max_abs_diff:.3g} at {result.worst}"
-                    if not result.error
-                    else f"not equivalent: {result.error}"
+        result, error = equivalent(new_cls)
+        if result is None or not result.equivalent:
+            reason = error or (
+                f"not equivalent: max |diff| {result.max_abs_diff:.3g} at {result.worst}"
+                if not result.error
+                else f"not equivalent: {result.error}"
+            )
+            for m in applied:
+                report.skipped.append(
+                    SkippedRewrite(rule, m.file, m.lines, reason, None if result is None else result.max_abs_diff)
                 )
-                for m in applied:
-                    report.skipped.append(
-                        SkippedRewrite(rule, m.file, m.lines, reason, None if result is None else result.max_abs_diff)
-                    )
-                continue
+            continue
         accepted[rule] = applied
 
     def combine(rules_in_order: list[str]):
@@ -677,31 +676,30 @@ def optimize(
 
     final_rules = list(accepted)
     new_cls, modules, applied, _, diff = combine(final_rules)
-    if check:
+    result, error = equivalent(new_cls)
+    if result is None or not result.equivalent:
+        # Rules that pass alone but not together: add them one at a time, keep what stays equivalent.
+        kept: list[str] = []
+        for rule in final_rules:
+            trial_cls, *_ = combine(kept + [rule])
+            trial, _ = equivalent(trial_cls)
+            if trial is not None and trial.equivalent:
+                kept.append(rule)
+            else:
+                for m in accepted[rule]:
+                    report.skipped.append(
+                        SkippedRewrite(rule, m.file, m.lines, "not equivalent in combination with the other rules",
+                                       None if trial is None else trial.max_abs_diff)
+                    )
+        final_rules = kept
+        new_cls, modules, applied, _, diff = combine(final_rules)
         result, error = equivalent(new_cls)
         if result is None or not result.equivalent:
-            # Rules that pass alone but not together: add them one at a time, keep what stays equivalent.
-            kept: list[str] = []
-            for rule in final_rules:
-                trial_cls, *_ = combine(kept + [rule])
-                trial, _ = equivalent(trial_cls)
-                if trial is not None and trial.equivalent:
-                    kept.append(rule)
-                else:
-                    for m in accepted[rule]:
-                        report.skipped.append(
-                            SkippedRewrite(rule, m.file, m.lines, "not equivalent in combination with the other rules",
-                                           None if trial is None else trial.max_abs_diff)
-                        )
-            final_rules = kept
-            new_cls, modules, applied, _, diff = combine(final_rules)
-            result, error = equivalent(new_cls)
-            if result is None or not result.equivalent:
-                raise OptimizeError(
-                    f"the rewritten {model_cls.__name__} is not equivalent even with the remaining rules "
-                    f"({error or result.summary()})"
-                )
-        report.equivalence = result
+            raise OptimizeError(
+                f"the rewritten {model_cls.__name__} is not equivalent even with the remaining rules "
+                f"({error or result.summary()})"
+            )
+    report.equivalence = result
 
     for m in applied:
         report.applied.append(AppliedRewrite(m.rule, m.file, m.lines, m.class_name, m.function, m.status))

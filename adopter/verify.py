@@ -21,9 +21,9 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -81,7 +81,7 @@ def _zero_dropout_attrs(obj: Any, saved: list, *, class_attributes: bool = False
             continue
         try:
             value = getattr(obj, name)
-        except Exception:  # noqa: BLE001 - a property that cannot be read is no probability
+        except Exception:  # noqa: BLE001, S112 - a property that cannot be read is no probability
             continue
         if _is_probability(value):
             try:

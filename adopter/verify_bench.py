@@ -28,8 +28,9 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -216,11 +217,22 @@ def run_pytest_benchmark(
         ]  # fmt: skip
         import pytest
 
+        # Only pytest-benchmark: other installed plugins (random test order, xdist, ...) would
+        # break the alternation, and loading them all costs seconds.
+        argv += ["-p", "pytest_benchmark.plugin"]
+        previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         try:
             with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+                # (pytest-benchmark opens --benchmark-json with argparse.FileType at each of
+                # pytest's argument parses and closes only the last: a ResourceWarning, harmless.)
                 code = pytest.main(argv)
         finally:
             _STEPS.clear()
+            if previous is None:
+                os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+            else:
+                os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
     text = output.getvalue()
     if code != 0:
         tail = "\n".join(text.strip().splitlines()[-15:])
@@ -243,7 +255,7 @@ def _bootstrap_median_interval(values: list[float], *, samples: int = 2000, seed
     return medians[int(0.025 * samples)], medians[int(0.975 * samples) - 1]
 
 
-def calibrate_iterations(step: Callable[[], None], *, min_round_s: float = 0.05) -> tuple[int, float]:
+def calibrate_iterations(step: Callable[[], None], *, min_round_s: float = 0.1) -> tuple[int, float]:
     """Steps per round so that one round lasts at least ``min_round_s`` (timer resolution and
     scheduler jitter matter for tiny models); also returns one step's time."""
     start = time.perf_counter()

@@ -111,6 +111,10 @@ def evaluate_gate(current: dict, baseline: dict, max_regression: float) -> GateR
             for key in ("batch_size", "seq_len", "threads", "device")
             if base_bench.get(key) is not None and bench.get(key) != base_bench.get(key)
         ]
+        base_attn = (baseline.get("model") or {}).get("attn_implementation")
+        attn = (current.get("model") or {}).get("attn_implementation")
+        if base_attn is not None and attn != base_attn:
+            differ.append(f"attn_implementation {attn} vs {base_attn}")
         checks.append(
             GateCheck(
                 "benchmark settings",

@@ -14,8 +14,9 @@ import platform
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from adopter.verify_gate import RESULT_FORMAT, GateResult, evaluate_gate
 
@@ -155,7 +156,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
         **({"note": result_note} if result_note else {}),
         "equivalence": {**equivalence.to_json(), "summary": equivalence.summary()},
         "per_rule_equivalence": report.equivalence.to_json() if report.equivalence is not None else None,
-        "diff_lines": report.diff.count("\n"),
+        "diff": report.diff,
         "environment": {
             "python": platform.python_version(),
             "torch": torch.__version__,

@@ -693,3 +693,162 @@ def test_every_transformers_modeling_file_extracts():
         assert fs.classes or fs.functions, path
     # generous bound (CPU time, shared machine); the measured figure is in benchmarks/
     assert time.process_time() - t0 < 120
+
+
+# ---------------------------------------------------------------- more real-code shapes
+
+
+def test_module_instances_built_in_forward():
+    fs = src(
+        """
+        from torch import nn
+        from torch.nn import CrossEntropyLoss
+        class Head(nn.Module):
+            def forward(self, scores, logits, labels):
+                probs = nn.Softmax(dim=-1)(scores)
+                loss_fct = CrossEntropyLoss()
+                loss = loss_fct(logits, labels)
+                return probs, loss
+        """
+    )
+    assert paths(fs, "Head") == [
+        ["torch.nn.Softmax(scores) -> probs#1", "torch.nn.CrossEntropyLoss(logits, labels) -> loss#1"]
+    ]
+
+
+def test_loop_targets_through_enumerate_zip():
+    fs = src(
+        """
+        from torch import nn
+        class FPN(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lateral_convs = nn.ModuleList([nn.Conv2d(4, 4, 1) for _ in range(3)])
+                self.fpn_blocks = nn.ModuleList([nn.BatchNorm2d(4) for _ in range(3)])
+            def forward(self, feats):
+                for idx, (lateral_conv, block) in enumerate(zip(self.lateral_convs, self.fpn_blocks)):
+                    x = lateral_conv(feats[idx])
+                    x = block(x)
+                return x
+        """
+    )
+    # iterating module containers: no zero-trip path
+    assert paths(fs, "FPN") == [
+        [
+            "torch.nn.Conv2d@self.lateral_convs[*](feats[idx]) -> x#1",
+            "torch.nn.BatchNorm2d@self.fpn_blocks[*](x#1) -> x#2",
+        ]
+    ]
+
+
+def test_staticmethod_nested_def_and_chunking_helper():
+    fs = src(
+        """
+        import torch
+        from torch import nn
+        from ...pytorch_utils import apply_chunking_to_forward
+        class T5Like(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q = nn.Linear(8, 8)
+                self.intermediate = nn.Linear(8, 32)
+            @staticmethod
+            def _bucket(relative_position, num_buckets=32):
+                return torch.abs(relative_position)
+            def forward(self, hidden_states, pos):
+                def shape(states):
+                    return states.view(2, -1, 4).transpose(1, 2)
+                q = shape(self.q(hidden_states))
+                b = self._bucket(pos)
+                return apply_chunking_to_forward(self.ff_chunk, 0, 1, q)
+            def ff_chunk(self, x):
+                return self.intermediate(x)
+        """
+    )
+    (p,) = paths(fs, "T5Like")
+    assert p == [
+        "torch.nn.Linear@self.q(hidden_states) -> tmp_1",
+        "torch.Tensor.view(tmp_1, 2, -1, 4) -> tmp_2",
+        "torch.Tensor.transpose(tmp_2, 1, 2) -> q#1",
+        "torch.abs(pos) -> b#1",  # static: the first parameter is not self
+        "torch.nn.Linear@self.intermediate(q#1) -> tmp_3",
+    ]
+    nodes = fn(fs, "T5Like").paths[0].nodes
+    assert nodes[1].span.function == "T5Like.forward.shape"
+    assert nodes[4].span.function == "T5Like.ff_chunk"
+
+
+def test_sources_record_copies_and_joins():
+    fs = src(
+        """
+        from torch import nn
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.k = nn.Linear(8, 8)
+            def forward(self, h, cache=None):
+                key = self.k(h)
+                if cache is not None:
+                    key = cache.update(key)
+                keys = key
+                return keys.softmax(-1)
+        """
+    )
+    f = fn(fs, "Attn")
+    (p,) = f.paths  # the cache branch holds no DL node: no fork
+    lin, sm = p.nodes
+    assert lin.output == Var("key", 1)
+    joined = sm.args[0].value
+    assert joined.name == "keys"
+    (copy_of,) = f.sources[joined]
+    assert set(f.sources[copy_of]) == {Var("key", 1), Var("key", 2)}
+
+
+def test_with_and_try_blocks():
+    fs = src(
+        """
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(8, 8)
+                self.b = nn.ReLU()
+            def forward(self, x):
+                with torch.no_grad():
+                    x = self.a(x)
+                try:
+                    x = self.b(x)
+                except RuntimeError:
+                    pass
+                return x
+        """
+    )
+    got = sorted(tuple(n.type for n in p.nodes) for p in fn(fs, "M").paths)
+    # the handler path (Linear only) is a prefix of the try path and is dropped
+    assert got == [("torch.nn.Linear", "torch.nn.ReLU")]
+
+
+def test_super_forward_of_base_in_same_file():
+    fs = src(
+        """
+        from torch import nn
+        class Base(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.dense = nn.Linear(8, 8)
+            def forward(self, x):
+                return self.dense(x)
+        class Child(Base):
+            def __init__(self):
+                super().__init__()
+                self.dropout = nn.Dropout(0.1)
+            def forward(self, x):
+                x = super().forward(x)
+                return self.dropout(x)
+        """
+    )
+    assert paths(fs, "Child") == [
+        ["torch.nn.Linear@self.dense(x) -> x#1", "torch.nn.Dropout@self.dropout(x#1) -> tmp_1"]
+    ]
+    assert fn(fs, "Child").paths[0].nodes[0].span.function == "Base.forward"

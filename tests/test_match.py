@@ -202,3 +202,23 @@ def test_user_rule_file_variants_group(tmp_path):
     rules = load_rules_file(f)
     assert [r.name for r in rules] == ["Dropout_LayerNorm", "DLN2"]
     assert len(rules[0].variants) == 2 and rules[0].kernel == "k.Fused"
+
+
+def test_same_statements_connected_differently_on_another_path_are_vetoed():
+    rule = Rule("QK", "k", "t", """
+rule QK
+forward:
+    torch.nn.Linear@$a($x) -> $ao; torch.nn.Linear@$b($x) -> $bo => k@$a($x) -> $ao
+""")
+    init = "torch.nn.Linear(8, 8) -> self.q; torch.nn.Linear(8, 8) -> self.k"
+    # same two statements (same spans) on both paths; on the second the key projection reads
+    # another value (cross-attention), so fusing the statements would break that path
+    self_path = nodes("torch.nn.Linear@self.q(h) -> q; torch.nn.Linear@self.k(h) -> k")
+    cross_path = nodes("torch.nn.Linear@self.q(h) -> q; torch.nn.Linear@self.k(enc) -> k")
+    rejected = []
+    assert match_structures(structures([self_path], init), [rule]) != []
+    assert match_structures(structures([self_path, cross_path], init), [rule], rejected=rejected) == []
+    assert "another control-flow path" in rejected[0].reason
+    # a path that does not run the second statement does not veto
+    only_q = nodes("torch.nn.Linear@self.q(h) -> q")
+    assert len(match_structures(structures([self_path, only_q], init), [rule])) == 1

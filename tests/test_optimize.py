@@ -218,10 +218,11 @@ def test_shrink_config_keeps_heads_dividing_hidden():
 
 def _real_pipeline_available() -> bool:
     try:
-        import adopter.extract  # noqa: F401
-        import adopter.rewrite  # noqa: F401
+        import adopter.rewrite
         from adopter.rewrite import rewrite_source  # noqa: F401
         from adopter.tracing import confirm_matches  # noqa: F401
+
+        import adopter.extract  # noqa: F401
     except ImportError:
         return False
     return True
@@ -283,9 +284,9 @@ def test_optimized_transformers_class_round_trips_from_pretrained(tmp_path):
 def test_deliberately_wrong_user_rule_is_dropped_automatically(monkeypatch):
     """A user rule (fixture DSL file + codemod) whose kernel is built with the wrong eps: it
     rewrites, loads and runs, but is not equivalent and must be dropped automatically."""
+    from adopter.rewrite import codemods
     from transformers import BertConfig, BertModel
 
-    from adopter.rewrite import codemods
     from adopter.rules import get_rules, load_rules_file
 
     monkeypatch.syspath_prepend(str(FIXTURES))
@@ -309,7 +310,7 @@ def test_rule_whose_kernel_computes_something_else_is_dropped(monkeypatch):
     """A built-in rule whose target kernel is made wrong (off by 1e-3): dropped, others kept."""
     from transformers import BertConfig, BertModel
 
-    import adopter.kernels as kernels
+    from adopter import kernels
 
     fused = kernels.FusedDropoutAddLayerNorm
     right_forward = fused.forward

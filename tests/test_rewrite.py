@@ -419,3 +419,26 @@ class Output(nn.Module):
     assert [o.applied for o in result.outcomes] == [True], result.outcomes
     compile(result.new_text, "m", "exec")
     assert "                # inner comment\n\n        x = self.LayerNorm(x, r)\n        return x\n" in result.new_text
+
+
+def test_loader_resolves_relative_imports(tmp_path, monkeypatch):
+    import importlib
+    import inspect
+
+    from adopter.rewrite.loader import load_rewritten_module
+
+    package = tmp_path / "adopter_loader_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("VALUE = 3\n")
+    (package / "mod.py").write_text("from .helper import VALUE\n\ndef f():\n    return VALUE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    original = importlib.import_module("adopter_loader_pkg.mod")
+    new_text = "from .helper import VALUE\n\n\ndef f():\n    return VALUE + 1\n"
+    module = load_rewritten_module(original, new_text)
+    assert module.f() == 4 and original.f() == 3
+    assert module.__name__.startswith("adopter_loader_pkg._adopter_rewritten_mod_")
+    assert "VALUE + 1" in inspect.getsource(module.f)
+    assert load_rewritten_module(original, new_text) is module
+    with pytest.raises(ImportError):
+        load_rewritten_module(original, "from .missing import nothing\n")

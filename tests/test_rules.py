@@ -88,3 +88,44 @@ def test_dpt_conv_batchnorm_spans_the_if():
         ["hidden_state = self.convolution1(hidden_state)", "hidden_state = self.batch_norm1(hidden_state)"],
         ["hidden_state = self.convolution2(hidden_state)", "hidden_state = self.batch_norm2(hidden_state)"],
     ]
+
+
+def test_function_ast_parses_one_function_with_file_line_numbers():
+    from adopter.rules._source import function_ast
+
+    source = (
+        "import torch\n"
+        "class A:\n"
+        "    @staticmethod\n"
+        "    def forward(x):\n"
+        "        doc = '''\n"
+        "text at column 0\n"
+        "'''\n"
+        "        y = (x +\n"
+        "    1)\n"
+        "        return y\n"
+        "\n"
+        "    def other(self):\n"
+        "        return 2\n"
+    )
+    fn = function_ast(source, "A.forward", 8)
+    assert fn is not None and fn.name == "forward" and fn.lineno == 4 and fn.end_lineno == 10
+    other = function_ast(source, "A.other", 13)
+    assert other.name == "other" and other.lineno == 12
+
+
+def test_config_defaults_follow_the_annotated_config_class(tmp_path):
+    from adopter.rules._config_defaults import config_annotation, config_defaults
+
+    (tmp_path / "configuration_toy.py").write_text(
+        "class ToyVisionConfig:\n    hidden_act: str = 'gelu'\n\n"
+        "class ToyTextConfig:\n    def __init__(self, hidden_act='silu'):\n        self.hidden_act = hidden_act\n"
+    )
+    modeling = tmp_path / "modeling_toy.py"
+    src = "class ToyVisionMLP:\n    def __init__(self, config: ToyVisionConfig):\n        pass\n"
+    modeling.write_text(src)
+    assert config_defaults(str(modeling), "hidden_act") == frozenset({"gelu", "silu"})
+    assert config_annotation(src, "ToyVisionMLP") == "ToyVisionConfig"
+    assert config_defaults(str(modeling), "hidden_act", "ToyVisionConfig") == frozenset({"gelu"})
+    assert config_defaults(str(modeling), "hidden_act", "ToyTextConfig") == frozenset({"silu"})
+    assert config_defaults(str(tmp_path / "other.py"), "hidden_act") is None

@@ -166,6 +166,7 @@ def test_tolerances():
 # ---------------------------------------------------------------- benchmark
 
 
+@pytest.mark.slow
 def test_benchmark_pair_runs_pytest_benchmark_and_saves_json(tmp_path):
     from adopter.verify_bench import benchmark_pair
 

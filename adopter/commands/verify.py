@@ -112,6 +112,8 @@ def run(args) -> int:
         args.batch_size = int(settings.get("batch_size") or DEFAULT_BATCH_SIZE)
     if args.seq_len is None:
         args.seq_len = int(settings.get("seq_len") or DEFAULT_SEQ_LEN)
+    if args.attn_implementation is None and baseline is not None:
+        args.attn_implementation = (baseline.get("model") or {}).get("attn_implementation")
     if args.threads is None:
         args.threads = int(settings.get("threads") or DEFAULT_THREADS)
     for name in ("batch_size", "seq_len", "blocks", "rounds", "threads"):

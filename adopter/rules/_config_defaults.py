@@ -6,8 +6,11 @@ default."""
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
 from pathlib import Path
+
+from adopter.rules._source import class_init_ast, function_ast, parse_file
 
 
 @lru_cache(maxsize=256)
@@ -86,45 +89,19 @@ def config_annotation(source: str | None, class_name: str) -> str | None:
     """The annotated type name of the ``config`` parameter of ``class_name.__init__``."""
     if source is None:
         return None
-    tree = _parse_source(source)
-    if tree is None:
+    init = class_init_ast(source, class_name)
+    if not isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for stmt in node.body:
-                if isinstance(stmt, ast.FunctionDef) and stmt.name == "__init__":
-                    for a in stmt.args.args + stmt.args.kwonlyargs:
-                        if a.arg == "config" and a.annotation is not None:
-                            ann = a.annotation
-                            if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
-                                return ann.value.split(".")[-1]
-                            if isinstance(ann, ast.Name):
-                                return ann.id
-                            if isinstance(ann, ast.Attribute):
-                                return ann.attr
+    for a in init.args.args + init.args.kwonlyargs:
+        if a.arg == "config" and a.annotation is not None:
+            ann = a.annotation
+            if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+                return ann.value.split(".")[-1]
+            if isinstance(ann, ast.Name):
+                return ann.id
+            if isinstance(ann, ast.Attribute):
+                return ann.attr
     return None
-
-
-@lru_cache(maxsize=64)
-def _parse_source(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
-
-
-def _function_node(tree: ast.Module, qualname: str) -> ast.AST | None:
-    scope = list(tree.body)
-    found = None
-    for part in qualname.split("."):
-        found = next(
-            (n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part),
-            None,
-        )
-        if found is None:
-            return None
-        scope = list(found.body)
-    return found
 
 
 def local_origin(source: str, function: str, name: str, before_line: int):
@@ -132,8 +109,7 @@ def local_origin(source: str, function: str, name: str, before_line: int):
     ``("default", value)`` for a parameter with a literal default that is not reassigned,
     ``("config", (attr, fallback))`` for ``name = getattr(config, "attr", fallback)`` or
     ``name = config.attr``; None when unknown."""
-    tree = _parse_source(source)
-    fn = _function_node(tree, function) if tree is not None else None
+    fn = function_ast(source, function, before_line)
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
     assigns = [
@@ -172,7 +148,9 @@ def local_origin(source: str, function: str, name: str, before_line: int):
 def param_passed(source: str, class_name: str, param: str) -> bool:
     """Whether some call ``ClassName(...)`` in the file passes ``param`` (by keyword, by
     ``**kwargs``, or positionally far enough to reach it), so its default may not hold."""
-    tree = _parse_source(source)
+    if not re.search(r"(?<![\w.])" + re.escape(class_name) + r"\(", source):
+        return False  # never instantiated in this file
+    tree = parse_file(source)
     if tree is None:
         return True
     cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)

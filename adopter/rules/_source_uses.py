@@ -13,30 +13,7 @@ import ast
 from functools import lru_cache
 
 from adopter.dsl import Node, Var
-
-
-@lru_cache(maxsize=64)
-def _parse(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
-
-
-def _find_function(tree: ast.Module, qualname: str) -> ast.AST | None:
-    parts = qualname.split(".")
-    scope: list[ast.AST] = list(tree.body)
-    found = None
-    for part in parts:
-        found = None
-        for node in scope:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part:
-                found = node
-                break
-        if found is None:
-            return None
-        scope = list(found.body)
-    return found
+from adopter.rules._source import function_ast
 
 
 # Reading only metadata is harmless: the fused kernel's input and output share it.
@@ -54,10 +31,9 @@ def _metadata_only(parent: ast.AST | None, grandparent: ast.AST | None) -> bool:
 
 
 @lru_cache(maxsize=512)
-def _name_index(source: str, qualname: str) -> dict[str, tuple[list[tuple[int, int]], list[int]]] | None:
+def _name_index(source: str, qualname: str, hint_line: int) -> dict[str, tuple[list[tuple[int, int]], list[int]]] | None:
     """name -> (data loads (line, col), store lines) in one function, computed once."""
-    tree = _parse(source)
-    fn = _find_function(tree, qualname) if tree is not None else None
+    fn = function_ast(source, qualname, hint_line)
     if fn is None:
         return None
     parents: dict[int, ast.AST] = {}
@@ -91,7 +67,7 @@ def escaping_read(source: str | None, producer: Node, value: Var, matched: list[
     span = producer.span
     if span is None or not span.function:
         return None
-    index = _name_index(source, span.function)
+    index = _name_index(source, span.function, span.line)
     if index is None:
         return None
     def_end = span.stmt_end_line or span.end_line

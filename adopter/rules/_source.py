@@ -1,0 +1,100 @@
+"""Parsing one function of a scanned file without parsing the whole file.
+
+Source-level checks need the AST of a single function; parsing a 5,000-line modeling file
+for it would cost more than matching the file. The function's lines are found by its
+``def`` header and indentation, dedented, and parsed alone (line numbers shifted back);
+when that fails (odd formatting), the whole file is parsed once and cached.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import lru_cache
+
+
+@lru_cache(maxsize=16)
+def parse_file(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _find_in_tree(tree: ast.Module, qualname: str) -> ast.AST | None:
+    scope = list(tree.body)
+    found = None
+    for part in qualname.split("."):
+        found = next(
+            (n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part),
+            None,
+        )
+        if found is None:
+            return None
+        scope = list(found.body)
+    return found
+
+
+@lru_cache(maxsize=64)
+def _lines(source: str) -> tuple[str, ...]:
+    return tuple(source.split("\n"))
+
+
+@lru_cache(maxsize=1024)
+def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
+    """The ``FunctionDef`` of ``qualname`` (``Cls.method`` or ``fn``) whose body holds
+    ``hint_line`` (1-based), with the file's line numbers."""
+    name = qualname.rsplit(".", 1)[-1]
+    lines = _lines(source)
+    header = re.compile(r"^(\s*)(?:async\s+)?def\s+" + re.escape(name) + r"\s*\(")
+    start = None
+    for i in range(min(hint_line, len(lines)) - 1, -1, -1):
+        m = header.match(lines[i])
+        if m:
+            start, indent = i, len(m.group(1))
+            break
+    if start is not None:
+        end = len(lines)
+        body_started = False
+        for j in range(start + 1, len(lines)):
+            text = lines[j]
+            stripped = text.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            ind = len(text) - len(text.lstrip())
+            if ind > indent:
+                body_started = True
+                continue
+            if body_started and not stripped.startswith((")", "]", "}")):
+                end = j
+                break
+        # decorators do not matter; strip the common indentation of the header
+        segment = [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[start:end]]
+        try:
+            tree = ast.parse("\n".join(segment))
+        except (SyntaxError, ValueError):
+            tree = None
+        if tree is not None and tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            ast.increment_lineno(tree, start)
+            fn = tree.body[0]
+            if fn.lineno <= hint_line <= (fn.end_lineno or hint_line) or hint_line <= fn.lineno:
+                return fn
+    tree = parse_file(source)
+    return _find_in_tree(tree, qualname) if tree is not None else None
+
+
+def class_init_ast(source: str, class_name: str) -> ast.AST | None:
+    """``__init__`` of ``class_name`` (top-level class)."""
+    lines = _lines(source)
+    cls_header = re.compile(r"^class\s+" + re.escape(class_name) + r"\b")
+    for i, line in enumerate(lines):
+        if cls_header.match(line):
+            init = re.compile(r"^\s+def\s+__init__\s*\(")
+            for j in range(i + 1, len(lines)):
+                if lines[j].startswith(("class ", "def ", "@")):
+                    break
+                if init.match(lines[j]):
+                    fn = function_ast(source, f"{class_name}.__init__", j + 2)
+                    return fn
+            return None
+    return None
