@@ -51,11 +51,11 @@ __all__ = [
     "ATTENTION_TABLE_TYPE",
 ]
 
-MAX_PATHS = 256
+MAX_PATHS = 128
 MAX_INLINE_DEPTH = 6
 # Budget of statement executions per entry; past it, branches no longer fork
 # (their nodes are kept on the first branch only) so pathological files stay fast.
-MAX_STEPS = 12_000
+MAX_STEPS = 5_000
 # Type of a call whose callee cannot be resolved statically (``self.foo(x)`` with no
 # binding of ``foo``, calling a parameter).
 UNKNOWN_TYPE = "?"

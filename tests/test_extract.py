@@ -852,3 +852,40 @@ def test_super_forward_of_base_in_same_file():
         ["torch.nn.Linear@self.dense(x) -> x#1", "torch.nn.Dropout@self.dropout(x#1) -> tmp_1"]
     ]
     assert fn(fs, "Child").paths[0].nodes[0].span.function == "Base.forward"
+
+
+def test_bert_self_attention_2023_style():
+    fs = extract_file(FIXTURES / "bert_attention_2023.py")
+    f = fn(fs, "BertSelfAttention")
+    assert not f.capped
+    # 4 key/value branches x relative-position or not (x the inner relative_key test) x mask x head_mask
+    assert len(f.paths) == 48
+
+    def plain_self_attention(p):
+        types = [getattr(n, "type", n.op if isinstance(n, TensorOp) else "") for n in p.nodes]
+        return (
+            "torch.cat" not in types and "torch.nn.Embedding" not in types and "*" not in types
+            and "+" in types and "torch.nn.Linear@self.key(hidden_states) -> tmp_5" in [fmt(n) for n in p.nodes]
+        )
+
+    (p,) = [p for p in f.paths if plain_self_attention(p)]
+    texts = [fmt(n) for n in p.nodes]
+    assert texts[0] == "torch.nn.Linear@self.query(hidden_states) -> mixed_query_layer#1"
+    k_lin = texts.index("torch.nn.Linear@self.key(hidden_states) -> tmp_5")
+    # the helper's return writes into the caller's target
+    assert texts[k_lin + 1:k_lin + 3] == [
+        "torch.Tensor.view(tmp_5, new_x_shape#5) -> x#5",
+        "torch.Tensor.permute(x#5, 0, 2, 1, 3) -> key_layer#5",
+    ]
+    tail = texts[-10:]
+    assert tail[:4] == [
+        "torch.Tensor.transpose(key_layer#5, -1, -2) -> tmp_7",
+        "torch.matmul(query_layer#1, tmp_7) -> attention_scores#1",
+        "attention_scores#1 / math.sqrt(self.attention_head_size) -> attention_scores#3",
+        "attention_scores#3 + attention_mask -> attention_scores#4",
+    ]
+    assert tail[4:7] == [
+        "torch.nn.functional.softmax(attention_scores#4, dim=-1) -> attention_probs#1",
+        "torch.nn.Dropout@self.dropout(attention_probs#1) -> attention_probs#2",
+        "torch.matmul(attention_probs#2, value_layer#5) -> context_layer#1",
+    ]

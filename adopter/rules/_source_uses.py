@@ -15,7 +15,6 @@ from functools import lru_cache
 from adopter.dsl import Node, Var
 from adopter.rules._source import function_ast
 
-
 # Reading only metadata is harmless: the fused kernel's input and output share it.
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"}
 _META_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
