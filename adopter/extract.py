@@ -1,32 +1,52 @@
 """Model-structure extraction from source with the stdlib ``ast`` (paper §3.2).
 
 ``extract_source(text, filename) -> FileStructures`` never imports or executes the
-scanned code. For every class it records the ``__init__`` layer bindings; for every
-entry function (each class's ``forward`` and each module-level function) it
-enumerates the control-flow paths, inlining ``self.<method>(...)`` calls and calls
-of module-level/nested functions of the same file, and writes each path as a
-sequence of DSL nodes (:mod:`adopter.dsl`) in SSA form.
+scanned code. For every class it records the ``__init__`` layer bindings (following
+``self._init_x(...)`` helpers; ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict``
+contents as ``container`` bindings ``self.layers[*]``, ``self.seq[0]``; ``ACT2FN[...]``
+/ ``get_activation(...)`` resolved through :data:`adopter.extract_tables.ACTIVATIONS`).
+For every entry function (each class's ``forward`` and each module-level function) it
+enumerates the control-flow paths, inlining ``self.<method>(...)``, ``super().<m>(...)``
+and calls of module-level/nested functions of the same file (also through local
+aliases such as ``attention_interface``), and writes each path as a sequence of DSL
+nodes (:mod:`adopter.dsl`) in SSA form.
 
 How paths are enumerated (an abstract interpretation over *states*):
 
 * A state is (node list, environment). Statements run on every live state; ``if``,
   loops, ``try`` and conditional expressions run each branch on a copy.
 * At the join, states that added no DL node in any branch are merged back into one:
-  variables that differ get a fresh SSA version (a "phi"), so a branch with no DL
-  node never forks paths. States whose *aliases* differ (``attention_interface``
-  bound to ``eager_attention_forward`` in one branch and to
-  ``ALL_ATTENTION_FUNCTIONS[...]`` in the other) stay apart, because the callee
-  decides which nodes follow.
+  variables that differ get a fresh SSA version (a "phi", recorded in
+  ``FunctionStructures.sources``), so a branch with no DL node never forks paths.
+  States whose *aliases* differ (``attention_interface`` bound to
+  ``eager_attention_forward`` in one branch and to ``ALL_ATTENTION_FUNCTIONS[...]`` in
+  the other) stay apart, because the callee decides which nodes follow.
+* An ``if`` on a condition already decided on the path (same text, same SSA versions of
+  the names it reads) takes the same branch again; ``if x is None`` on a parameter that
+  holds a literal (an inlined function's default) is decided statically.
 * Loops run their body once (paper: each loop is expanded once); loops that do not
   iterate over a module container also keep the zero-trip path.
 * ``raise`` kills a path; ``return`` ends it. A path that is a prefix of another
   (an early return before any further DL node) is dropped from the entry's result.
-* At most :data:`MAX_PATHS` paths per entry (``FunctionStructures.capped`` says when
-  the cap cut paths off); inlining stops at :data:`MAX_INLINE_DEPTH` and on recursion.
+* At most :data:`MAX_PATHS` paths per entry, and after :data:`MAX_STEPS` statement
+  executions branches stop forking (``FunctionStructures.capped`` says when either cut
+  paths off); inlining stops at :data:`MAX_INLINE_DEPTH` and on recursion. An inlined
+  callee runs once per distinct (call site, arguments) and its nodes are replayed on
+  every path that reaches the call.
 
 SSA: every assignment gets a version keyed by its statement and inlining context,
 so the same statement has the same version on every path; temporaries for nested
-calls are ``tmp_<n>``. Parameters and never-assigned names are version 0.
+calls are ``tmp_<n>``. Parameters and never-assigned names are version 0. A node
+returned by an inlined callee writes straight into the caller's assignment target
+(``q = self._split_heads(x)``: the callee's ``permute`` outputs ``q#1``).
+
+Node kinds: module calls ``Layer(type, module=Var("self.x"))`` (type from the
+``__init__`` binding; one path variant per type when conditional bindings differ);
+functions ``Layer("torch.nn.functional.softmax")``; tensor methods
+``Layer("torch.Tensor.view", args=(self_tensor, ...))``; operators ``TensorOp``.
+Calls that are no DL computation (builtins, shape queries, tensor factories, logging,
+``print``, ``warnings``, transformers utilities) produce no node; unresolvable calls of
+``self.<attr>`` in a module produce a barrier ``Layer(UNKNOWN_TYPE)``.
 """
 
 from __future__ import annotations
@@ -35,7 +55,7 @@ import ast
 import builtins
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from adopter import extract_tables as T
 from adopter.dsl import Arg, Const, Layer, Span, TensorOp, Var
@@ -45,6 +65,7 @@ __all__ = [
     "extract_source",
     "extract_file",
     "format_structure",
+    "torch_base_of",
     "MAX_PATHS",
     "MAX_INLINE_DEPTH",
     "UNKNOWN_TYPE",
@@ -232,6 +253,8 @@ class _ClassCtx:
         self.bindings: list[InitBinding] = []
         self.is_module = False
         self._types: dict[str, list[str]] = {}
+        # Sequential container name -> alternatives, each ((element name, type), ...) in order
+        self.seq_variants: dict[str, list[tuple]] = {}
         self._method_cache: dict[str, tuple] = {}
 
     def mro(self) -> Iterable["_ClassCtx"]:
@@ -370,6 +393,17 @@ def _activation_type(key: ast.AST) -> tuple[str, tuple[Arg, ...], str]:
     return T.ACT2FN_TYPE, (Arg(Const(text)),), text
 
 
+def _activation_instance(fq: str) -> str | None:
+    """Type of a module-level activation instance of ``transformers.activations``
+    (``gelu = get_activation("gelu")``, imported as ``from ...activations import gelu``)."""
+    module, _, name = fq.rpartition(".")
+    if not module.endswith("activations"):
+        return None
+    if name == "linear_act":
+        name = "linear"
+    return T.ACTIVATIONS.get(name)
+
+
 def _annotation_is_tensor(ann) -> bool:
     if ann is None:
         return True
@@ -408,8 +442,22 @@ class _InitExtractor:
         self.stmt = None
 
     def run(self) -> list[InitBinding]:
+        self.visiting = {self.fn.name}
         self.block(self.fn.body, False)
         return self.out
+
+    def helper(self, fn: ast.FunctionDef, conditional: bool):
+        """``self._init_weights_of_x(config)`` called from ``__init__``: its bindings count too."""
+        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt)
+        self.visiting.add(fn.name)
+        self.qual = f"{self.cls.name}.{fn.name}"
+        self.local, self.lists = {}, {}
+        self.self_name = fn.args.args[0].arg if fn.args.args else "self"
+        try:
+            self.block(fn.body, conditional)
+        finally:
+            self.visiting.discard(fn.name)
+            self.qual, self.local, self.lists, self.self_name, self.stmt = saved
 
     # -- resolution
     def callee_types(self, f) -> list[str]:
@@ -476,12 +524,14 @@ class _InitExtractor:
             return [(ty, args, key, v)]
         if t is ast.IfExp:
             return self.values(v.body) + self.values(v.orelse)
+        if t is ast.BoolOp:
+            return [x for operand in v.values for x in self.values(operand)]
         if t is ast.Name:
             if v.id in self.local:
                 return [x for x in self.local[v.id] if x[3] is not None]
             fq = self.fc.imports.get(v.id)
             if fq and v.id not in self.fc.classes:
-                return [(fq, (), None, v)]
+                return [(_activation_instance(fq) or fq, (), None, v)]
             if v.id in self.fc.functions:
                 return [(f"{self.fc.module}.{v.id}", (), None, v)]
             return []
@@ -516,8 +566,9 @@ class _InitExtractor:
                     activation=key,
                 )
             )
-            if container_of is None and ty in _CONTAINERS and type(site) is ast.Call:
-                self.contents(attr, attr, ty, site, conditional)
+            if ty in _CONTAINERS and type(site) is ast.Call:
+                # contents, also of containers inside containers (a Sequential in a ModuleList)
+                self.contents(attr, out_name, ty, site, conditional)
 
     def contents(self, attr: str, prefix: str, ty: str, call: ast.Call, conditional: bool):
         """Bindings for the layers inside ``nn.ModuleList/Sequential/ModuleDict(...)``."""
@@ -529,6 +580,18 @@ class _InitExtractor:
                 pass
             else:
                 items = [(f"{prefix}[{i}]", a) for i, a in enumerate(args)]
+                # the element types of this Sequential, in order: ``self.seq(x)`` in forward
+                # is expanded into one node per element (one variant per Sequential when a
+                # container holds several differently built ones)
+                variant = []
+                for name, a in items:
+                    vals = [v for v in self.values(a) if v[3] is not None]
+                    if len(vals) != 1:
+                        variant = None
+                        break
+                    variant.append((name, vals[0][0]))
+                if variant:
+                    self.cls.seq_variants.setdefault(prefix, []).append(tuple(variant))
         else:
             for a in args:
                 a = a.value if type(a) is ast.Starred else a
@@ -543,10 +606,6 @@ class _InitExtractor:
                     lists.append((f"{prefix}[*]", self.lists[a.id]))
         for name, e in items:
             self.record(attr, self.values(e), conditional, container_of=name)
-            if type(e) is ast.Call:
-                inner = self.callee_types(e.func)
-                if inner and inner[0] in _CONTAINERS:
-                    self.contents(attr, name, inner[0], e, conditional)
         for name, vals in lists:
             self.record(attr, vals, conditional, container_of=name)
 
@@ -597,7 +656,8 @@ class _InitExtractor:
             if type(value) is ast.Name and value.id in self.lists:
                 # ``self.layers = layers`` for a plain list: no module container
                 return
-            self.record(attr, vals, conditional)
+            # ``nn.Dropout(p) if p > 0 else None``: bound on one branch only
+            self.record(attr, vals, conditional or type(value) in (ast.IfExp, ast.BoolOp))
         elif tt is ast.Name:
             name = tg.id
             vt = type(value)
@@ -616,6 +676,12 @@ class _InitExtractor:
 
     def call_stmt(self, call: ast.Call, conditional: bool):
         f = call.func
+        if (
+            type(f) is ast.Attribute and type(f.value) is ast.Name and f.value.id == self.self_name
+            and f.attr in self.cls.methods and f.attr not in self.visiting
+        ):
+            self.helper(self.cls.methods[f.attr], conditional)
+            return
         if type(f) is not ast.Attribute or f.attr not in ("append", "extend", "add_module", "insert"):
             return
         recv = f.value
@@ -895,7 +961,12 @@ class _Interp:
         for n in names:
             v = env.get(n)
             if v is not None:
-                parts.append(f"{n}={v.var if v.var is not None else id(v)}")
+                if v.var is not None:
+                    parts.append(f"{n}={v.var}")
+                elif v.alias is not None:
+                    parts.append(f"{n}={v.alias}")
+                else:
+                    parts.append(f"{n}=`{v.value()}`")
         return "?" + "|".join(parts)
 
     def truth(self, test, st: _St) -> bool | None:
@@ -1096,6 +1167,9 @@ class _Interp:
                 continue
             if v0 is not None and v0.alias is not None:
                 continue  # the same callable on every state (grouped by it)
+            if k[0] == "?":  # a branch decision that differs: unknown after the join
+                env.pop(k, None)
+                continue
             phi = self.new_var(k, site)
             env[k] = _V(var=phi, tensor=any(v is None or v.tensor for v in vals))
             self.add_sources(phi, vals)
@@ -1244,7 +1318,27 @@ class _Interp:
             return [(st, _V(expr=e, tensor=True))]
         if t is ast.Compare or t is ast.BoolOp:
             return [(st, _V(expr=e, tensor=False))]
+        if t is ast.ListComp or t is ast.GeneratorExp or t is ast.SetComp:
+            return self.comprehension(e, st)
         return [(st, _V(expr=e))]
+
+    def comprehension(self, e, st: _St) -> list:
+        """``[layer(h) for layer in self.layers]``: the element expression once, like a loop body."""
+        if len(e.generators) != 1 or e.generators[0].is_async:
+            return [(st, _V(expr=e))]
+        gen = e.generators[0]
+        names = [n.id for n in ast.walk(gen.target) if type(n) is ast.Name]
+        saved = {n: st.env.get(n) for n in names}
+        self.bind(gen.target, self.element(gen.iter, st), st, e, None)
+        out = []
+        for st2, _v in self.ev(e.elt, st):
+            for n, old in saved.items():  # comprehension variables do not leak
+                if old is None:
+                    st2.env.pop(n, None)
+                else:
+                    st2.env[n] = old
+            out.append((st2, _V(expr=e)))
+        return out
 
     def name(self, ident: str, st: _St) -> _V:
         v = st.env.get(ident)
@@ -1347,7 +1441,7 @@ class _Interp:
             elif kind == "fn":
                 last = a[1].rsplit(".", 1)[-1]
                 if last == "ACT2FN":
-                    ty, args, key = _activation_type(e.slice)
+                    ty, _args, key = _activation_type(e.slice)
                     out.append((st2, _V(alias=("act", ty, key), expr=e)))
                 elif "ALL_ATTENTION_FUNCTIONS" in a[1]:
                     out.append((st2, _V(alias=("table", ATTENTION_TABLE_TYPE), expr=e)))
@@ -1450,6 +1544,8 @@ class _Interp:
             if kind == "self":
                 av = self.self_attr(attr, st, e.func)
                 if av.alias is not None:
+                    if av.alias[0] == "act":  # instance stored on self in forward
+                        return self.emit(av.alias[1], e, st, dest, module=Var("self." + attr))
                     return self.call_value(av, e, st, dest)
                 if self.cls is not None and self.cls.is_module and not attr.startswith(_NOT_LAYER_METHODS):
                     return self.emit(UNKNOWN_TYPE, e, st, dest, module=Var("self." + attr))
@@ -1462,7 +1558,14 @@ class _Interp:
         if attr in T.SHAPE_METHODS:
             return [(st, _V(expr=e, tensor=False))]
         if attr in T.TENSOR_METHODS and rv.tensor:
-            return self.emit("torch.Tensor." + attr, e, st, dest, recv=rv)
+            out = self.emit("torch.Tensor." + attr, e, st, dest, recv=rv)
+            recv = e.func.value
+            if attr[-1] == "_" and type(recv) is ast.Name and rv.var is not None:
+                # in-place method (``x.masked_fill_(...)``): later reads of ``x`` see its result
+                for st2, v in out:
+                    if st2.env.get(recv.id) is rv:
+                        st2.env[recv.id] = _V(var=v.var, tensor=True)
+            return out
         return self.opaque(e, st, rv.tensor)
 
     def call_value(self, v: _V, e: ast.Call, st: _St, dest) -> list:
@@ -1493,6 +1596,12 @@ class _Interp:
                 return [(st, _V(alias=("act", self.fc.class_type(a[1]), ""), expr=e))]
             return self.opaque(e, st, True)
         if kind == "act":
+            if a[1] == T.ACT2FN_TYPE and a[2]:
+                # ``ACT2FN[config.hidden_act](x)``: the key travels as a keyword argument
+                return self.emit(a[1], e, st, dest, extra=(Arg(Const(a[2]), "activation"),))
+            if a[1] == "torch.nn.GELU" and a[2] in ("'gelu'", '"gelu"'):
+                # ``ACT2FN["gelu"](x)`` called in place: exactly ``nn.functional.gelu(x)``
+                return self.emit("torch.nn.functional.gelu", e, st, dest)
             return self.emit(a[1], e, st, dest)
         if kind == "table":
             return self.emit(a[1], e, st, dest)
@@ -1538,6 +1647,11 @@ class _Interp:
             return [(st, _V(expr=e, tensor=False))]
         if fq.startswith(("einops.", "flash_attn", "xformers.", "apex.", "liger_kernel.", "epoi.", "adopter.kernels")):
             return self.emit(fq, e, st, dest)
+        act = _activation_instance(fq)
+        if act is not None:
+            # ``gelu(x)`` with transformers' module-level GELUActivation instance computes
+            # exactly ``nn.functional.gelu(x)``: written as that function call
+            return self.emit("torch.nn.functional.gelu" if act == "torch.nn.GELU" else act, e, st, dest)
         if fq.startswith("transformers.activations."):
             if last[:1].isupper():
                 return [(st, _V(alias=("act", fq, ""), expr=e))]
@@ -1576,28 +1690,47 @@ class _Interp:
             if ty.startswith(mod_prefix) and ty[len(mod_prefix):] in self.fc.functions:
                 name = ty[len(mod_prefix):]
                 out.extend(self.inline(self.fc.functions[name], name, None, e, s2, dest, bound_self=False))
-            elif ty == "torch.nn.Sequential" and cls.types_of(var + "[0]"):
+            elif ty == "torch.nn.Sequential" and self.sequential_variants(var):
                 out.extend(self.call_sequential(var, e, s2, dest))
             else:
                 out.extend(self.emit(ty, e, s2, dest, module=module))
         return out
 
+    def sequential_variants(self, var: str) -> list:
+        for c in self.cls.mro():
+            if var in c.seq_variants:
+                return c.seq_variants[var]
+        return []
+
     def call_sequential(self, var: str, e: ast.Call, st: _St, dest) -> list:
-        items = []
-        i = 0
-        while self.cls.types_of(f"{var}[{i}]"):
-            items.append(f"{var}[{i}]")
-            i += 1
+        """``self.seq(x)`` for an ``nn.Sequential`` built in ``__init__``: its elements in order."""
+        variants = self.sequential_variants(var)
+        if self.no_fork:
+            variants = variants[:1]
         out = []
-        for st2, pos, kw in self.eval_args(e, st):
-            cur = pos[0].value() if pos else Const("None")
-            for j, name in enumerate(items):
-                ty = self.cls.types_of(name)[0]
-                var_out = dest if (j == len(items) - 1 and dest is not None) else self.tmp(e, j)
-                st2.nodes = (Layer(ty, (Arg(cur),), var_out, Var(name), self.span(e)), st2.nodes)
-                cur = var_out
-            out.append((st2, _V(var=cur, tensor=True)))
+        for st1, pos, _kw in self.eval_args(e, st):
+            start = pos[0].value() if pos else Const("None")
+            for i, variant in enumerate(variants):
+                st2 = st1 if i == len(variants) - 1 else st1.fork()
+                flat = self.flatten_sequential(variant, 0)
+                cur = start
+                for j, (name, ty) in enumerate(flat):
+                    var_out = dest if (j == len(flat) - 1 and dest is not None) else self.tmp(e, j)
+                    st2.nodes = (Layer(ty, (Arg(cur),), var_out, Var(name), self.span(e)), st2.nodes)
+                    cur = var_out
+                out.append((st2, _V(var=cur, tensor=True)))
         return out
+
+    def flatten_sequential(self, variant, depth: int) -> list:
+        """Elements of a Sequential, nested Sequentials (first variant) expanded in place."""
+        flat = []
+        for name, ty in variant:
+            inner = self.sequential_variants(name) if ty == "torch.nn.Sequential" and depth < 4 else []
+            if inner:
+                flat.extend(self.flatten_sequential(inner[0], depth + 1))
+            else:
+                flat.append((name, ty))
+        return flat
 
     def eval_args(self, e: ast.Call, st: _St) -> list:
         """[(state, positional values, [(keyword, value)])] for the call's arguments."""
@@ -1630,11 +1763,14 @@ class _Interp:
             res = nres
         return res
 
-    def emit(self, type_: str, e: ast.Call, st: _St, dest, module: Var | None = None, recv: _V | None = None) -> list:
+    def emit(
+        self, type_: str, e: ast.Call, st: _St, dest, module: Var | None = None, recv: _V | None = None, extra=()
+    ) -> list:
         out = []
         for st2, pos, kw in self.eval_args(e, st):
             args = [Arg(v.value()) for v in pos]
             args += [Arg(v.value(), k) for k, v in kw]
+            args += extra
             if recv is not None:
                 args.insert(0, Arg(recv.value()))
             var = dest or self.tmp(e)
@@ -1867,6 +2003,30 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str]) -> FileStru
     for name, fdef in fc.functions.items():
         functions.append(interp.entry(None, fdef, name))
     return FileStructures(file=filename, classes=tuple(classes), functions=tuple(functions), imports=dict(fc.imports))
+
+
+def torch_base_of(structures: FileStructures, type_: str) -> str | None:
+    """The ``torch.nn`` layer class a same-file layer type behaves as, or None.
+
+    ``modeling_efficientnet.EfficientNetDepthwiseConv2d`` (``class ...(nn.Conv2d)`` with
+    no ``forward`` of its own, directly or through same-file bases) -> ``torch.nn.Conv2d``.
+    A class that defines ``forward`` anywhere on the way computes something else: None.
+    """
+    module, _, name = type_.rpartition(".")
+    classes = {c.name: c for c in structures.classes}
+    with_forward = {f.class_name for f in structures.functions if f.class_name and f.function == "forward"}
+    seen = set()
+    while name in classes and name not in seen and name not in with_forward:
+        seen.add(name)
+        bases = classes[name].bases
+        torch_bases = [b for b in bases if b.startswith("torch.nn.") and b.rsplit(".", 1)[-1] != "Module"]
+        if torch_bases:
+            return torch_bases[0]
+        local = [b.rpartition(".")[2] for b in bases if b.rpartition(".")[0] == module]
+        if not local:
+            return None
+        name = local[0]
+    return None
 
 
 def extract_file(path) -> FileStructures:

@@ -27,6 +27,10 @@ Node matching details (all documented because rules depend on them):
   variable of that name (any version) or a constant with that text; constants match
   constants with the same value (``'gelu'`` == ``"gelu"``).
 * ``self.<attr>`` variables compare by name only (attributes carry no SSA version).
+* Same-file subclasses (rules with ``match_subclasses``): a layer type defined in the scanned
+  file as a subclass of a ``torch.nn`` layer that defines no method but ``__init__`` (forward
+  inherited) matches a pattern naming the parent (:func:`layer_subclass_aliases`); the
+  arguments of its construction are not matched (its constructor has its own signature).
 
 Results are de-duplicated with :meth:`Match.key` after re-homing: a match whose nodes all
 lie in one function other than the entry (a helper inlined into several ``forward``s,
@@ -57,6 +61,7 @@ __all__ = [
     "MatchContext",
     "RuleLike",
     "class_init_bindings",
+    "layer_subclass_aliases",
     "match_init",
     "match_pattern",
     "match_structures",
@@ -248,18 +253,27 @@ def _type_alternatives(t: str) -> tuple[str, ...]:
 _COMMUTATIVE = {"+", "*"}
 
 
-def match_node(pn: Node, cn: Node, b: Bindings) -> Bindings | None:
-    """Bindings extended so that pattern node ``pn`` matches concrete node ``cn``, or None."""
+def match_node(pn: Node, cn: Node, b: Bindings, aliases: dict[str, str] | None = None) -> Bindings | None:
+    """Bindings extended so that pattern node ``pn`` matches concrete node ``cn``, or None.
+    ``aliases`` maps same-file layer subclasses to the ``torch.nn`` type they behave as."""
     if isinstance(pn, Wildcard):
         return b
     if isinstance(pn, Layer):
-        if not isinstance(cn, Layer) or cn.type not in _type_alternatives(pn.type):
+        if not isinstance(cn, Layer):
             return None
+        alternatives = _type_alternatives(pn.type)
+        aliased = False
+        if cn.type not in alternatives:
+            if not aliases or aliases.get(cn.type) not in alternatives:
+                return None
+            aliased = True
         if pn.module is not None:
             b = _bind(pn.module, cn.module, b)
             if b is None:
                 return None
-        b = _match_args(pn.args, cn.args, cn.type if cn.module is None else "", b)
+        if not (aliased and cn.module is None):
+            # a subclass's construction has its own signature: its arguments are not compared
+            b = _match_args(pn.args, cn.args, cn.type if cn.module is None else "", b)
         if b is None:
             return None
         if pn.output is not None:
@@ -316,8 +330,9 @@ def _compute_pattern_keys(pn: Node) -> tuple[str, ...] | None:
 class _PathIndex:
     """Positions of the nodes of one path by type, for fast candidate lookup."""
 
-    def __init__(self, nodes: Sequence[Node], key_cache: dict | None = None):
+    def __init__(self, nodes: Sequence[Node], key_cache: dict | None = None, aliases: dict[str, str] | None = None):
         self.nodes = nodes
+        self.aliases = aliases or None
         by_key: dict[str, list[int]] = {}
         cache = key_cache if key_cache is not None else {}
         for i, n in enumerate(nodes):
@@ -325,6 +340,8 @@ class _PathIndex:
             k = cache.get(nid, 0)
             if k == 0:
                 k = cache[nid] = _node_key(n)
+            if aliases and isinstance(n, Layer) and n.type in aliases:
+                k = "L:" + aliases[n.type]
             if k is not None:
                 lst = by_key.get(k)
                 if lst is None:
@@ -375,7 +392,7 @@ def _search(pattern: Pattern, index: _PathIndex, b: Bindings) -> Iterator[tuple[
             return
         pn = pnodes[pi]
         for ni in index.candidates(pn, start):
-            nb = match_node(pn, index.nodes[ni], b)
+            nb = match_node(pn, index.nodes[ni], b, index.aliases)
             if nb is not None:
                 yield from rec(pi + 1, ni + 1, nb, acc + (ni,))
 
@@ -427,7 +444,7 @@ def class_init_bindings(structures: FileStructures, cls: ClassInfo | None) -> tu
 
 
 def match_init(
-    pattern: Pattern, bindings_list: Sequence[InitBinding], b: Bindings
+    pattern: Pattern, bindings_list: Sequence[InitBinding], b: Bindings, aliases: dict[str, str] | None = None
 ) -> tuple[tuple[InitBinding, ...], Bindings] | None:
     """Match every init pattern node against a distinct ``__init__`` binding (any order)."""
     pnodes = pattern.nodes
@@ -439,7 +456,7 @@ def match_init(
         for j, ib in enumerate(bindings_list):
             if j in used:
                 continue
-            nb = match_node(pn, ib.layer, b)
+            nb = match_node(pn, ib.layer, b, aliases)
             if nb is not None:
                 r = rec(pi + 1, used + (j,), nb)
                 if r is not None:
@@ -498,6 +515,59 @@ def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
     return [nodes[i] for i in sorted(set(positions)) if i not in inside and _reads_data(nodes[i], v)]
 
 
+# ---------------------------------------------------------------- same-file layer subclasses
+
+
+def layer_subclass_aliases(structures: FileStructures, source: str | None) -> dict[str, str]:
+    """Layer types defined in the file that behave as a ``torch.nn`` layer: type -> that layer.
+
+    A class qualifies when it derives (directly or through classes of the same file) from a
+    ``torch.nn`` class other than ``Module``/containers and neither it nor those same-file
+    bases define any method but ``__init__`` — its forward is the torch layer's
+    (``class EfficientNetDepthwiseConv2d(nn.Conv2d)`` only fixes ``groups`` in ``__init__``).
+    Needs the source (methods are read from its ``ast``); without it, none qualifies.
+    """
+    if source is None or not structures.classes:
+        return {}
+    from adopter.rules._source_uses import class_attribute_reads  # the matcher's source helper
+
+    methods_of = {name: methods for name, (_bases, methods) in class_attribute_reads(source).items()}
+    by_name = {c.name: c for c in structures.classes}
+    out: dict[str, str] = {}
+    for cls in structures.classes:
+        name, seen, torch_base = cls.name, set(), None
+        while name in by_name and name not in seen:
+            seen.add(name)
+            if name not in methods_of or methods_of[name]:
+                break  # unknown, or defines forward/other methods: computes something else
+            bases = by_name[name].bases
+            torch_bases = [b for b in bases if b.startswith("torch.nn.") and b.rsplit(".", 1)[-1] not in _NOT_LAYERS]
+            local = [b.rsplit(".", 1)[-1] for b in bases if b.rsplit(".", 1)[-1] in by_name]
+            if len(bases) != 1:
+                break  # mixins: another class may change the behaviour
+            if torch_bases:
+                torch_base = torch_bases[0]
+                break
+            if not local:
+                break
+            name = local[0]
+        if torch_base is None:
+            continue
+        for ty in _local_type_names(structures, cls.name):
+            out[ty] = torch_base
+    return out
+
+
+_NOT_LAYERS = {"Module", "ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"}
+
+
+def _local_type_names(structures: FileStructures, class_name: str) -> list[str]:
+    """How extraction names a layer of a class defined in the scanned file (``modeling_x.Cls``)."""
+    stem = structures.file.replace("\\", "/").rsplit("/", 1)[-1]
+    stem = stem[:-3] if stem.endswith(".py") else stem
+    return [f"{stem}.{class_name}", class_name]
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -551,7 +621,7 @@ def _match_path(
             m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
                       function=fs.function, nodes=nodes, bindings=b)
             if variant.init is not None:
-                r = match_init(variant.init.source, init_list, b)
+                r = match_init(variant.init.source, init_list, b, index.aliases)
                 if r is None:
                     continue
                 init_nodes, ib = r
@@ -609,14 +679,22 @@ def match_structures(
     rejected_by_rule: list[dict] = [{} for _ in rules]
     found_on: list[dict] = [{} for _ in rules]
     key_cache: dict[int, str | None] = {}
+    aliases = layer_subclass_aliases(structures, source) if any(
+        getattr(r, "match_subclasses", False) for r in rules) else {}
     for f_index, fs in enumerate(structures.functions):
         cls = classes.get(fs.class_name) if fs.class_name else None
         init_list = class_init_bindings(structures, cls)
         for p_index, path in enumerate(fs.paths):
             index = _PathIndex(path.nodes, key_cache)
+            aliased_index = None
             path_cache: dict = {}
             for i, rule in enumerate(rules):
-                _match_path(rule, structures, fs, cls, init_list, path, index, accepted[i], rejected_by_rule[i],
+                use = index
+                if aliases and getattr(rule, "match_subclasses", False):
+                    if aliased_index is None:
+                        aliased_index = _PathIndex(path.nodes, {}, aliases)
+                    use = aliased_index
+                _match_path(rule, structures, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
                             path_cache, source, found_on[i], (f_index, p_index))
     span_sets: dict[tuple[int, int], frozenset] = {}
     for i, rule in enumerate(rules):

@@ -26,8 +26,10 @@ import math
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -193,7 +195,10 @@ def run_pytest_benchmark(
     _STEPS.update(steps)
     output = io.StringIO()
     with tempfile.TemporaryDirectory(prefix="adopter-bench-") as tmp:
-        module_path = os.path.join(tmp, "bench_train_step.py")
+        # A fresh module name per run: pytest's importlib mode would otherwise hand a second
+        # run in the same process the first run's cached module (its cases and rounds).
+        module_name = f"bench_train_step_{uuid.uuid4().hex[:12]}"
+        module_path = os.path.join(tmp, f"{module_name}.py")
         with open(module_path, "w") as fh:
             fh.write(
                 _BENCH_MODULE.format(
@@ -229,6 +234,8 @@ def run_pytest_benchmark(
                 code = pytest.main(argv)
         finally:
             _STEPS.clear()
+            for name in [n for n in sys.modules if n == module_name or n.endswith("." + module_name)]:
+                del sys.modules[name]
             if previous is None:
                 os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
             else:

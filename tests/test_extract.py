@@ -257,6 +257,7 @@ def test_ssa_breaks_unrelated_reuse():
     )
     (p,) = fn(fs, "M").paths
     drop, flip, add, ln = p.nodes
+    assert ln.type == "torch.nn.LayerNorm" and ln.args[0].value == add.output
     assert drop.output == Var("y", 1)
     assert flip.output == Var("y", 2)
     assert add.args[0].value == Var("y", 2)  # not the dropout's output
@@ -426,6 +427,11 @@ def test_act2fn_resolution():
     ]
 
 
+def test_inline_act2fn_gelu_is_functional_gelu():
+    fs = src('from ...activations import ACT2FN\ndef f(x):\n    return ACT2FN["gelu"](x)\n')
+    assert [fmt(n) for n in fn(fs, None, "f").paths[0].nodes] == ["torch.nn.functional.gelu(x) -> tmp_1"]
+
+
 def test_conditional_bindings_of_different_types_give_path_variants():
     fs = src(
         """
@@ -507,7 +513,6 @@ def test_interprocedural_alias_to_module_function():
         table = [p for p in f.paths if any(getattr(n, "type", "") == ATTENTION_TABLE_TYPE for n in p.nodes)]
         assert len(eager) == 2 and len(table) == 1
         nodes = max(eager, key=lambda p: len(p.nodes)).nodes
-        texts = [fmt(n) for n in nodes]
         # parameters renamed to the caller's arguments; scaling passed -> `if scaling is None` not taken
         (kt,) = [n for n in nodes if fmt(n).startswith("torch.Tensor.transpose(key_states#1, 2, 3) -> tmp_")]
         (mm,) = [n for n in nodes if fmt(n).startswith("torch.matmul(query_states#1, ")]
@@ -889,3 +894,153 @@ def test_bert_self_attention_2023_style():
         "torch.nn.Dropout@self.dropout(attention_probs#1) -> attention_probs#2",
         "torch.matmul(attention_probs#2, value_layer#5) -> context_layer#1",
     ]
+
+
+def test_activation_instances_and_inline_act2fn_key():
+    fs = src(
+        """
+        from torch import nn
+        from ...activations import ACT2FN, gelu, gelu_new
+        class Head(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.config = config
+                self.dense = nn.Linear(8, 8)
+                self.act = gelu_new
+            def forward(self, x):
+                x = gelu(self.dense(x))
+                x = self.act(x)
+                return ACT2FN[self.config.hidden_act](x)
+        """,
+        "/x/site-packages/transformers/models/roberta/modeling_roberta.py",
+    )
+    assert {b.attr: b.layer.type for b in cls(fs, "Head").init_bindings}["self.act"] == (
+        "transformers.activations.NewGELUActivation"
+    )
+    assert paths(fs, "Head") == [
+        [
+            "torch.nn.Linear@self.dense(x) -> tmp_1",
+            # the module-level exact-GELU instance called like a function: nn.functional.gelu
+            "torch.nn.functional.gelu(tmp_1) -> x#1",
+            "transformers.activations.NewGELUActivation@self.act(x#1) -> x#2",
+            "transformers.activations.ACT2FN(x#2, activation=self.config.hidden_act) -> tmp_2",
+        ]
+    ]
+
+
+def test_init_helpers_and_sequentials_inside_module_lists():
+    fs = src(
+        """
+        from torch import nn
+        from ...activations import ACT2FN
+        class Stage(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.projects = nn.ModuleList()
+                if config.hybrid:
+                    self._init_hybrid(config)
+                else:
+                    self._init_plain(config)
+            def _init_hybrid(self, config):
+                for i in range(4):
+                    self.projects.append(nn.Sequential(nn.Identity()))
+            def _init_plain(self, config):
+                for i in range(4):
+                    self.projects.append(nn.Sequential(nn.Linear(8, 8), ACT2FN["gelu"]))
+            def forward(self, x, i):
+                return self.projects[i](x)
+        """
+    )
+    b = [(x.container, x.layer.type, x.span.function) for x in cls(fs, "Stage").init_bindings if x.container]
+    assert ("self.projects[*][0]", "torch.nn.Linear", "Stage._init_plain") in b
+    assert ("self.projects[*][1]", "torch.nn.GELU", "Stage._init_plain") in b
+    assert all(x.conditional for x in cls(fs, "Stage").init_bindings if x.span.function != "Stage.__init__")
+    assert sorted(paths(fs, "Stage")) == [
+        ["torch.nn.Identity@self.projects[*][0](x) -> tmp_1"],
+        ["torch.nn.Linear@self.projects[*][0](x) -> tmp_1", "torch.nn.GELU@self.projects[*][1](tmp_1) -> tmp_2"],
+    ]
+
+
+def test_inplace_tensor_method_rebinds_receiver():
+    fs = src(
+        """
+        from torch import nn
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.drop = nn.Dropout(0.1)
+            def forward(self, scores, mask):
+                scores.masked_fill_(mask, -1e4)
+                return self.drop(scores)
+        """
+    )
+    assert paths(fs, "M") == [
+        [
+            "torch.Tensor.masked_fill_(scores, mask, -10000.0) -> tmp_1",
+            "torch.nn.Dropout@self.drop(tmp_1) -> tmp_2",
+        ]
+    ]
+
+
+def test_comprehension_calls_modules_once():
+    fs = src(
+        """
+        from torch import nn
+        class Heads(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.convs = nn.ModuleList([nn.Conv2d(4, 4, 1) for _ in range(3)])
+            def forward(self, feats):
+                layer = "not a module"
+                outs = [conv(f) for conv, f in zip(self.convs, feats)]
+                return outs, layer
+        """
+    )
+    (p,) = fn(fs, "Heads").paths
+    (n,) = p.nodes
+    assert n.type == "torch.nn.Conv2d" and n.module == Var("self.convs[*]")
+
+
+def test_torch_base_of_same_file_subclass():
+    from adopter.extract import torch_base_of
+
+    fs = src(
+        """
+        from torch import nn
+        class DepthwiseConv2d(nn.Conv2d):
+            def __init__(self, c):
+                super().__init__(c, c, 3, groups=c)
+        class Deeper(DepthwiseConv2d):
+            pass
+        class Custom(nn.Conv2d):
+            def forward(self, x):
+                return x
+        """,
+        "/tmp/modeling_toy.py",
+    )
+    assert torch_base_of(fs, "modeling_toy.DepthwiseConv2d") == "torch.nn.Conv2d"
+    assert torch_base_of(fs, "modeling_toy.Deeper") == "torch.nn.Conv2d"
+    assert torch_base_of(fs, "modeling_toy.Custom") is None
+    assert torch_base_of(fs, "torch.nn.Conv2d") is None
+
+
+def test_output_is_deterministic_across_hash_seeds():
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib, sys; from adopter.extract import extract_file\n"
+        "h = hashlib.sha256()\n"
+        "for f in sys.argv[1:]:\n"
+        "    fs = extract_file(f)\n"
+        "    h.update(repr([(fn.function, [[(n, n.span) for n in p.nodes] for p in fn.paths],"
+        " sorted(fn.sources.items(), key=repr)) for fn in fs.functions]).encode())\n"
+        "print(h.hexdigest())\n"
+    )
+    files = [str(FIXTURES / "bert_attention_2023.py"), str(FIXTURES / "eager_attention.py")]
+    digests = set()
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True, env=env, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1

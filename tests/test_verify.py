@@ -186,6 +186,12 @@ def test_benchmark_pair_runs_pytest_benchmark_and_saves_json(tmp_path):
     assert result.memory_original_bytes > 0
     assert result.memory_ratio == pytest.approx(1.0)
     assert "CPU" in result.memory_metric
+    # a second run in the same process uses its own settings (not a cached generated module)
+    again = benchmark_pair(
+        original, optimized, (torch.randn(16, 8),), batch_size=16, blocks=3, json_path=str(tmp_path / "b2.json")
+    )
+    assert again.blocks == 3
+    assert len(json.loads((tmp_path / "b2.json").read_text())["benchmarks"]) == 6
 
 
 def test_summarize_pairs_blocks_and_computes_ratio():

@@ -58,6 +58,11 @@ class Rule:
     # A precondition violated on one path through the matched statements vetoes the
     # match on every path (the fused code would run on all of them).
     veto_across_paths: bool = True
+    # A layer class defined in the scanned file that derives from a ``torch.nn`` layer named in
+    # the patterns and defines no method but ``__init__`` (so its forward is the parent's) is
+    # matched as that parent (EfficientNet's ``EfficientNetDepthwiseConv2d(nn.Conv2d)``).
+    # Its constructor arguments are not matched: its own signature differs from the parent's.
+    match_subclasses: bool = False
     variants: tuple[RuleText, ...] = field(default=(), compare=False)
 
     def __post_init__(self):

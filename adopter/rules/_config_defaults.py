@@ -107,8 +107,8 @@ def config_annotation(source: str | None, class_name: str) -> str | None:
 def local_origin(source: str, function: str, name: str, before_line: int):
     """Where the local ``name`` used at ``before_line`` in ``function`` comes from:
     ``("default", value)`` for a parameter with a literal default that is not reassigned,
-    ``("config", (attr, fallback))`` for ``name = getattr(config, "attr", fallback)`` or
-    ``name = config.attr``; None when unknown."""
+    ``("getattr", (attr, fallback))`` for ``name = getattr(config, "attr", fallback)``,
+    ``("config", (attr, None))`` for ``name = config.attr``; None when unknown."""
     fn = function_ast(source, function, before_line)
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
@@ -123,13 +123,15 @@ def local_origin(source: str, function: str, name: str, before_line: int):
         value = assigns[0].value
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "getattr" \
                 and len(value.args) >= 2 and isinstance(value.args[1], ast.Constant) and isinstance(value.args[1].value, str):
-            fallback = None
+            if "config" not in ast.unparse(value.args[0]):
+                return None  # getattr of something else than the configuration
             if len(value.args) > 2:
                 try:
                     fallback = ast.literal_eval(value.args[2])
                 except Exception:
                     return None
-            return ("config", (value.args[1].value, fallback))
+                return ("getattr", (value.args[1].value, fallback))
+            return ("config", (value.args[1].value, None))
         if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and "config" in value.value.id:
             return ("config", (value.attr, None))
         return None
@@ -172,4 +174,96 @@ def param_passed(source: str, class_name: str, param: str) -> bool:
             return True
         if index is not None and len(node.args) > index:
             return True
+    return False
+
+
+_BASE_CONFIGS = ("PreTrainedConfig", "PretrainedConfig")
+
+
+@lru_cache(maxsize=4)
+def _base_config_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+@lru_cache(maxsize=256)
+def _config_classes_of_file(path: str) -> dict[str, tuple[tuple[str, ...], frozenset]]:
+    """class name -> (base names, every name the class body mentions outside its docstring:
+    identifiers, attributes, string constants such as ``attribute_map`` keys)."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return {}
+    out = {}
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        bases = tuple(b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "?"
+                      for b in cls.bases)
+        body = cls.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+            body = body[1:]  # the docstring describes, it does not define
+        names: set[str] = set()
+        for stmt in body:
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Name):
+                    names.add(n.id)
+                elif isinstance(n, ast.Attribute):
+                    names.add(n.attr)
+                elif isinstance(n, ast.arg):
+                    names.add(n.arg)
+                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(n.name)
+                elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    names.add(n.value)
+        out[cls.name] = (bases, frozenset(names))
+    return out
+
+
+def config_defines(modeling_file: str, attr: str, config_class: str | None = None) -> bool | None:
+    """Whether the configuration of ``modeling_file`` can hold ``attr`` by default.
+
+    False only when it certainly does not: ``config_class`` (or, when it is not given, every
+    class of the sibling ``configuration_<model>.py``) is found, derives — through classes of
+    that file — only from transformers' ``PreTrainedConfig``, and neither it, its in-file bases
+    nor ``configuration_utils.py`` ever mention the name (so ``getattr(config, attr, default)``
+    gives ``default``). True when some class mentions it; None when unknown."""
+    p = Path(modeling_file)
+    if not p.name.startswith("modeling_"):
+        return None
+    own = p.with_name("configuration_" + p.name[len("modeling_"):])
+    if not own.is_file():
+        return None
+    classes = _config_classes_of_file(str(own))
+    if config_class is not None:
+        if config_class not in classes:
+            return None
+        roots = [config_class]
+    else:
+        roots = [name for name, (bases, _n) in classes.items() if any(b.endswith("Config") for b in bases)]
+        if not roots:
+            return None
+    base_text = None
+    todo, seen = list(roots), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in _BASE_CONFIGS:
+            if base_text is None:
+                base_text = _base_config_text(str(p.parent.parent.parent / "configuration_utils.py"))
+                if base_text is None:
+                    return None
+            if re.search(r"\b" + re.escape(attr) + r"\b", base_text):
+                return None  # the base class may provide it (or mentions it somehow): unknown
+            continue
+        if name not in classes:
+            return None  # a base defined elsewhere: unknown
+        bases, names = classes[name]
+        if attr in names:
+            return True
+        todo.extend(bases)
     return False

@@ -85,3 +85,102 @@ def escaping_read(source: str | None, producer: Node, value: Var, matched: list[
             continue
         return line
     return None
+
+
+# ---------------------------------------------------------------- attribute reads per class
+
+
+@lru_cache(maxsize=8)
+def class_attribute_reads(source: str) -> dict[str, tuple[tuple[str, ...], dict[str, dict[str, tuple[tuple[int, int], ...]]]]]:
+    """class name -> (in-file base names, method name -> attribute -> (line, col) of every
+    ``self.<attribute>`` in that method), for every module-level class, ``__init__`` left out.
+
+    From the ``ast`` (comments and strings do not count, unlike ``ClassInfo.attr_uses``);
+    stores count as well as loads (a method rebinding the attribute also depends on it).
+    """
+    from adopter.rules._source import parse_file
+
+    tree = parse_file(source)
+    if tree is None:
+        return {}
+    out: dict = {}
+    for cls in _module_level_classes(tree.body):
+        bases = tuple(
+            b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in cls.bases
+        )
+        methods: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {}
+        for fn in cls.body:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name == "__init__":
+                continue
+            params = fn.args.posonlyargs + fn.args.args
+            self_name = params[0].arg if params else "self"
+            reads: dict[str, list[tuple[int, int]]] = {}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == self_name:
+                    reads.setdefault(node.attr, []).append((node.lineno, node.col_offset))
+            methods[fn.name] = {k: tuple(v) for k, v in reads.items()}
+        if cls.name in out:
+            # defined twice (``if is_x_available(): class A ... else: class A ...``): either may run
+            old_bases, old_methods = out[cls.name]
+            for m, reads in old_methods.items():
+                merged = dict(methods.get(m, {}))
+                for k, v in reads.items():
+                    merged[k] = tuple(sorted(set(merged.get(k, ())) | set(v)))
+                methods[m] = merged
+            bases = tuple(dict.fromkeys(old_bases + bases))
+        out[cls.name] = (bases, methods)
+    return out
+
+
+def _module_level_classes(body: list[ast.stmt]):
+    """Classes defined at module level, also inside ``if``/``try``/``with`` blocks."""
+    for stmt in body:
+        if isinstance(stmt, ast.ClassDef):
+            yield stmt
+        elif isinstance(stmt, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody"):
+                yield from _module_level_classes(getattr(stmt, block, []) or [])
+            for handler in getattr(stmt, "handlers", []) or []:
+                yield from _module_level_classes(handler.body)
+
+
+def attribute_uses_in_class_family(source: str | None, class_name: str, attr: str) -> list[tuple[int, int, str]] | None:
+    """Every ``self.<attr>`` outside ``__init__`` that can run on an instance of ``class_name`` or
+    of a subclass defined in the same file: (line, col, ``Class.method``). Methods of in-file
+    base classes count unless ``class_name`` (or a nearer base) overrides them; methods of
+    in-file subclasses all count (they inherit the same ``__init__`` binding). None when the
+    source cannot be parsed."""
+    if source is None:
+        return None
+    classes = class_attribute_reads(source)
+    if class_name not in classes:
+        return None
+    found: list[tuple[int, int, str]] = []
+    # the class and its in-file ancestors, nearest first (method resolution)
+    defined: set[str] = set()
+    todo, seen = [class_name], set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in classes:
+            continue
+        seen.add(name)
+        bases, methods = classes[name]
+        for method, reads in methods.items():
+            if method in defined:
+                continue
+            defined.add(method)
+            found.extend((line, col, f"{name}.{method}") for line, col in reads.get(attr, ()))
+        todo.extend(bases)
+    # in-file descendants
+    family = {class_name}
+    changed = True
+    while changed:
+        changed = False
+        for name, (bases, _methods) in classes.items():
+            if name not in family and any(b in family for b in bases):
+                family.add(name)
+                changed = True
+    for name in family - {class_name}:
+        for method, reads in classes[name][1].items():
+            found.extend((line, col, f"{name}.{method}") for line, col in reads.get(attr, ()))
+    return sorted(set(found))

@@ -8,6 +8,7 @@ from adopter.dsl import Var
 from adopter.match import MatchContext
 from adopter.rules import Rule
 from adopter.rules._common import const_text, distinct_modules, kwarg
+from adopter.rules._source_uses import attribute_uses_in_class_family
 
 DSL = """
 rule fused_QKV
@@ -29,7 +30,11 @@ query, key and value projections (one each; the attribute name contains a token
 calls may come in any order. Not a match: cross-attention (k/v read another tensor
 than q); an already fused ``qkv``/``c_attn`` projection; Linears of other roles reading
 the same input (gate/up projections); projections with different in-features text or
-differing ``bias`` (Whisper's bias-free ``k_proj``)."""
+differing ``bias`` (Whisper's bias-free ``k_proj``); a projection module used anywhere else
+in the class — another call in the same function (LongT5's side keys ``self.k(global_inputs)``),
+the other branch of ``if is_cross_attention`` (k/v of ``encoder_hidden_states``: BROS,
+ConvBERT), another method, a subclass in the same file — since ``FusedQKV`` replaces the
+three modules."""
 
 _ROLE_TOKENS = {
     "q": {"q", "query", "queries", "wq", "toq", "qproj", "qlin", "qs"},
@@ -71,10 +76,29 @@ def _same_bias(ctx: MatchContext) -> str | None:
     return None
 
 
+def _modules_used_only_here(ctx: MatchContext) -> str | None:
+    """Each q/k/v module is used (called, read, rebound) only at the matched call sites in the
+    whole class family: the fused module replaces all three, so any other use would lose its module."""
+    if ctx.cls is None or ctx.source is None:
+        return None
+    matched = {(mn.node.span.line, mn.node.span.col) for mn in ctx.match.nodes if mn.node.span is not None}
+    for name in ("$a", "$b", "$c"):
+        v = ctx.binding(name)
+        if not isinstance(v, Var) or not v.name.startswith("self."):
+            continue
+        uses = attribute_uses_in_class_family(ctx.source, ctx.cls.name, v.name[len("self."):])
+        if uses is None:
+            return f"cannot read the uses of {v.name} in class {ctx.cls.name}"
+        for line, col, where in uses:
+            if (line, col) not in matched:
+                return f"{v.name} is also used at line {line} ({where}): fusing would remove the module"
+    return None
+
+
 RULE = Rule(
     name="fused_QKV",
     kernel="adopter.kernels.FusedQKV",
     doc=DOC,
     dsl=DSL,
-    preconditions=(distinct_modules("$a", "$b", "$c"), _roles_are_qkv, _same_bias),
+    preconditions=(distinct_modules("$a", "$b", "$c"), _roles_are_qkv, _same_bias, _modules_used_only_here),
 )
