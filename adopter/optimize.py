@@ -640,8 +640,10 @@ def optimize(
             return None, f"rewritten class cannot be built: {_one_line(exc)}"
         return check_equivalence(subject.model, candidate, subject.example_inputs), ""
 
+    # Rules in the order given (their priority when two do not combine), then any others.
+    order = {getattr(r, "name", str(r)): i for i, r in enumerate(rule_objects)}
     by_rule: dict[str, list[Match]] = {}
-    for m in candidates:
+    for m in sorted(candidates, key=lambda m: order.get(m.rule, len(order))):
         by_rule.setdefault(m.rule, []).append(m)
 
     accepted: dict[str, list[Match]] = {}

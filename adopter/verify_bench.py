@@ -131,10 +131,29 @@ def peak_step_memory(step: Callable[[], None], device: torch.device) -> tuple[in
     return _cpu_allocator_peak(step), "peak torch CPU allocator delta over a training step (profiler, CPU)"
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """The profiler's native library logs start/stop lines straight to file descriptor 2,
+    in the middle of the command's report; send them to /dev/null while it runs."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _cpu_allocator_peak(step: Callable[[], None]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")

@@ -40,6 +40,8 @@ class SoftmaxCodemod(Codemod):
         if len(exprs) != 1 or not isinstance(exprs[0][1], ast.Call) or not isinstance(exprs[0][0], Layer):
             raise Skip("expected one softmax call")
         node, call = exprs[0]
+        if isinstance(call.func, ast.Call):
+            return self._inline_module(ctx, call)
         if node.type == "torch.nn.Softmax" or is_self_attr(call.func):
             return self._module(match, ctx, call)
         signature = SIGNATURES.get(node.type)
@@ -59,6 +61,23 @@ class SoftmaxCodemod(Codemod):
         if "dtype" in args:
             keywords.append(f"dtype={arg_text(ctx, args['dtype'])}")
         text = f"{local}({arg_text(ctx, args['input'])}, {', '.join(keywords)})"
+        stmt = ctx.statement_of(call)
+        forward = ForwardEdit(
+            statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt), expr_edits=(ExprEdit(ctx.char_span(call), text),)
+        )
+        return Edit(rule=self.rule, forward=forward, imports=(spec,))
+
+    def _inline_module(self, ctx: FileContext, call: ast.Call) -> Edit:
+        """``nn.Softmax(dim=-1)(x)`` -> ``softmax(x, dim=-1)``."""
+        ctor = call.func
+        name = ctor.func.attr if isinstance(ctor.func, ast.Attribute) else getattr(ctor.func, "id", "")
+        if name != "Softmax" or len(call.args) != 1 or call.keywords:
+            raise Skip("inline module call is not nn.Softmax(dim)(x)")
+        args = call_arguments(ctor, ("dim",))
+        if "dim" not in args:
+            raise Skip("nn.Softmax() without dim (implicit dim is deprecated and ambiguous)")
+        spec, local = kernel_name(ctx, "softmax")
+        text = f"{local}({arg_text(ctx, call.args[0])}, dim={arg_text(ctx, args['dim'])})"
         stmt = ctx.statement_of(call)
         forward = ForwardEdit(
             statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt), expr_edits=(ExprEdit(ctx.char_span(call), text),)

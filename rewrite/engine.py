@@ -259,6 +259,9 @@ class FileRewrite:
         }
 
 
+MAX_PASSES = 3
+
+
 def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: bool = False) -> FileRewrite:
     """Scan ``path`` with ``rules`` (all when None), rewrite, and write when asked.
 
@@ -275,20 +278,36 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
         from adopter.rules import all_rules
 
         rules = all_rules()
-    try:
-        matches = scan_source(source.text, name, list(rules))
-    except SyntaxError as exc:
-        return FileRewrite(name, "failed", reason=f"syntax error: {exc.msg} (line {exc.lineno})")
-    except RecursionError:
-        return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
-    if not matches:
-        return FileRewrite(name, "unchanged")
-    result = rewrite_source(source.text, matches, filename=name)
-    if result.error:
-        status = "skipped" if result.error.startswith("fissix") else "failed"
-        return FileRewrite(name, status, result.outcomes, reason=result.error)
-    if not result.changed:
-        return FileRewrite(name, "unchanged", result.outcomes)
+    rules = list(rules)
+    # Scan and rewrite until nothing is left: the matcher reports one match per set of
+    # lines, so two calls on one line need a second pass. A run therefore reaches the
+    # fixed point and running it again changes nothing.
+    text = source.text
+    outcomes: list[MatchOutcome] = []
+    for _ in range(MAX_PASSES):
+        try:
+            matches = scan_source(text, name, rules)
+        except SyntaxError as exc:
+            return FileRewrite(name, "failed", reason=f"syntax error: {exc.msg} (line {exc.lineno})")
+        except RecursionError:
+            return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
+        if not matches:
+            break
+        result = rewrite_source(text, matches, filename=name)
+        if result.error:
+            if text != source.text:
+                break  # keep what earlier passes achieved
+            status = "skipped" if result.error.startswith("fissix") else "failed"
+            return FileRewrite(name, status, result.outcomes, reason=result.error)
+        # Later passes only add what is new: matches skipped again are reported once.
+        outcomes.extend(result.applied if outcomes else result.outcomes)
+        if not result.changed:
+            break
+        text = result.new_text
+    if text == source.text:
+        return FileRewrite(name, "unchanged", outcomes)
+    diff = unified_diff(source.text, text, name)
+    result = RewriteResult(new_text=text, outcomes=outcomes, diff=diff)
     written = False
     if write:
         new_source = source.with_text(result.new_text)

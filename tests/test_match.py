@@ -222,3 +222,73 @@ forward:
     # a path that does not run the second statement does not veto
     only_q = nodes("torch.nn.Linear@self.q(h) -> q")
     assert len(match_structures(structures([self_path, only_q], init), [rule])) == 1
+
+
+CONV_SOURCE = '''
+from torch import nn
+
+
+class DepthwiseConv2d(nn.Conv2d):
+    def __init__(self, in_channels, kernel_size=3):
+        super().__init__(in_channels=in_channels, out_channels=in_channels, kernel_size=kernel_size,
+                         groups=in_channels)
+
+
+class DeeperConv2d(DepthwiseConv2d):
+    pass
+
+
+class PaddedConv2d(nn.Conv2d):
+    def forward(self, x):
+        return super().forward(nn.functional.pad(x, (1, 1, 1, 1)))
+
+
+class Layer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.conv = DepthwiseConv2d(d, kernel_size=3)
+        self.deeper = DeeperConv2d(d)
+        self.padded = PaddedConv2d(d, d, 3)
+        self.norm = nn.BatchNorm2d(d)
+        self.norm2 = nn.BatchNorm2d(d)
+        self.norm3 = nn.BatchNorm2d(d)
+
+    def forward(self, x):
+        a = self.norm(self.conv(x))
+        b = self.norm2(self.deeper(x))
+        c = self.norm3(self.padded(x))
+        return a + b + c
+'''
+
+CBN = """
+rule CBN
+init:
+    torch.nn.Conv2d($cin, $cout) -> $conv; torch.nn.BatchNorm2d($nf) -> $bn
+    => k.Fused($cin, $cout) -> $conv
+forward:
+    torch.nn.Conv2d@$conv($x) -> $c; torch.nn.BatchNorm2d@$bn($c) -> $out
+    => k.Fused@$conv($x) -> $out
+"""
+
+
+def test_same_file_layer_subclass_matches_as_its_torch_parent_when_the_rule_opts_in():
+    from adopter.extract import extract_source
+    from adopter.match import layer_subclass_aliases
+
+    s = extract_source(CONV_SOURCE, "modeling_toy.py")
+    aliases = layer_subclass_aliases(s, CONV_SOURCE)
+    # forward inherited (also through a same-file base) -> Conv2d; own forward -> not a Conv2d
+    assert {k.rsplit(".", 1)[-1] for k, v in aliases.items() if v == "torch.nn.Conv2d"} == {
+        "DepthwiseConv2d", "DeeperConv2d"}
+    assert not any(k.endswith("PaddedConv2d") for k in aliases)
+    assert layer_subclass_aliases(s, None) == {}
+
+    opted_in = Rule("CBN", "k.Fused", "t", CBN, match_subclasses=True)
+    found = match_structures(s, [opted_in], source=CONV_SOURCE)
+    assert sorted(m.lines[0] for m in found) == [31, 32]
+    # the matched node keeps its own type (the rewrite must know it is a subclass)
+    assert all(m.nodes[0].node.type.endswith(("DepthwiseConv2d", "DeeperConv2d")) for m in found)
+    # the subclass's constructor arguments are not matched against Conv2d's signature
+    assert all("$cout" not in m.init_bindings for m in found)
+    # rules that do not opt in (the built-in Conv_BatchNorm today) see only torch.nn.Conv2d
+    assert match_structures(s, [Rule("CBN", "k.Fused", "t", CBN)], source=CONV_SOURCE) == []

@@ -30,11 +30,15 @@ EDITS = {
     "bad": ("self.norm(h + x)", "self.norm(h - x)"),  # computes something else
     "softmax": ("torch.softmax(", "torch.nn.functional.softmax("),  # equivalent
     "noload": ("torch.relu(h)", "torch.relu(h) +"),  # rewritten source does not compile
+    # each equivalent alone, not together: "cond" reads the flag that "flag" sets
+    "flag": ("_FLAG = False", "_FLAG = True"),
+    "cond": ("torch.relu(h)", "torch.relu(h) * (2.0 if _FLAG else 1.0)"),
 }
+RIDES_ON_GOOD = {"noload", "cond"}
 
 
 def _fake_scan(files, rules):
-    """One match per line marked ``# MARK <rule>`` (``noload`` rides on the ``good`` mark)."""
+    """One match per line marked ``# MARK <rule>`` (some rules ride on the ``good`` mark)."""
     wanted = {r.name for r in rules}
     matches = []
     for path in files:
@@ -43,7 +47,7 @@ def _fake_scan(files, rules):
                 continue
             mark = line.split("# MARK ")[1].strip()
             for rule in wanted:
-                if rule == mark or (rule == "noload" and mark == "good"):
+                if rule == mark or (rule in RIDES_ON_GOOD and mark == "good"):
                     span = Span(number, 0, number, len(line), "forward", number, number)
                     node = Layer(type="marked", span=span)
                     matches.append(Match(rule, path, None, "forward", (MatchedNode(0, node),)))
@@ -138,6 +142,17 @@ def test_rewrite_that_does_not_load_is_dropped_with_reason(toy):
     report = Optimized.adopter_report
     assert report.applied_rules == ["softmax"]
     assert any(s.rule == "noload" and "fails to load" in s.reason for s in report.skipped)
+
+
+def test_rules_equivalent_alone_but_not_together_keep_the_first(toy):
+    Optimized = optimize(
+        toy.ToyModel, rules=_rules("cond", "flag", "softmax"), init_kwargs={"width": 8},
+        example_inputs=(torch.randn(5, 8),), pipeline=PIPELINE,
+    )  # fmt: skip
+    report = Optimized.adopter_report
+    assert report.applied_rules == ["cond", "softmax"]
+    assert any(s.rule == "flag" and "in combination" in s.reason for s in report.skipped)
+    assert report.equivalence.equivalent
 
 
 def test_untraceable_model_gives_static_result_with_warning(toy):

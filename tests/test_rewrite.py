@@ -5,19 +5,39 @@ from __future__ import annotations
 import ast
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from adopter.dsl import Layer, Span
 from adopter.rewrite import rewrite_file, rewrite_source
 from adopter.rules import all_rules
 from adopter.scan import scan_source
+from adopter.structures import Match, MatchedNode
 
-sys.path.insert(0, str(Path(__file__).parent))
-from rewrite_helpers import matmul_match  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite"
+
+
+def matmul_match(text: str, rule: str, function: str, class_name: str | None = None) -> Match:
+    """A match whose nodes are the two matmuls (score and output) of ``function``."""
+    tree = ast.parse(text)
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function.split(".")[-1])
+    calls = [
+        n
+        for n in ast.walk(fn)
+        if (isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "matmul")
+        or (isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult))
+    ]
+    calls.sort(key=lambda n: (n.lineno, n.col_offset))
+    nodes = []
+    for index, call in enumerate(calls):
+        stmt = next(s for s in ast.walk(fn) if isinstance(s, ast.stmt) and s.lineno <= call.lineno <= s.end_lineno
+                    and not isinstance(s, (ast.FunctionDef, ast.If)))
+        span = Span(call.lineno, call.col_offset, call.end_lineno, call.end_col_offset, function, stmt.lineno, stmt.end_lineno)
+        nodes.append(MatchedNode(index, Layer("torch.matmul", span=span)))
+    return Match(rule=rule, file="<test>", class_name=class_name, function=function, nodes=tuple(nodes))
+
 
 # fixture -> rules expected to be applied (the scanner's matches drive these)
 SCANNED = {
@@ -442,3 +462,48 @@ def test_loader_resolves_relative_imports(tmp_path, monkeypatch):
     assert load_rewritten_module(original, new_text) is module
     with pytest.raises(ImportError):
         load_rewritten_module(original, "from .missing import nothing\n")
+
+
+def test_two_matches_on_one_line_reach_fixed_point_in_one_run(tmp_path):
+    text = '''from torch import nn
+
+
+class M(nn.Module):
+    def forward(self, s):
+        p = nn.functional.softmax(s, dim=1) * nn.functional.softmax(s, 2)
+        q = nn.Softmax(dim=-1)(s)
+        return p + q
+'''
+    path = _write(tmp_path / "m.py", text.encode())
+    first = rewrite_file(path, write=True)
+    assert first.status == "changed"
+    new = path.read_text()
+    assert "p = softmax(s, dim=1) * softmax(s, dim=2)" in new
+    assert "q = softmax(s, dim=-1)" in new
+    second = rewrite_file(path, write=True)
+    assert second.status == "unchanged" and path.read_text() == new
+
+
+def test_scanned_bert_attention_is_equivalent():
+    """With the real scanner the classic BertSelfAttention gets both the attention core
+    and the fused q/k/v projection; the result computes the same thing."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    before = (FIXTURES / "bert_attention.before.py").read_text()
+    result = _scan_rewrite(before, "bert_attention.py")
+    applied = {o.match.rule for o in result.applied}
+    assert {"BertSelfAttention", "fused_QKV"} <= applied, result.outcomes
+    modules = []
+    for text in (before, result.new_text):
+        module = types.ModuleType("m")
+        exec(compile(text, "m.py", "exec"), module.__dict__)
+        modules.append(module)
+    torch.manual_seed(0)
+    reference = modules[0].BertSelfAttention(_Cfg()).eval()
+    candidate = modules[1].BertSelfAttention(_Cfg()).eval()
+    candidate.load_state_dict(reference.state_dict(), strict=True)
+    x = torch.randn(2, 5, 8)
+    mask = torch.zeros(2, 1, 1, 5)
+    mask[0, ..., 4] = -1e4
+    torch.testing.assert_close(candidate(x, mask), reference(x, mask), atol=1e-5, rtol=1e-5)

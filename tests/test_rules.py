@@ -129,3 +129,78 @@ def test_config_defaults_follow_the_annotated_config_class(tmp_path):
     assert config_defaults(str(modeling), "hidden_act", "ToyVisionConfig") == frozenset({"gelu"})
     assert config_defaults(str(modeling), "hidden_act", "ToyTextConfig") == frozenset({"silu"})
     assert config_defaults(str(tmp_path / "other.py"), "hidden_act") is None
+
+
+def _toy_transformers(tmp_path, config_body: str, base_body: str = "    return_dict: bool = True\n"):
+    """tmp/transformers/{configuration_utils.py, models/toy/{configuration_toy.py, modeling_toy.py}}"""
+    root = tmp_path / "transformers"
+    (root / "models" / "toy").mkdir(parents=True)
+    (root / "configuration_utils.py").write_text("class PreTrainedConfig:\n" + base_body)
+    (root / "models" / "toy" / "configuration_toy.py").write_text(
+        "from ...configuration_utils import PreTrainedConfig\n\n\n" + config_body)
+    return root / "models" / "toy" / "modeling_toy.py"
+
+
+def test_config_defines_follows_in_file_bases_up_to_pretrained_config(tmp_path):
+    from adopter.rules._config_defaults import config_defines
+
+    modeling = _toy_transformers(
+        tmp_path,
+        'class ToyConfig(PreTrainedConfig):\n    """summary_activation in the docstring only"""\n'
+        '    hidden_act: str = "gelu"\n    attribute_map = {"n_act": "hidden_act"}\n\n'
+        "class ToySubConfig(ToyConfig):\n    extra: int = 1\n\n"
+        "class ToyOtherConfig(ExternalConfig):\n    pass\n",
+        base_body="    return_dict: bool = True\n    summary_type = None\n",
+    )
+    m = str(modeling)
+    assert config_defines(m, "hidden_act", "ToyConfig") is True
+    assert config_defines(m, "n_act", "ToyConfig") is True  # attribute_map alias
+    assert config_defines(m, "summary_activation", "ToyConfig") is False  # docstrings do not define
+    assert config_defines(m, "hidden_act", "ToySubConfig") is True  # through the in-file base
+    assert config_defines(m, "summary_activation", "ToySubConfig") is False
+    assert config_defines(m, "summary_type", "ToyConfig") is None  # the base class may provide it
+    assert config_defines(m, "summary_activation", "ToyOtherConfig") is None  # base not in the file
+    assert config_defines(m, "summary_activation", "NoSuchConfig") is None
+    assert config_defines(m, "summary_activation") is None  # ToyOtherConfig's base is unknown
+    other = _toy_transformers(tmp_path / "b", "class ToyConfig(PreTrainedConfig):\n    hidden_act = 'gelu'\n")
+    assert config_defines(str(other), "summary_activation") is False  # every config class checked
+    (tmp_path / "b" / "transformers" / "configuration_utils.py").unlink()
+    assert config_defines(str(other).replace("toy", "toy2"), "x") is None  # no such configuration file
+
+
+SUMMARY = '''
+from torch import nn
+
+from ...activations import get_activation
+from .configuration_toy import ToyConfig
+
+
+class ToySequenceSummary(nn.Module):
+    def __init__(self, config: ToyConfig):
+        super().__init__()
+        self.summary = nn.Linear(config.hidden_size, config.hidden_size)
+        activation_string = getattr(config, "summary_activation", None)
+        self.activation = get_activation(activation_string) if activation_string else nn.Identity()
+
+    def forward(self, hidden_states):
+        return self.activation(self.summary(hidden_states[:, 0]))
+'''
+
+
+def test_getattr_default_applies_only_when_no_configuration_defines_the_attribute(tmp_path):
+    from adopter.scan import scan_paths
+
+    def scan(config_body):
+        # a fresh directory each time: configuration files are read once per path (cached)
+        modeling = _toy_transformers(tmp_path / str(len(list(tmp_path.iterdir()))), config_body)
+        modeling.write_text(SUMMARY)
+        report = scan_paths([modeling], get_rules(["biased_GeLU"]))
+        assert report.errors == []
+        return report.matches
+
+    body = "class ToyConfig(PreTrainedConfig):\n    hidden_size: int = 8\n"
+    assert scan(body) == []  # getattr default None: nn.Identity
+    assert len(scan(body + '    summary_activation: str = "gelu"\n')) == 1
+    # the annotated class lacks it but another configuration of the model defines a GeLU default:
+    # the passed config may be that one (CLVP annotates ClvpConfig, passes ClvpEncoderConfig)
+    assert len(scan(body + '\nclass ToyDecoderConfig(PreTrainedConfig):\n    summary_activation = "gelu"\n')) == 1

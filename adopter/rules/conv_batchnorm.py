@@ -22,8 +22,8 @@ match is a ``torch.nn.Conv2d`` module call whose output is directly the input of
 batch norm sits in a branch the convolution does not (paper Fig. 3/5: DPT
 ``if self.use_batch_norm``) — with both modules bound in ``__init__``. Not a match:
 functional ``F.conv2d``/``F.batch_norm``; Conv2d subclasses (EfficientNet's depthwise
-``EfficientNetDepthwiseConv2d``: its constructor is not Conv2d's); Conv1d/Conv3d/ConvTranspose2d; BatchNorm1d/3d,
-SyncBatchNorm or other norms; any op (activation, padding, reshape) between the two; a
+``EfficientNetDepthwiseConv2d``: its constructor is not Conv2d's); Conv1d/Conv3d/
+ConvTranspose2d; BatchNorm1d/3d, SyncBatchNorm or other norms; any op (activation, padding, reshape) between the two; a
 convolution output that is also read elsewhere; layers inside ``nn.Sequential``
 containers (not extracted as separate calls)."""
 

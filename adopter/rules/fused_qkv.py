@@ -76,9 +76,26 @@ def _same_bias(ctx: MatchContext) -> str | None:
     return None
 
 
+def _binding_owner(ctx: MatchContext, attr: str) -> str:
+    """The class whose ``__init__`` binds ``attr``: the matched class or its nearest in-file base."""
+    by_name = {c.name: c for c in ctx.structures.classes}
+    todo, seen = [ctx.cls.name], set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        if any(ib.attr == attr for ib in by_name[name].init_bindings):
+            return name
+        todo.extend(b.rsplit(".", 1)[-1] for b in by_name[name].bases)
+    return ctx.cls.name
+
+
 def _modules_used_only_here(ctx: MatchContext) -> str | None:
-    """Each q/k/v module is used (called, read, rebound) only at the matched call sites in the
-    whole class family: the fused module replaces all three, so any other use would lose its module."""
+    """Each q/k/v module is used (called, read, rebound) only at the matched call sites in every
+    class sharing its ``__init__`` binding (the binding class, its in-file subclasses, the
+    in-file base methods they inherit): the fused module replaces all three, so any other use
+    would lose its module."""
     if ctx.cls is None or ctx.source is None:
         return None
     matched = {(mn.node.span.line, mn.node.span.col) for mn in ctx.match.nodes if mn.node.span is not None}
@@ -86,9 +103,10 @@ def _modules_used_only_here(ctx: MatchContext) -> str | None:
         v = ctx.binding(name)
         if not isinstance(v, Var) or not v.name.startswith("self."):
             continue
-        uses = attribute_uses_in_class_family(ctx.source, ctx.cls.name, v.name[len("self."):])
+        owner = _binding_owner(ctx, v.name)
+        uses = attribute_uses_in_class_family(ctx.source, owner, v.name[len("self."):])
         if uses is None:
-            return f"cannot read the uses of {v.name} in class {ctx.cls.name}"
+            return f"cannot read the uses of {v.name} in class {owner}"
         for line, col, where in uses:
             if (line, col) not in matched:
                 return f"{v.name} is also used at line {line} ({where}): fusing would remove the module"
