@@ -64,7 +64,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     import torch
 
     from adopter.cli import UserError
-    from adopter.optimize import AdopterWarning, OptimizeError, optimize, optimize_instance, shrink_config
+    from adopter.optimizer import AdopterWarning, OptimizeError, optimize, optimize_instance, shrink_config
     from adopter.tracing import TracingError, build_model, make_example_inputs
     from adopter.verify import check_equivalence
 

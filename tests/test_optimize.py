@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from adopter.dsl import Layer, Span
-from adopter.optimize import (
+from adopter.optimizer import (
     AdopterWarning,
     Pipeline,
     RewriteOutput,
@@ -219,7 +219,7 @@ def test_load_rewritten_modules_restores_original_imports(toy):
 def test_shrink_config_keeps_heads_dividing_hidden():
     from transformers import BertConfig, T5Config
 
-    from adopter.optimize import shrink_config
+    from adopter.optimizer import shrink_config
 
     small = shrink_config(BertConfig())
     assert small.num_hidden_layers == 2 and small.hidden_size % small.num_attention_heads == 0
@@ -370,7 +370,7 @@ def test_untraceable_class_gives_static_result_with_warning_real_pipeline(monkey
 
 
 def test_class_defined_in_main_script_is_refused():
-    from adopter.optimize import OptimizeError
+    from adopter.optimizer import OptimizeError
 
     Script = type("Script", (torch.nn.Module,), {"__module__": "__main__"})
     with pytest.raises(OptimizeError, match="__main__"):

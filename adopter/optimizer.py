@@ -751,16 +751,3 @@ def optimize_instance(model, example_inputs, make: Callable[[type], Any], **kwar
     return optimize(
         type(model), _subject=_Subject(model, example_inputs, make, getattr(model, "config", None)), **kwargs
     )
-
-
-
-class _CallableModule(type(sys)):
-    """``adopter.optimize`` is both this module and the function: importing the submodule
-    sets the package attribute ``adopter.optimize`` to the module, so ``from adopter import
-    optimize`` may give the module; calling it must still optimize."""
-
-    def __call__(self, *args, **kwargs):
-        return optimize(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
