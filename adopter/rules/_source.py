@@ -40,6 +40,11 @@ def _lines(source: str) -> tuple[str, ...]:
     return tuple(source.split("\n"))
 
 
+def source_lines(source: str) -> tuple[str, ...]:
+    """The source's lines (``lines[n - 1]`` is line ``n``), split once per source."""
+    return _lines(source)
+
+
 @lru_cache(maxsize=1024)
 def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
     """The ``FunctionDef`` of ``qualname`` (``Cls.method`` or ``fn``) whose body holds

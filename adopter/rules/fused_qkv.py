@@ -8,6 +8,7 @@ from adopter.dsl import Var
 from adopter.match import MatchContext
 from adopter.rules import Rule
 from adopter.rules._common import const_text, distinct_modules, kwarg
+from adopter.rules._source import source_lines
 from adopter.rules._source_uses import attribute_uses_in_class_family
 
 DSL = """
@@ -91,6 +92,49 @@ def _binding_owner(ctx: MatchContext, attr: str) -> str:
     return ctx.cls.name
 
 
+def _class_family(ctx: MatchContext, owner: str) -> list:
+    """ClassInfo of ``owner``, its in-file bases (transitively) and its in-file subclasses."""
+    by_name = {c.name: c for c in ctx.structures.classes}
+    short_bases = {c.name: [b.rsplit(".", 1)[-1] for b in c.bases] for c in ctx.structures.classes}
+    family, todo = set(), [owner]
+    while todo:  # bases
+        name = todo.pop()
+        if name in by_name and name not in family:
+            family.add(name)
+            todo.extend(short_bases[name])
+    subclasses, changed = {owner}, True
+    while changed:
+        changed = False
+        for name, bases in short_bases.items():
+            if name not in subclasses and any(b in subclasses for b in bases):
+                subclasses.add(name)
+                changed = True
+    return [by_name[n] for n in sorted(family | subclasses) if n in by_name]
+
+
+def _may_have_other_uses(ctx: MatchContext, attr: str, owner: str) -> bool:
+    """Cheap screen with ``ClassInfo.attr_uses`` (lines reading ``self.<attr>``): False when every
+    such line of the class family is a matched line holding no more mentions of the attribute
+    than matched calls through it. Conservative (comments count, all base methods count); a
+    True goes to the exact ``ast`` check."""
+    per_line: dict[int, int] = {}
+    for mn in ctx.match.nodes:
+        module = getattr(mn.node, "module", None)
+        if mn.node.span is not None and isinstance(module, Var) and module.name == attr:
+            per_line[mn.node.span.line] = per_line.get(mn.node.span.line, 0) + 1
+    lines = None
+    mention = re.compile(r"\bself\." + re.escape(attr[len("self."):]) + r"(?![A-Za-z_0-9])")
+    for cls in _class_family(ctx, owner):
+        for line in cls.attr_uses.get(attr, ()):
+            if line not in per_line:
+                return True
+            if lines is None:
+                lines = source_lines(ctx.source)
+            if line - 1 >= len(lines) or len(mention.findall(lines[line - 1])) > per_line[line]:
+                return True
+    return False
+
+
 def _modules_used_only_here(ctx: MatchContext) -> str | None:
     """Each q/k/v module is used (called, read, rebound) only at the matched call sites in every
     class sharing its ``__init__`` binding (the binding class, its in-file subclasses, the
@@ -104,6 +148,8 @@ def _modules_used_only_here(ctx: MatchContext) -> str | None:
         if not isinstance(v, Var) or not v.name.startswith("self."):
             continue
         owner = _binding_owner(ctx, v.name)
+        if not _may_have_other_uses(ctx, v.name, owner):
+            continue
         uses = attribute_uses_in_class_family(ctx.source, owner, v.name[len("self."):])
         if uses is None:
             return f"cannot read the uses of {v.name} in class {owner}"
