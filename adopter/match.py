@@ -184,7 +184,7 @@ def _bind(pv: Value, cv: Value | None, b: Bindings) -> Bindings | None:
     if cv is None:
         return None
     if isinstance(pv, Var):
-        if pv.is_abstract:
+        if pv.name[:1] == "$":  # pv.is_abstract, without the property call (hot path)
             bound = b.get(pv.name)
             if bound is None:
                 nb = dict(b)

@@ -204,3 +204,26 @@ def test_getattr_default_applies_only_when_no_configuration_defines_the_attribut
     # the annotated class lacks it but another configuration of the model defines a GeLU default:
     # the passed config may be that one (CLVP annotates ClvpConfig, passes ClvpEncoderConfig)
     assert len(scan(body + '\nclass ToyDecoderConfig(PreTrainedConfig):\n    summary_activation = "gelu"\n')) == 1
+
+
+@pytest.mark.parametrize("fixture, line, reason", [
+    ("fused_QKV/negative_cross_attention.py", 15, "self.key is also used at line 18"),
+    ("fused_QKV/negative_side_keys.py", 17, "self.k is also used at line 20"),
+    ("fused_QKV/negative_other_uses.py", 15, "self.k_proj is also used at line 18 (OtherMethod.keys_only)"),
+    ("fused_QKV/negative_other_uses.py", 29, "(Flash.forward)"),
+    ("fused_QKV/negative_other_uses.py", 37, "(Base.forward)"),
+    ("biased_GeLU/transformers/models/toyhead/modeling_toyhead.py", 64,
+     "defaults to None (not GeLU) in ToyHeadConfig, which defines no summary_activation (getattr default)"),
+    ("biased_GeLU/transformers/models/toyhead/modeling_toyhead.py", 48, "defaults to 'silu'"),
+    ("biased_GeLU/transformers/models/toyhead/modeling_toyhead.py", 79, "defines no pooler_hidden_act"),
+])
+def test_rejections_say_why(fixture, line, reason):
+    from adopter.extract import extract_source
+    from adopter.match import match_structures
+
+    path = FIXTURES / fixture
+    text = path.read_text()
+    rejected = []
+    match_structures(extract_source(text, str(path)), all_rules(), rejected, source=text)
+    reasons = [m.reason for m in rejected if m.lines and m.lines[0] == line]
+    assert any(reason in r for r in reasons), reasons

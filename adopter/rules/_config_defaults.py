@@ -60,6 +60,16 @@ def _defaults_of_file(path: str) -> dict[str, dict[str, frozenset]]:
     return per_class
 
 
+@lru_cache(maxsize=1024)
+def _is_file(path: str) -> bool:
+    return Path(path).is_file()
+
+
+@lru_cache(maxsize=256)
+def _configuration_files(directory: str) -> list[Path]:
+    return sorted(Path(directory).glob("configuration_*.py"))
+
+
 def config_defaults(modeling_file: str, attr: str, config_class: str | None = None) -> frozenset | None:
     """Default values of ``attr`` in the configuration file(s) next to ``modeling_file``
     (None inside the set when one is not a literal): of ``config_class`` when it is given and
@@ -68,10 +78,10 @@ def config_defaults(modeling_file: str, attr: str, config_class: str | None = No
     if not p.name.startswith("modeling_"):
         return None
     candidates = [p.with_name("configuration_" + p.name[len("modeling_"):])]
-    candidates += sorted(p.parent.glob("configuration_*.py"))
+    candidates += _configuration_files(str(p.parent))
     merged: set = set()
     for c in candidates:
-        if not c.is_file():
+        if not _is_file(str(c)):
             continue
         classes = _defaults_of_file(str(c))
         if config_class and config_class in classes:
@@ -234,7 +244,7 @@ def config_defines(modeling_file: str, attr: str, config_class: str | None = Non
     if not p.name.startswith("modeling_"):
         return None
     own = p.with_name("configuration_" + p.name[len("modeling_"):])
-    if not own.is_file():
+    if not _is_file(str(own)):
         return None
     classes = _config_classes_of_file(str(own))
     if config_class is not None:
