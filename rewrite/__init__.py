@@ -5,6 +5,13 @@
     load_rewritten_module(original_module, new_text) -> module   (adopter.rewrite.loader)
 """
 
-from adopter.rewrite.engine import FileRewrite, MatchOutcome, RewriteResult, codemods, rewrite_file, rewrite_source
+from adopter.rewrite.engine import (
+    FileRewrite,
+    MatchOutcome,
+    RewriteResult,
+    codemods,
+    rewrite_file,
+    rewrite_source,
+)
 
 __all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemods", "rewrite_file", "rewrite_source"]

@@ -8,9 +8,9 @@ using only this module; :mod:`adopter.rewrite.apply` then performs the edit on t
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Iterator
 
 from adopter.dsl import Span
 

@@ -7,12 +7,11 @@ one that receives the kernel call are cleared the same way.
 
 from __future__ import annotations
 
-from fissix.pgen2 import token
-from fissix.pygram import python_symbols as syms
-
 from adopter.rewrite import cst
 from adopter.rewrite.analysis import Skip
 from adopter.rewrite.edits import Edit, Extent, Pos
+from fissix.pgen2 import token
+from fissix.pygram import python_symbols as syms
 
 KERNELS_MODULE = "adopter.kernels"
 

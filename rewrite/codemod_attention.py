@@ -22,7 +22,15 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from adopter.rewrite.analysis import FileContext, Skip, is_self_attr, literal, loads, simple_assign_target, stores
+from adopter.rewrite.analysis import (
+    FileContext,
+    Skip,
+    is_self_attr,
+    literal,
+    loads,
+    simple_assign_target,
+    stores,
+)
 from adopter.rewrite.codemod_base import (
     Codemod,
     arg_text,
@@ -32,6 +40,7 @@ from adopter.rewrite.codemod_base import (
     register,
 )
 from adopter.rewrite.edits import Edit, ForwardEdit, StatementEdit
+
 from adopter.structures import Match
 
 CASTS = {"type", "to", "type_as", "float", "half", "bfloat16"}

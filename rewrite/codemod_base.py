@@ -11,10 +11,10 @@ the same at their new place, attributes the kernel takes over are not used elsew
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
-from adopter.dsl import Layer, TensorOp
 from adopter.rewrite.analysis import (
     FileContext,
     Skip,
@@ -24,10 +24,11 @@ from adopter.rewrite.analysis import (
     simple_assign_target,
     stores,
 )
-from adopter.rewrite.edits import Edit, ExprEdit, ForwardEdit, InitEdit, Pos
+from adopter.rewrite.edits import Edit, ExprEdit, ForwardEdit, Pos
+
 from adopter.structures import InitBinding, Match
 
-REGISTRY: dict[str, "Codemod"] = {}
+REGISTRY: dict[str, Codemod] = {}
 
 
 def register(cls):
@@ -154,10 +155,6 @@ def format_call(callee: str, positional: list[str], keywords: list[tuple[str, st
     return f"{callee}({', '.join(parts)})"
 
 
-def layer_type(node: object) -> str:
-    return node.type if isinstance(node, Layer) else (f"op {node.op}" if isinstance(node, TensorOp) else "?")
-
-
 # ---------------------------------------------------------------- init placement
 
 
@@ -173,9 +170,7 @@ def place_construction(
     the kept one, as ``["test/body", ...]``). Conditional placement is only allowed
     *below* the kept statement (the DPT ``if self.use_batch_norm:`` case)."""
     init_fn = ctx.enclosing_function(kept)
-    owner, _, _ = ctx.block_of(kept)
     chain_kept = ctx.enclosing_ifs(kept, init_fn)
-    candidates = [kept] + [s for s in absorbed]
     later = [s for s in absorbed if (s.lineno, s.col_offset) > (kept.lineno, kept.col_offset)]
     # Names the construction reads that are (re)bound between the kept statement and later absorbed ones.
     if later:
@@ -198,7 +193,6 @@ def place_construction(
         return target, [f"{t}/{b}" for t, b in chain_target[len(chain_kept):]]
     if needs_later:
         return max(later, key=lambda s: (s.lineno, s.col_offset)), []
-    del candidates, owner
     return kept, []
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 
-from adopter.dsl import Layer
 from adopter.rewrite.analysis import FileContext, Skip, call_arguments, is_self_attr
 from adopter.rewrite.codemod_base import (
     ChainPlan,
@@ -24,13 +23,15 @@ from adopter.rewrite.codemod_base import (
     attr_used_elsewhere,
     forward_condition_chain,
     init_statement,
-    matched_exprs,
     match_function,
+    matched_exprs,
     place_construction,
     pos,
     register,
 )
 from adopter.rewrite.edits import Edit, InitEdit
+
+from adopter.dsl import Layer
 from adopter.structures import Match
 
 BN_SIG = ("num_features", "eps", "momentum", "affine", "track_running_stats", "device", "dtype")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 
-from adopter.dsl import Layer
 from adopter.rewrite.analysis import FileContext, Skip, call_arguments, is_literal, is_self_attr, literal
 from adopter.rewrite.codemod_base import (
     ChainPlan,
@@ -24,12 +23,14 @@ from adopter.rewrite.codemod_base import (
     attr_used_elsewhere,
     format_call,
     init_statement,
-    matched_exprs,
     match_function,
+    matched_exprs,
     pos,
     register,
 )
 from adopter.rewrite.edits import Edit, InitEdit
+
+from adopter.dsl import Layer
 from adopter.structures import Match
 
 KERNEL = "FusedLinearBiasGeLU"
@@ -146,7 +147,7 @@ class BiasedGeLU(Codemod):
         fn = match_function(match, ctx, exprs)
         if len(exprs) != 2:
             raise Skip("expected a Linear call and a GeLU call")
-        (lin_node, lin), (act_node, act) = exprs
+        (_, lin), (act_node, act) = exprs
         if not isinstance(lin, ast.Call) or not isinstance(act, ast.Call):
             raise Skip("Linear and GeLU must be calls")
         lin_attr = is_self_attr(lin.func)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 
-from adopter.dsl import Layer, TensorOp
 from adopter.rewrite.analysis import FileContext, Skip, call_arguments, is_self_attr
 from adopter.rewrite.codemod_base import (
     ChainPlan,
@@ -22,13 +21,15 @@ from adopter.rewrite.codemod_base import (
     attr_used_elsewhere,
     format_call,
     init_statement,
-    matched_exprs,
     match_function,
+    matched_exprs,
     place_construction,
     pos,
     register,
 )
 from adopter.rewrite.edits import Edit, InitEdit
+
+from adopter.dsl import Layer, TensorOp
 from adopter.structures import Match
 
 KERNEL = "FusedDropoutAddLayerNorm"
@@ -112,7 +113,6 @@ class DropoutLayerNorm(Codemod):
         if cond:
             raise Skip("Dropout and LayerNorm are constructed under different conditions")
         if target is not norm_stmt and keep_dropout:
-            target = drop_stmt_init
             raise Skip("the construction would need values bound after the LayerNorm")
         deletes = [] if keep_dropout else [s for s in (drop_stmt_init, norm_stmt) if s is not target]
         plan = ChainPlan(ctx, fn, [drop, add, norm])

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 import ast
 
-from adopter.rewrite.analysis import FileContext, Skip, call_arguments, is_self_attr, literal, loads, simple_assign_target, stores
+from adopter.rewrite.analysis import (
+    FileContext,
+    Skip,
+    call_arguments,
+    is_self_attr,
+    literal,
+    loads,
+    simple_assign_target,
+    stores,
+)
 from adopter.rewrite.codemod_base import (
     Codemod,
     arg_text,
@@ -25,12 +34,13 @@ from adopter.rewrite.codemod_base import (
     fresh_attr,
     fresh_local,
     init_statement,
-    matched_exprs,
     match_function,
+    matched_exprs,
     pos,
     register,
 )
 from adopter.rewrite.edits import Edit, ExprEdit, ForwardEdit, InitEdit, StatementEdit
+
 from adopter.structures import Match
 
 KERNEL = "FusedQKV"
@@ -40,7 +50,7 @@ LINEAR_SIG = ("in_features", "out_features", "bias", "device", "dtype")
 def _role(attr: str) -> str | None:
     try:
         from adopter.rules.fused_qkv import projection_role
-    except Exception:  # pragma: no cover - the rule module is another team's
+    except ImportError:  # pragma: no cover - the rule module is another team's
         projection_role = None
     if projection_role is not None:
         return projection_role(attr)
@@ -99,7 +109,7 @@ class FusedQKVCodemod(Codemod):
                 raise Skip("a projection Linear lacks in/out features")
             if "device" in a or "dtype" in a:
                 raise Skip("a projection Linear passes device=/dtype=")
-        texts = lambda key: [ast.unparse(a[key]) if key in a else None for a in args]  # noqa: E731
+        texts = lambda key: [ast.unparse(a[key]) if key in a else None for a in args]
         if len(set(texts("in_features"))) != 1:
             raise Skip("the projections have different in_features")
         bias = set(texts("bias"))

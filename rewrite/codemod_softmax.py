@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 
-from adopter.dsl import Layer
 from adopter.rewrite.analysis import FileContext, Skip, call_arguments, is_self_attr
 from adopter.rewrite.codemod_base import (
     Codemod,
@@ -21,6 +20,8 @@ from adopter.rewrite.codemod_base import (
     register,
 )
 from adopter.rewrite.edits import Edit, ExprEdit, ForwardEdit, InitEdit
+
+from adopter.dsl import Layer
 from adopter.structures import Match
 
 SIGNATURES = {

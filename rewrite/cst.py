@@ -10,7 +10,7 @@ keep that invariant so ``str(tree)`` always round-trips to valid source.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from fissix import pygram, pytree
 from fissix.pgen2 import driver as pgen_driver
@@ -64,10 +64,6 @@ def unparse(tree: Node, original: str) -> str:
 # ------------------------------------------------------------------ navigation
 
 
-def leaves(node: LN) -> Iterator[Leaf]:
-    return node.leaves()
-
-
 def first_leaf(node: LN) -> Leaf:
     while isinstance(node, Node):
         node = node.children[0]
@@ -98,50 +94,11 @@ def block_of(stmt: LN) -> Node:
     return stmt.parent
 
 
-def statement_at_line(root: Node, line: int) -> LN | None:
-    """The innermost statement that starts on ``line`` (ast ``stmt.lineno`` semantics;
-    for a decorated def that is the ``def`` line... we return the decorated node)."""
-    best = None
-    for leaf in root.leaves():
-        if leaf.lineno == line and leaf.type not in (token.INDENT, token.DEDENT, token.NEWLINE):
-            stmt = enclosing_statement_or_none(leaf)
-            if stmt is not None:
-                best = stmt
-            break
-        if leaf.lineno > line:
-            break
-    return best
-
-
 def enclosing_statement_or_none(node: LN) -> LN | None:
     try:
         return enclosing_statement(node)
     except LookupError:
         return None
-
-
-def node_at(root: Node, line: int, col: int, end_line: int, end_col: int) -> LN | None:
-    """The largest node whose text spans exactly ``(line, col)``..``(end_line, end_col)``
-    (columns in characters). ``None`` when no node has exactly that extent."""
-    start_leaf = None
-    for leaf in root.leaves():
-        if leaf.lineno == line and leaf.column == col:
-            start_leaf = leaf
-            break
-        if leaf.lineno > line:
-            break
-    if start_leaf is None:
-        return None
-    candidate = None
-    node: LN | None = start_leaf
-    while node is not None and first_leaf(node) is start_leaf:
-        el, ec = end_position(node)
-        if (el, ec) == (end_line, end_col):
-            candidate = node
-        elif (el, ec) > (end_line, end_col):
-            break
-        node = node.parent
-    return candidate
 
 
 def end_position(node: LN) -> tuple[int, int]:

@@ -7,7 +7,7 @@ convention); statements are named by where they start. The transformation
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 Pos = tuple[int, int]  # (line, char column) where a statement starts
 Extent = tuple[int, int, int, int]  # (line, col, end_line, end_col) of an expression
@@ -64,6 +64,4 @@ class Edit:
     rule: str
     forward: ForwardEdit | None
     init: tuple[InitEdit, ...] = ()
-    imports: tuple[str, ...] = ()  # names imported from adopter.kernels
-    # Lines (original numbering) this edit touches; overlapping edits are not combined.
-    lines: frozenset[int] = field(default_factory=frozenset)
+    imports: tuple[str, ...] = ()  # names imported from adopter.kernels (``name`` or ``name as alias``)

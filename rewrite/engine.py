@@ -10,17 +10,18 @@ discarded as a whole: the file stays as it was and every match reports why.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from adopter.rewrite import cst
 from adopter.rewrite.analysis import FileContext, Skip
 from adopter.rewrite.apply import add_kernel_imports, apply_edit
 from adopter.rewrite.edits import Edit
-from adopter.rewrite.source_io import SourceText, read_source, unified_diff, write_atomic
+from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
+
 from adopter.structures import Match
 
-__all__ = ["MatchOutcome", "RewriteResult", "FileRewrite", "rewrite_source", "rewrite_file", "codemods"]
+__all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemods", "rewrite_file", "rewrite_source"]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ class SourceText:
     has_bom: bool = False
 
     @classmethod
-    def decode(cls, data: bytes) -> "SourceText":
+    def decode(cls, data: bytes) -> SourceText:
         """Decode like the interpreter does; raises ``SyntaxError``/``UnicodeDecodeError``."""
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         has_bom = encoding == "utf-8-sig"
@@ -40,7 +40,7 @@ class SourceText:
         text = raw.replace("\r\n", "\n").replace("\r", "\n")
         return cls(text=text, encoding=encoding, newline=newline, has_bom=has_bom)
 
-    def with_text(self, text: str) -> "SourceText":
+    def with_text(self, text: str) -> SourceText:
         return SourceText(text=text, encoding=self.encoding, newline=self.newline, has_bom=self.has_bom)
 
     def restore(self) -> str:

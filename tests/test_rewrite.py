@@ -8,13 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from adopter.rewrite import rewrite_file, rewrite_source
 
 from adopter.dsl import Layer, Span
-from adopter.rewrite import rewrite_file, rewrite_source
 from adopter.rules import all_rules
 from adopter.scan import scan_source
 from adopter.structures import Match, MatchedNode
-
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite"
 

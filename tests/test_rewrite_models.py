@@ -10,10 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from adopter.rewrite import rewrite_source  # noqa: E402
-from adopter.rewrite.loader import load_rewritten_module  # noqa: E402
-from adopter.rules import all_rules  # noqa: E402
-from adopter.scan import scan_source  # noqa: E402
+from adopter.rewrite import rewrite_source
+from adopter.rewrite.loader import load_rewritten_module
+
+from adopter.rules import all_rules
+from adopter.scan import scan_source
 
 
 def _rewrite_module(module_name: str, config, rules=None):
@@ -67,7 +68,7 @@ def _compare_grads(candidate, grads_ref):
     for name, grad in grads_ref.items():
         # Gradients of sum(out**2) scale with the outputs: tolerance relative to their size.
         scale = max(1.0, float(grad.abs().max()))
-        torch.testing.assert_close(grad_sd[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(grad_sd[name], grad, atol=1e-5 * scale, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def _applied(result):
