@@ -121,8 +121,14 @@ class Match:
         return [mn.node.span.line for mn in self.nodes if mn.node.span is not None]
 
     def key(self) -> tuple:
-        """Identity for de-duplication across paths: same rule on the same statements."""
-        return (self.rule, self.file, self.class_name, tuple(self.lines))
+        """Identity for de-duplication across paths: same rule on the same expressions.
+
+        Positions include columns: two calls on one line (``softmax(a, 1) * softmax(a, 2)``)
+        are two matches."""
+        positions = tuple(
+            (mn.node.span.line, mn.node.span.col) for mn in self.nodes if mn.node.span is not None
+        )
+        return (self.rule, self.file, self.class_name, positions)
 
     def to_json(self) -> dict:
         return {
