@@ -62,11 +62,14 @@ __all__ = [
     "RuleLike",
     "class_init_bindings",
     "layer_subclass_aliases",
+    "optional_inputs",
+    "optional_module_attrs",
     "match_init",
     "match_pattern",
     "match_structures",
     "reads",
     "uses_outside",
+    "variant_rank",
 ]
 
 # Parameter names of layer constructors / functions whose arguments rules bind.
@@ -568,6 +571,136 @@ def _local_type_names(structures: FileStructures, class_name: str) -> list[str]:
     return [f"{stem}.{class_name}", class_name]
 
 
+# ---------------------------------------------------------------- preferred path variant
+
+
+def optional_module_attrs(structures: FileStructures, cls: ClassInfo | None, source: str | None) -> frozenset:
+    """``self.<attr>`` modules that some instances of ``cls`` do not have: bound in
+    ``__init__`` (of the class or the same-file base that binds it) only on some branches.
+
+    GPT-2's ``self.q_attn`` is built under ``if self.is_cross_attention:`` alone, while
+    ``self.c_attn`` is built on both branches of that ``if``: ``q_attn`` is optional. With the
+    source, a binding counts as always present when every way through its function assigns
+    the attribute (both branches of each ``if`` on the way; a branch that raises counts as
+    assigning; ``x if c else None``/``c and x`` values do not). Without the source (callers
+    that only have structures), an attribute bound under a condition at a single site is
+    taken as optional and one bound at several sites as built on alternative branches.
+    """
+    if cls is None:
+        return frozenset()
+    by_name = {c.name: c for c in structures.classes}
+    bindings: dict[str, list[InitBinding]] = {}
+    seen: set[str] = set()
+    todo = [cls]
+    while todo:
+        c = todo.pop(0)
+        if c.name in seen:
+            continue
+        seen.add(c.name)
+        here: dict[str, list[InitBinding]] = {}
+        for ib in c.init_bindings:
+            if ib.container is None and ib.attr not in bindings:
+                here.setdefault(ib.attr, []).append(ib)
+        bindings.update(here)  # the class closest to ``cls`` that binds an attribute decides
+        todo.extend(by_name[b.rsplit(".", 1)[-1]] for b in c.bases if b.rsplit(".", 1)[-1] in by_name)
+    optional = set()
+    for attr, ibs in bindings.items():
+        if any(not ib.conditional for ib in ibs):
+            continue
+        if source is not None and _always_assigned_in_source(source, attr, ibs):
+            continue
+        if source is None and len({ib.span.line for ib in ibs if ib.span is not None}) > 1:
+            continue
+        optional.add(attr)
+    return frozenset(optional)
+
+
+def _always_assigned_in_source(source: str, attr: str, ibs: list[InitBinding]) -> bool:
+    from adopter.rules._source import function_ast  # the matcher's source helper
+
+    first = next((ib for ib in ibs if ib.span is not None and ib.span.function), None)
+    if first is None:
+        return False
+    fn = function_ast(source, first.span.function, first.span.line)
+    if fn is None:
+        return False
+    return _block_assigns(getattr(fn, "body", []), attr.split(".", 1)[-1])
+
+
+def _block_assigns(body: list[ast.stmt], attr: str) -> bool:
+    """Whether every way through ``body`` assigns ``self.<attr>`` a value that is not optional."""
+    for st in body:
+        if isinstance(st, ast.Raise):
+            return True  # this way never completes: nothing is missing on it
+        if isinstance(st, (ast.Assign, ast.AnnAssign)):
+            targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+            if any(
+                isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                and t.attr == attr for t in targets
+            ) and st.value is not None and not isinstance(st.value, (ast.IfExp, ast.BoolOp, ast.Constant)):
+                return True
+        elif isinstance(st, ast.If):
+            if _block_assigns(st.body, attr) and _block_assigns(st.orelse, attr):
+                return True
+        elif isinstance(st, (ast.With, ast.AsyncWith, ast.Try)):
+            if _block_assigns(st.body, attr):
+                return True
+    return False
+
+
+def optional_inputs(fs: FunctionStructures, source: str | None) -> frozenset:
+    """Parameters of the entry function that default to ``None`` (``encoder_hidden_states=None``):
+    inputs the caller may not pass. Needs the source (none without it)."""
+    if source is None or fs.span is None:
+        return frozenset()
+    from adopter.rules._source import function_ast  # the matcher's source helper
+
+    qual = f"{fs.class_name}.{fs.function}" if fs.class_name else fs.function
+    fn = function_ast(source, qual, fs.span.line + 1)
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return frozenset()
+    a = fn.args
+    positional = a.posonlyargs + a.args
+    pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+    pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+    return frozenset(p.arg for p, d in pairs if isinstance(d, ast.Constant) and d.value is None)
+
+
+def variant_rank(m: Match, optional_attrs: frozenset, optional_args: frozenset = frozenset()) -> tuple[int, int, int]:
+    """Order of preference between path variants of one match (the same core statements,
+    :func:`_dedup_key`) that differ in the nodes a precondition added (``extra_nodes``:
+    attention projections, a position-bias add). Lower is better:
+
+    1. fewer nodes calling a module that only some instances have
+       (:func:`optional_module_attrs`): the variant that runs in every configuration of the
+       class — GPT-2's self-attention path through ``self.c_attn`` rather than the
+       cross-attention path through ``self.q_attn`` (built only with
+       ``is_cross_attention=True``), which a plain GPT-2 never executes;
+    2. fewer nodes reading an input of the entry function that defaults to ``None``
+       (:func:`optional_inputs`): ``self.key(hidden_states)`` rather than
+       ``self.key(encoder_hidden_states)`` on the ``if encoder_hidden_states is not None:``
+       branch (ConvBERT, 2023 BERT) — the branch a caller that does not pass the input runs;
+    3. more matched nodes: the path that runs more of the matched computation (T5's
+       ``if position_bias is not None: scores = scores + position_bias`` taken);
+    4. ties keep the variant found first (path order).
+
+    Only the choice between variants of one place depends on this, never whether a match
+    exists. The trace confirms the reported lines, so the variant reported is the one a
+    model in its common configuration executes.
+    """
+    optional = reads_optional = 0
+    for mn in m.nodes:
+        module = getattr(mn.node, "module", None)
+        if isinstance(module, Var) and module.name in optional_attrs:
+            optional += 1
+        if optional_args and any(
+            isinstance(a.value, Var) and a.value.version == 0 and a.value.name in optional_args
+            for a in getattr(mn.node, "args", ())
+        ):
+            reads_optional += 1
+    return (optional, reads_optional, -len(m.nodes))
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -610,7 +743,14 @@ def _match_path(
     source: str | None = None,
     found_on: dict | None = None,
     path_id: tuple = (),
+    ranks: dict | None = None,
+    optional_attrs: frozenset = frozenset(),
+    optional_args: frozenset = frozenset(),
 ) -> None:
+    """Match ``rule`` on one path into ``accepted``/``rejected`` (keyed by :func:`_dedup_key`).
+
+    With ``ranks`` (key -> :func:`variant_rank`), a key accepted on an earlier path is
+    replaced by a later path's variant that ranks better (see :func:`variant_rank`)."""
     veto = getattr(rule, "veto_across_paths", True)
     rehome = getattr(rule, "rehome", True)
     for variant in rule.variants:
@@ -633,7 +773,7 @@ def _match_path(
                 found_on.setdefault(key, set()).add(path_id)
             if veto and key in rejected:
                 continue
-            if not veto and key in accepted:
+            if not veto and key in accepted and ranks is None:
                 continue
             ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant, path_cache=path_cache,
                                source=source)
@@ -656,8 +796,16 @@ def _match_path(
                 rejected.setdefault(key, replace(homed, reason=reason))
                 if veto:
                     accepted.pop(key, None)
+                    if ranks is not None:
+                        ranks.pop(key, None)
                 continue
-            accepted.setdefault(key, homed)
+            if ranks is None:
+                accepted.setdefault(key, homed)
+                continue
+            rank = variant_rank(homed, optional_attrs, optional_args)
+            if key not in accepted or rank < ranks[key]:
+                accepted[key] = homed
+                ranks[key] = rank
 
 
 def match_structures(
@@ -679,11 +827,17 @@ def match_structures(
     rejected_by_rule: list[dict] = [{} for _ in rules]
     found_on: list[dict] = [{} for _ in rules]
     key_cache: dict[int, str | None] = {}
+    ranks: list[dict] = [{} for _ in rules]
+    optional_by_class: dict[str | None, frozenset] = {}
     aliases = layer_subclass_aliases(structures, source) if any(
         getattr(r, "match_subclasses", False) for r in rules) else {}
     for f_index, fs in enumerate(structures.functions):
         cls = classes.get(fs.class_name) if fs.class_name else None
         init_list = class_init_bindings(structures, cls)
+        if fs.class_name not in optional_by_class:
+            optional_by_class[fs.class_name] = optional_module_attrs(structures, cls, source)
+        optional_attrs = optional_by_class[fs.class_name]
+        optional_args = optional_inputs(fs, source)
         for p_index, path in enumerate(fs.paths):
             index = _PathIndex(path.nodes, key_cache)
             aliased_index = None
@@ -695,7 +849,8 @@ def match_structures(
                         aliased_index = _PathIndex(path.nodes, {}, aliases)
                     use = aliased_index
                 _match_path(rule, structures, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
-                            path_cache, source, found_on[i], (f_index, p_index))
+                            path_cache, source, found_on[i], (f_index, p_index), ranks[i], optional_attrs,
+                            optional_args)
     span_sets: dict[tuple[int, int], frozenset] = {}
     for i, rule in enumerate(rules):
         if getattr(rule, "veto_across_paths", True):

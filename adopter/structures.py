@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from adopter.dsl import Layer, Node, Span, Value
+from adopter.dsl import Layer, Node, RuleText, Span, Value
 
 # ---------------------------------------------------------------- extraction
 
@@ -115,6 +115,9 @@ class Match:
     init_bindings: dict[str, Value] = field(default_factory=dict)
     status: MatchStatus = "static"
     reason: str = ""
+    # The rule variant whose patterns matched (when the matcher records it): the generic
+    # codemod synthesizes the rewrite from its target patterns.
+    variant: RuleText | None = field(default=None, compare=False, repr=False)
 
     @property
     def lines(self) -> list[int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from adopter.rewrite import cst
 from adopter.rewrite.analysis import FileContext, Skip
 from adopter.rewrite.apply import add_kernel_imports, apply_edit
+from adopter.rewrite.codemod_generic import generic_codemod, register_rules
 from adopter.rewrite.edits import Edit
 from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
 
@@ -165,7 +166,8 @@ def rewrite_source(
             outcomes[index] = MatchOutcome(match, False, "duplicate of an earlier match")
             continue
         seen_keys[key] = index
-        codemod = registry.get(match.rule)
+        # Rules without a hand-written codemod (user rules): synthesized from their DSL target.
+        codemod = registry.get(match.rule) or generic_codemod(match)
         if codemod is None:
             outcomes[index] = MatchOutcome(match, False, f"no codemod for rule {match.rule}")
             continue
@@ -280,6 +282,7 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
 
         rules = all_rules()
     rules = list(rules)
+    register_rules(rules)  # user rules' DSL for the generic codemod
     # Scan and rewrite until nothing is left: the matcher reports one match per set of
     # lines, so two calls on one line need a second pass. A run therefore reaches the
     # fixed point and running it again changes nothing.

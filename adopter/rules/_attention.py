@@ -205,6 +205,10 @@ class AttentionFacts:
     position_bias_in_function: bool  # on any path of the entry function (T5 skips it when None)
     rotary: str | None  # what rotary / repeat_kv code runs before the scores, if any
 
+    def bias_adds(self) -> list[Node]:
+        """The score ops of this path that add a position bias (``scores + position_bias``)."""
+        return [n for n in self.score_ops if _is_bias_add(n)]
+
     def projections(self) -> list[Node]:
         out = []
         for s in (self.q, self.k, self.v):
@@ -217,6 +221,10 @@ def _is_bias_name(v: Value) -> bool:
     name = v.name if isinstance(v, Var) else getattr(v, "text", "")
     last = name.rsplit(".", 1)[-1].lower()
     return "position_bias" in last or last in ("pos_bias", "rel_pos_bias", "relative_position_bias")
+
+
+def _is_bias_add(n: Node) -> bool:
+    return isinstance(n, TensorOp) and n.op == "+" and any(_is_bias_name(a.value) for a in n.args)
 
 
 _ROTARY_MARKERS = ("rotary", "rope", "repeat_kv", "rotate_half", "apply_rotary")
@@ -249,7 +257,7 @@ def _function_has_position_bias(ctx: MatchContext) -> bool:
             if id(n) in seen:
                 continue
             seen.add(id(n))
-            if isinstance(n, TensorOp) and n.op == "+" and any(_is_bias_name(a.value) for a in n.args):
+            if _is_bias_add(n):
                 found = True
                 break
         if found:
@@ -279,10 +287,7 @@ def analyse(ctx: MatchContext) -> AttentionFacts | str:
         result = "the key operand is not a transposed key tensor"
     else:
         k_var = next(iter(_var_args(kt)), None)
-        position_bias = any(
-            isinstance(n, TensorOp) and n.op == "+" and any(_is_bias_name(a.value) for a in n.args)
-            for n in score_ops
-        )
+        position_bias = any(_is_bias_add(n) for n in score_ops)
         result = AttentionFacts(
             q=trace_operand(nodes, b["$q"]),
             k=trace_operand(nodes, k_var) if k_var is not None else Source("other"),

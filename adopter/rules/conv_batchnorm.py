@@ -37,5 +37,5 @@ RULE = Rule(
     # rewrite builds FusedConv2dBatchNorm2d from the subclass's own constructor arguments
     # (no out_channels/groups there) and produces a model that fails to build. Turn on once
     # rewrite/codemod_batchnorm.py skips or maps constructors other than torch.nn.Conv2d.
-    match_subclasses=False,
+    match_subclasses=True,
 )

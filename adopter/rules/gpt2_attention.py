@@ -26,15 +26,17 @@ cross-attention). One match per class. Not a match: three separate q/k/v Linears
 position-biased scores, rotary or ``repeat_kv`` operands."""
 
 
-def _has_split_projection(ctx: MatchContext) -> bool:
+def _split_projections(ctx: MatchContext) -> list[Layer]:
+    """Projections whose output is split (``self.c_attn(x).split(...)``) on the path before the core."""
     prod = ctx.producers()
+    found: list[Layer] = []
     for n in ctx.path.nodes[: ctx.node_indices[0]]:
         if isinstance(n, Layer) and n.type in ("torch.Tensor.split", "torch.split", "torch.Tensor.chunk"):
             src = n.args[0].value if n.args else None
             p = prod.get((src.name, src.version)) if hasattr(src, "version") else None
-            if p is not None and is_projection(p):
-                return True
-    return False
+            if p is not None and is_projection(p) and p not in found:
+                found.append(p)
+    return found
 
 
 def _is_gpt2_attention(ctx: MatchContext) -> str | None:
@@ -47,11 +49,13 @@ def _is_gpt2_attention(ctx: MatchContext) -> str | None:
     if facts.rotary:
         return f"rotary embedding / repeat_kv code ({facts.rotary}) runs before the scores"
     kinds = (facts.k.kind, facts.v.kind)
+    split_projections: list[Layer] = []
     if kinds == ("split", "split"):
         if not same_value(facts.k.module, facts.v.module):
             return "key and value are not split from the same projection"
     elif set(kinds) <= {"split", "input"}:
-        if not _has_split_projection(ctx):
+        split_projections = _split_projections(ctx)
+        if not split_projections:
             return "key/value cannot be traced and no fused projection is split on the path"
     else:
         return f"key/value come from {describe(facts.k)} / {describe(facts.v)}, not a split fused projection"
@@ -59,7 +63,7 @@ def _is_gpt2_attention(ctx: MatchContext) -> str | None:
         return f"query comes from {describe(facts.q)}"
     if facts.position_bias_in_function:
         return "a position bias is added to the scores (T5Attention)"
-    ctx.extra["extra_nodes"] = facts.projections()
+    ctx.extra["extra_nodes"] = facts.projections() + [p for p in split_projections if p not in facts.projections()]
     return None
 
 

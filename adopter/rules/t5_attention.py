@@ -41,7 +41,9 @@ def _is_t5_attention(ctx: MatchContext) -> str | None:
         return "q, k and v do not come from three distinct projections"
     if not facts.position_bias_in_function:
         return "no position bias is added to the scores"
-    ctx.extra["extra_nodes"] = facts.projections()
+    # The bias add is part of what the kernel computes (``bias=``): report it with the core
+    # when this path takes it; the matcher prefers such a path (adopter.match.variant_rank).
+    ctx.extra["extra_nodes"] = facts.projections() + facts.bias_adds()
     return None
 
 
