@@ -226,17 +226,6 @@ def test_fresh_attribute_avoids_collisions():
 # ---------------------------------------------------------------- CLI
 
 
-def _cli_takes_rules_file() -> bool:
-    import argparse
-
-    from adopter.commands import rewrite as command
-
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    return any("--rules-file" in a.option_strings for a in parser._actions)
-
-
-@pytest.mark.skipif(not _cli_takes_rules_file(), reason="adopter rewrite has no --rules-file option yet")
 def test_cli_rewrite_with_rules_file_shows_diff(tmp_path, capsys):
     from adopter.cli import main
 

@@ -21,49 +21,44 @@ def add_arguments(parser):
     mode.add_argument("--write", action="store_true", help="write the rewritten files (atomic, keeps encoding/newlines)")
     mode.add_argument("--check", action="store_true", help="exit 1 when any file would change; writes nothing")
     parser.add_argument("--rules", metavar="NAME,...", help="comma-separated rule names (default: all built-in rules)")
+    parser.add_argument("--rules-file", metavar="FILE", action="append", default=[],
+                        help="rules written in the DSL, applied by synthesis from their target patterns; used "
+                             "instead of the built-in rules unless --rules also names some; may repeat")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
                         help="worker processes (default: CPU count; 1 = in process)")
     parser.add_argument("--verbose", "-v", action="store_true", help="also list every skipped match with its reason")
 
 
-def _rewrite_one(task: tuple[str, tuple[str, ...] | None, bool]):
-    """Worker: rules travel by name (rule objects hold closures that do not pickle)."""
-    path, rule_names, write = task
-    from adopter.rewrite import rewrite_file
-    from adopter.rules import all_rules, get_rules
+def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
+    """Worker: rules travel as their names and rule files (rule objects hold closures that do
+    not pickle) and are rebuilt here exactly as the parent validated them."""
+    import argparse
 
-    rules = get_rules(list(rule_names)) if rule_names else all_rules()
+    from adopter.commands.scan import select_rules
+    from adopter.rewrite import FileRewrite, rewrite_file
+
+    path, rule_names, rule_files, write = task
+    rules = select_rules(argparse.Namespace(rules=rule_names, rules_file=list(rule_files)))
     try:
         return rewrite_file(path, rules, write=write)
     except Exception as exc:  # one bad file must not stop the run
-        from adopter.rewrite import FileRewrite
-
         return FileRewrite(path, "failed", reason=f"internal error: {exc!r}")
 
 
 def run(args) -> int:
     from adopter.cli import UserError
-    from adopter.rules import UnknownRuleError, get_rules
+    from adopter.commands.scan import select_rules
     from adopter.scan import collect_files
 
-    rule_names = None
-    if args.rules:
-        names = tuple(n.strip() for n in args.rules.split(",") if n.strip())
-        try:
-            get_rules(list(names))
-        except UnknownRuleError as exc:
-            raise UserError(str(exc)) from None
-        if not names:
-            raise UserError("--rules names no rule")
-        rule_names = names
+    select_rules(args)  # validate names and rule files once, with one-line errors
     try:
         files = [str(f) for f in collect_files(args.paths)]
     except (FileNotFoundError, PermissionError) as exc:
         raise UserError(str(exc)) from None
     if args.jobs < 0:
         raise UserError("--jobs must be >= 0")
-    tasks = [(f, rule_names, bool(args.write)) for f in files]
+    tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write)) for f in files]
     jobs = args.jobs or min(os.cpu_count() or 1, max(len(tasks), 1))
     if jobs <= 1 or len(tasks) <= 1:
         results = [_rewrite_one(t) for t in tasks]
