@@ -34,7 +34,11 @@ Node matching details (all documented because rules depend on them):
 
 Results are de-duplicated with :meth:`Match.key` after re-homing: a match whose nodes all
 lie in one function other than the entry (a helper inlined into several ``forward``s,
-e.g. ``eager_attention_forward``) is reported once, under that function.
+e.g. ``eager_attention_forward``) is reported once, under that function. When the same
+statements match on several paths and preconditions add different nodes on each (attention
+projections: GPT-2's ``self.q_attn`` on the cross-attention path, ``self.c_attn`` on the
+self-attention one), the variant reported is the best by :func:`variant_rank`: the one that
+runs in every configuration of the class and without optional inputs.
 """
 
 from __future__ import annotations
@@ -62,11 +66,11 @@ __all__ = [
     "RuleLike",
     "class_init_bindings",
     "layer_subclass_aliases",
-    "optional_inputs",
-    "optional_module_attrs",
     "match_init",
     "match_pattern",
     "match_structures",
+    "optional_inputs",
+    "optional_module_attrs",
     "reads",
     "uses_outside",
     "variant_rank",
@@ -521,7 +525,9 @@ def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
 # ---------------------------------------------------------------- same-file layer subclasses
 
 
-def layer_subclass_aliases(structures: FileStructures, source: str | None) -> dict[str, str]:
+def layer_subclass_aliases(
+    structures: FileStructures, source: str | None, layer_types: Iterable[str] | None = None
+) -> dict[str, str]:
     """Layer types defined in the file that behave as a ``torch.nn`` layer: type -> that layer.
 
     A class qualifies when it derives (directly or through classes of the same file) from a
@@ -529,9 +535,16 @@ def layer_subclass_aliases(structures: FileStructures, source: str | None) -> di
     bases define any method but ``__init__`` — its forward is the torch layer's
     (``class EfficientNetDepthwiseConv2d(nn.Conv2d)`` only fixes ``groups`` in ``__init__``).
     Needs the source (methods are read from its ``ast``); without it, none qualifies.
+    ``layer_types`` (the torch layers the rules name) limits the parents looked for.
     """
     if source is None or not structures.classes:
         return {}
+    wanted = set(layer_types) if layer_types is not None else None
+    if not any(
+        b.startswith("torch.nn.") and b.rsplit(".", 1)[-1] not in _NOT_LAYERS and (wanted is None or b in wanted)
+        for c in structures.classes for b in c.bases
+    ):
+        return {}  # no class derives from such a layer: skip reading the methods (parses the file)
     from adopter.rules._source_uses import class_attribute_reads  # the matcher's source helper
 
     methods_of = {name: methods for name, (_bases, methods) in class_attribute_reads(source).items()}
@@ -567,7 +580,7 @@ _NOT_LAYERS = {"Module", "ModuleList", "ModuleDict", "Sequential", "ParameterLis
 def _local_type_names(structures: FileStructures, class_name: str) -> list[str]:
     """How extraction names a layer of a class defined in the scanned file (``modeling_x.Cls``)."""
     stem = structures.file.replace("\\", "/").rsplit("/", 1)[-1]
-    stem = stem[:-3] if stem.endswith(".py") else stem
+    stem = stem.removesuffix(".py")
     return [f"{stem}.{class_name}", class_name]
 
 
@@ -639,12 +652,10 @@ def _block_assigns(body: list[ast.stmt], attr: str) -> bool:
                 and t.attr == attr for t in targets
             ) and st.value is not None and not isinstance(st.value, (ast.IfExp, ast.BoolOp, ast.Constant)):
                 return True
-        elif isinstance(st, ast.If):
-            if _block_assigns(st.body, attr) and _block_assigns(st.orelse, attr):
-                return True
-        elif isinstance(st, (ast.With, ast.AsyncWith, ast.Try)):
-            if _block_assigns(st.body, attr):
-                return True
+        elif (isinstance(st, ast.If) and _block_assigns(st.body, attr) and _block_assigns(st.orelse, attr)) or (
+            isinstance(st, (ast.With, ast.AsyncWith, ast.Try)) and _block_assigns(st.body, attr)
+        ):
+            return True
     return False
 
 
@@ -701,6 +712,38 @@ def variant_rank(m: Match, optional_attrs: frozenset, optional_args: frozenset =
     return (optional, reads_optional, -len(m.nodes))
 
 
+def _pattern_layer_types(rules: Sequence[RuleLike]) -> set[str]:
+    """Every layer type the rules' forward and init patterns name (``a|b`` split)."""
+    out: set[str] = set()
+    for rule in rules:
+        for variant in rule.variants:
+            for part in (variant.forward, variant.init):
+                if part is None:
+                    continue
+                for n in part.source.nodes:
+                    if isinstance(n, Layer):
+                        out.update(n.type.split("|"))
+    return out
+
+
+class _VariantRanker:
+    """:func:`variant_rank` for the matches of one entry function; what it needs from the
+    source is computed only when two variants of one match are compared (rarely)."""
+
+    def __init__(self, structures: FileStructures, cls: ClassInfo | None, fs: FunctionStructures,
+                 source: str | None, by_class: dict):
+        self.structures, self.cls, self.fs, self.source, self.by_class = structures, cls, fs, source, by_class
+        self._args: frozenset | None = None
+
+    def rank(self, m: Match) -> tuple[int, int, int]:
+        name = self.cls.name if self.cls is not None else None
+        if name not in self.by_class:
+            self.by_class[name] = optional_module_attrs(self.structures, self.cls, self.source)
+        if self._args is None:
+            self._args = optional_inputs(self.fs, self.source)
+        return variant_rank(m, self.by_class[name], self._args)
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -743,14 +786,12 @@ def _match_path(
     source: str | None = None,
     found_on: dict | None = None,
     path_id: tuple = (),
-    ranks: dict | None = None,
-    optional_attrs: frozenset = frozenset(),
-    optional_args: frozenset = frozenset(),
+    ranker: _VariantRanker | None = None,
 ) -> None:
     """Match ``rule`` on one path into ``accepted``/``rejected`` (keyed by :func:`_dedup_key`).
 
-    With ``ranks`` (key -> :func:`variant_rank`), a key accepted on an earlier path is
-    replaced by a later path's variant that ranks better (see :func:`variant_rank`)."""
+    With a ``ranker``, a key accepted on an earlier path is replaced by a later path's variant
+    with other nodes that ranks better (see :func:`variant_rank`)."""
     veto = getattr(rule, "veto_across_paths", True)
     rehome = getattr(rule, "rehome", True)
     for variant in rule.variants:
@@ -773,7 +814,7 @@ def _match_path(
                 found_on.setdefault(key, set()).add(path_id)
             if veto and key in rejected:
                 continue
-            if not veto and key in accepted and ranks is None:
+            if not veto and key in accepted and ranker is None:
                 continue
             ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant, path_cache=path_cache,
                                source=source)
@@ -796,16 +837,12 @@ def _match_path(
                 rejected.setdefault(key, replace(homed, reason=reason))
                 if veto:
                     accepted.pop(key, None)
-                    if ranks is not None:
-                        ranks.pop(key, None)
                 continue
-            if ranks is None:
-                accepted.setdefault(key, homed)
-                continue
-            rank = variant_rank(homed, optional_attrs, optional_args)
-            if key not in accepted or rank < ranks[key]:
+            kept = accepted.get(key)
+            if kept is None or (
+                ranker is not None and kept.nodes != homed.nodes and ranker.rank(homed) < ranker.rank(kept)
+            ):
                 accepted[key] = homed
-                ranks[key] = rank
 
 
 def match_structures(
@@ -827,17 +864,13 @@ def match_structures(
     rejected_by_rule: list[dict] = [{} for _ in rules]
     found_on: list[dict] = [{} for _ in rules]
     key_cache: dict[int, str | None] = {}
-    ranks: list[dict] = [{} for _ in rules]
     optional_by_class: dict[str | None, frozenset] = {}
-    aliases = layer_subclass_aliases(structures, source) if any(
-        getattr(r, "match_subclasses", False) for r in rules) else {}
+    opted_in = [r for r in rules if getattr(r, "match_subclasses", False)]
+    aliases = layer_subclass_aliases(structures, source, _pattern_layer_types(opted_in)) if opted_in else {}
     for f_index, fs in enumerate(structures.functions):
         cls = classes.get(fs.class_name) if fs.class_name else None
         init_list = class_init_bindings(structures, cls)
-        if fs.class_name not in optional_by_class:
-            optional_by_class[fs.class_name] = optional_module_attrs(structures, cls, source)
-        optional_attrs = optional_by_class[fs.class_name]
-        optional_args = optional_inputs(fs, source)
+        ranker = _VariantRanker(structures, cls, fs, source, optional_by_class)
         for p_index, path in enumerate(fs.paths):
             index = _PathIndex(path.nodes, key_cache)
             aliased_index = None
@@ -849,8 +882,7 @@ def match_structures(
                         aliased_index = _PathIndex(path.nodes, {}, aliases)
                     use = aliased_index
                 _match_path(rule, structures, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
-                            path_cache, source, found_on[i], (f_index, p_index), ranks[i], optional_attrs,
-                            optional_args)
+                            path_cache, source, found_on[i], (f_index, p_index), ranker)
     span_sets: dict[tuple[int, int], frozenset] = {}
     for i, rule in enumerate(rules):
         if getattr(rule, "veto_across_paths", True):

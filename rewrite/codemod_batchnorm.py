@@ -15,8 +15,16 @@ from __future__ import annotations
 
 import ast
 import copy
+import operator
 
-from adopter.rewrite.analysis import FileContext, Skip, call_arguments, has_call, is_self_attr, simple_assign_target
+from adopter.rewrite.analysis import (
+    FileContext,
+    Skip,
+    call_arguments,
+    has_call,
+    is_self_attr,
+    simple_assign_target,
+)
 from adopter.rewrite.codemod_base import (
     ChainPlan,
     Codemod,
@@ -55,7 +63,9 @@ class _LayerBatchNorm(Codemod):
     def analyze(self, match: Match, ctx: FileContext) -> Edit:
         exprs = matched_exprs(match, ctx)
         fn = match_function(match, ctx, exprs)
-        first = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith(self.first_suffix)), None)
+        # The first pattern node: its type may be a same-file subclass (``modeling_x.DepthwiseConv``).
+        first = next((e for (n, e), mn in zip(exprs, match.nodes) if isinstance(n, Layer)
+                      and (n.type.endswith(self.first_suffix) or mn.pattern_index == 0)), None)
         norm = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith(self.bn_suffix)), None)
         if not isinstance(first, ast.Call) or not isinstance(norm, ast.Call):
             raise Skip(f"match does not have a {self.first_suffix} call and a {self.bn_suffix} call")
@@ -185,6 +195,13 @@ def _conv2d_base(ctx: FileContext, cls: ast.ClassDef) -> bool:
     return False
 
 
+def _inherits_everything(cls: ast.ClassDef) -> bool:
+    """A class whose body is only a docstring / ``pass``."""
+    return not cls.decorator_list and all(
+        isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in cls.body
+    )
+
+
 def _super_init_call(stmt: ast.stmt, cls_name: str) -> list | None:
     """Arguments of ``super().__init__(...)``/``nn.Conv2d.__init__(self, ...)``: (args, keywords)."""
     if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
@@ -214,6 +231,9 @@ class _Substitute(ast.NodeTransformer):
         return copy.deepcopy(self.env[node.id])
 
 
+_INT_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
 def _fold(node: ast.expr) -> ast.expr:
     """``x * 1`` -> ``x``; arithmetic on int literals evaluated (``3 // 1`` -> ``3``)."""
     for child_name, child in ast.iter_fields(node):
@@ -221,10 +241,10 @@ def _fold(node: ast.expr) -> ast.expr:
             setattr(node, child_name, _fold(child))
     if isinstance(node, ast.BinOp):
         left, right = node.left, node.right
-        ints = [isinstance(x, ast.Constant) and type(x.value) is int for x in (left, right)]
-        if all(ints) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
-            if not (isinstance(node.op, ast.FloorDiv) and right.value == 0):
-                return ast.Constant(eval(compile(ast.Expression(node), "<fold>", "eval")))  # int literals only
+        ints = all(isinstance(x, ast.Constant) and type(x.value) is int for x in (left, right))
+        op = _INT_OPS.get(type(node.op))
+        if ints and op is not None and not (isinstance(node.op, ast.FloorDiv) and right.value == 0):
+            return ast.Constant(op(left.value, right.value))
         if isinstance(node.op, ast.Mult):
             if isinstance(right, ast.Constant) and type(right.value) is int and right.value == 1:
                 return left
@@ -244,6 +264,14 @@ def _check_pure(node: ast.expr, known: set[str], what: str) -> None:
 def conv2d_subclass_args(ctx: FileContext, call: ast.Call, cls: ast.ClassDef) -> tuple[list[str], list[tuple[str, str]]]:
     """Conv2d keyword arguments equivalent to ``cls(<call's arguments>)``, or :class:`Skip`."""
     name = cls.name
+    seen = {name}
+    while not _conv2d_base(ctx, cls) and _inherits_everything(cls):
+        # ``class Deeper(Depthwise): pass`` constructs exactly as its same-file base
+        base = _same_file_class(ctx, cls.bases[0]) if len(cls.bases) == 1 and not cls.keywords else None
+        if base is None or base.name in seen:
+            break
+        seen.add(base.name)
+        cls = base
     if not _conv2d_base(ctx, cls) or cls.decorator_list:
         raise Skip(f"{name} is not a direct, undecorated subclass of nn.Conv2d")
     body = [s for s in cls.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]

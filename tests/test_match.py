@@ -290,5 +290,147 @@ def test_same_file_layer_subclass_matches_as_its_torch_parent_when_the_rule_opts
     assert all(m.nodes[0].node.type.endswith(("DepthwiseConv2d", "DeeperConv2d")) for m in found)
     # the subclass's constructor arguments are not matched against Conv2d's signature
     assert all("$cout" not in m.init_bindings for m in found)
-    # rules that do not opt in (the built-in Conv_BatchNorm today) see only torch.nn.Conv2d
+    # rules that do not opt in see only torch.nn.Conv2d
     assert match_structures(s, [Rule("CBN", "k.Fused", "t", CBN)], source=CONV_SOURCE) == []
+    # the built-in Conv_BatchNorm opts in (its codemod maps or skips subclass constructors)
+    from adopter.rules import get_rules
+
+    (builtin,) = get_rules(["Conv_BatchNorm"])
+    assert builtin.match_subclasses
+    assert sorted(m.lines[0] for m in match_structures(s, [builtin], source=CONV_SOURCE)) == [31, 32]
+
+
+# ---------------------------------------------------------------- preferred path variant
+
+OPTIONAL_SOURCE = '''
+from torch import nn
+
+
+class Base(nn.Module):
+    def __init__(self, cross=False, p=0.0):
+        super().__init__()
+        if cross:
+            self.both = nn.Linear(4, 8)
+            self.only_cross = nn.Linear(4, 4)
+        else:
+            self.both = nn.Linear(4, 12)
+        if p > 1:
+            raise ValueError(p)
+        elif p > 0:
+            self.raising = nn.Dropout(p)
+        else:
+            self.raising = nn.Dropout(0.0)
+        self.maybe = nn.Dropout(p) if p else None
+        self.plain = nn.Linear(4, 4)
+
+
+class Child(Base):
+    def __init__(self, cross=False):
+        super().__init__(cross)
+        if cross:
+            self.plain = nn.Linear(4, 4)
+
+    def forward(self, hidden_states, mask=None, encoder_hidden_states=None, *, cache=None, scale=1.0):
+        return self.plain(hidden_states)
+'''
+
+
+def test_optional_module_attrs_are_those_some_instances_lack():
+    from adopter.extract import extract_source
+    from adopter.match import optional_module_attrs
+
+    s = extract_source(OPTIONAL_SOURCE, "modeling_opt.py")
+    classes = {c.name: c for c in s.classes}
+    # both branches bind self.both; a raising branch does not count; `x if p else None` is optional
+    assert optional_module_attrs(s, classes["Base"], OPTIONAL_SOURCE) == {"self.only_cross", "self.maybe"}
+    # the closest class that binds an attribute decides: Child binds self.plain only under `if cross`
+    assert optional_module_attrs(s, classes["Child"], OPTIONAL_SOURCE) == {
+        "self.only_cross", "self.maybe", "self.plain"}
+    # without the source: one conditional binding site is optional, several are taken as if/else
+    assert optional_module_attrs(s, classes["Base"], None) == {"self.only_cross", "self.maybe"}
+    assert optional_module_attrs(s, None, OPTIONAL_SOURCE) == frozenset()
+
+
+def test_optional_inputs_default_to_none():
+    from adopter.extract import extract_source
+    from adopter.match import optional_inputs
+
+    s = extract_source(OPTIONAL_SOURCE, "modeling_opt.py")
+    (fs,) = [f for f in s.functions if f.class_name == "Child"]
+    assert optional_inputs(fs, OPTIONAL_SOURCE) == {"mask", "encoder_hidden_states", "cache"}
+    assert optional_inputs(fs, None) == frozenset()
+
+
+def _extra_node_rule(extra_of_path):
+    """A rule over ``softmax`` whose precondition adds the path's projection (as the attention
+    rules do): the variants of one match differ only in that node."""
+    def add_projection(ctx):
+        ctx.extra["extra_nodes"] = [n for n in ctx.path.nodes if getattr(n, "type", "") == "torch.nn.Linear"]
+
+    return Rule("SM", "k", "t", "rule SM\nforward:\n    torch.softmax($x) -> $y => k($x) -> $y\n",
+                preconditions=(add_projection,), dedup="class", rehome=False, veto_across_paths=extra_of_path)
+
+
+def test_the_variant_every_instance_runs_is_reported():
+    init = inits("torch.nn.Linear(4, 4) -> self.q_attn; torch.nn.Linear(4, 12) -> self.c_attn")
+    # self.q_attn is built under a condition at one site: optional; self.c_attn unconditionally
+    init = (replace(init[0], conditional=True), init[1])
+    cross = nodes("torch.nn.Linear@self.q_attn(h) -> q", first_line=20) + nodes("torch.softmax(q) -> p", 30)
+    plain = nodes("torch.nn.Linear@self.c_attn(h) -> q", first_line=25) + nodes("torch.softmax(q) -> p", 30)
+    for veto in (True, False):
+        for paths in ((cross, plain), (plain, cross)):
+            fs = FunctionStructures("M", "forward", tuple(PathStructure(p) for p in paths))
+            s = FileStructures("m.py", (ClassInfo("M", ("torch.nn.Module",), True, init),), (fs,))
+            (m,) = match_structures(s, [_extra_node_rule(veto)])
+            assert m.lines == [25, 30], (veto, m.lines)
+
+
+CROSS_SOURCE = '''
+import torch
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.key = nn.Linear(4, 4)
+
+    def forward(self, hidden_states, encoder_hidden_states=None):
+        if encoder_hidden_states is not None:
+            k = self.key(encoder_hidden_states)
+        else:
+            k = self.key(hidden_states)
+        return torch.softmax(k, -1)
+'''
+
+
+def test_the_variant_not_reading_an_optional_input_is_reported():
+    from adopter.extract import extract_source
+
+    s = extract_source(CROSS_SOURCE, "m.py")
+    (m,) = match_structures(s, [_extra_node_rule(False)], source=CROSS_SOURCE)
+    assert m.lines == [15, 16]  # self.key(hidden_states): what runs when the caller passes no encoder states
+    # without the source nothing says encoder_hidden_states is optional: the first path found is kept
+    (m,) = match_structures(s, [_extra_node_rule(False)])
+    assert m.lines == [13, 16]
+
+
+def test_variant_rank_order():
+    from adopter.match import variant_rank
+
+    (m,) = match_structures(extract_source_cross(), [_extra_node_rule(False)], source=CROSS_SOURCE)
+    core_only = replace(m, nodes=m.nodes[1:])
+    # more nodes rank better when nothing else differs (T5: the path adding the position bias)
+    assert variant_rank(m, frozenset()) < variant_rank(core_only, frozenset())
+    # reading an optional input ranks worse than running fewer nodes ...
+    reads_key_input = frozenset({"hidden_states"})
+    assert variant_rank(core_only, frozenset(), reads_key_input) < variant_rank(m, frozenset(), reads_key_input)
+    # ... and calling a module only some instances have ranks worse than reading an optional input
+    assert variant_rank(core_only, frozenset({"self.key"}), frozenset({"p"})) < variant_rank(
+        m, frozenset({"self.key"}))
+
+
+def extract_source_cross():
+    from adopter.extract import extract_source
+
+    return extract_source(CROSS_SOURCE, "m.py")

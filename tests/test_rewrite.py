@@ -45,6 +45,7 @@ SCANNED = {
     "fused_qkv": {"fused_QKV"},
     "conv_batchnorm": {"Conv_BatchNorm"},
     "conv_batchnorm_branch": {"Conv_BatchNorm"},
+    "conv_batchnorm_subclass": {"Conv_BatchNorm"},
     "linear_batchnorm": {"Linear_BatchNorm"},
     "softmax": {"softmax"},
 }
@@ -329,6 +330,7 @@ NUMERIC = {
         ("DPTPreActResidualLayer", (_Cfg(),), [(2, 4, 6, 6)]),
         ("DPTPreActResidualLayer", (_CfgNoBatchNorm(),), [(2, 4, 6, 6)]),
     ],
+    "conv_batchnorm_subclass": [("DepthwiseLayer", (3,), [(2, 3, 7, 7)])],
     "linear_batchnorm": [("Head", (8, 5), [(4, 8)])],
     "softmax": [("Scores", (), [(2, 3, 5), (2, 3, 5)])],
     "bert_attention": [("BertSelfAttention", (_Cfg(),), [(2, 5, 8)])],
@@ -381,6 +383,46 @@ def test_attention_function_fixture_is_equivalent(name):
     g_new = torch.autograd.grad(new[0].sum(), (q, k, v))
     for a, b in zip(g_new, g_ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_conv2d_subclass_constructor_maps_to_conv2d_arguments_or_skips():
+    before = (FIXTURES / "conv_batchnorm_subclass.before.py").read_text()
+    result = _scan_rewrite(before, "conv_batchnorm_subclass.py")
+    skipped = {o.match.lines[0]: o.reason for o in result.skipped}
+    lines = before.splitlines()
+    assert {lines[i - 1].strip().split(" = ")[0] for i in skipped} == {"a", "b", "c"}
+    assert sorted(skipped.values()) == [
+        "DepthwiseConv2d(...) argument int(dim) contains a call",
+        "GlobalDefaultConv2d.__init__: the default of kernel_size is not a literal",
+        "TaggedConv2d.__init__ does not end with super().__init__(...)",
+    ]
+    after = result.new_text
+    # depth_multiplier=2 reaches out_channels; groups is the subclass's in_channels
+    assert "out_channels=dim * 2," in after and after.count("groups=dim,") == 2
+    # the skipped layers keep their own constructors
+    for kept in ("TaggedConv2d(dim)", "GlobalDefaultConv2d(dim)", "DepthwiseConv2d(int(dim))"):
+        assert kept in after
+
+
+def test_conv2d_subclass_state_dict_round_trips():
+    torch = pytest.importorskip("torch")
+    before, after = _load_fixture("conv_batchnorm_subclass", "before"), _load_fixture("conv_batchnorm_subclass", "after")
+    reference, candidate = before.DepthwiseLayer(3), after.DepthwiseLayer(3)
+    assert reference.state_dict().keys() == candidate.state_dict().keys()
+    for name in ("depthwise_conv", "deeper_conv"):
+        ref, new = getattr(reference, name), getattr(candidate, name)
+        assert (new.in_channels, new.out_channels, new.groups, new.stride, new.padding, new.bias is None) == (
+            ref.in_channels, ref.out_channels, ref.groups, ref.stride, ref.padding, ref.bias is None)
+    # training mode (batch statistics, running-stat updates) and backward
+    candidate.load_state_dict(reference.state_dict(), strict=True)
+    x = torch.randn(2, 3, 7, 7, requires_grad=True)
+    out_ref, out_new = reference(x), candidate(x)
+    for a, b in zip(out_new, out_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    g_ref = torch.autograd.grad(sum(o.sum() for o in out_ref), x)
+    g_new = torch.autograd.grad(sum(o.sum() for o in out_new), x)
+    torch.testing.assert_close(g_new[0], g_ref[0], atol=1e-5, rtol=1e-5)
+    reference.load_state_dict(candidate.state_dict(), strict=True)
 
 
 def test_subclass_use_blocks_rewrite():

@@ -227,3 +227,34 @@ def test_rejections_say_why(fixture, line, reason):
     match_structures(extract_source(text, str(path)), all_rules(), rejected, source=text)
     reasons = [m.reason for m in rejected if m.lines and m.lines[0] == line]
     assert any(reason in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("fixture, rule, want, not_want", [
+    # the self-attention path (c_attn split), not `if is_cross_attention:` (q_attn, built only
+    # with is_cross_attention=True): a plain GPT-2 runs the reported lines
+    ("attention/v5_gpt2.py", "GPT2Attention",
+     ["query_states, key_states, value_states = self.c_attn(hidden_states).split(self.split_size, dim=2)"],
+     ["q_attn"]),
+    ("attention/old_gpt2_2023.py", "GPT2Attention", ["self.c_attn(hidden_states).split"], ["q_attn"]),
+    # T5: the position bias add is part of the match
+    ("attention/v5_t5.py", "T5Attention", ["attn_weights = attn_weights + position_bias"], []),
+    ("attention/old_t5_2023.py", "T5Attention", ["scores += position_bias_masked"], []),
+    # 2023 BERT: key/value of the `else:` branch, not of `elif is_cross_attention:`
+    ("attention/old_bert_2023.py", "BertSelfAttention", ["self.key(hidden_states)", "self.value(hidden_states)"],
+     ["encoder_hidden_states"]),
+])
+def test_attention_lines_are_the_path_a_plain_model_runs(fixture, rule, want, not_want):
+    from adopter.extract import extract_source
+    from adopter.match import match_structures
+
+    path = FIXTURES / fixture
+    text = path.read_text()
+    lines = text.splitlines()
+    sources = (text, None) if "old_bert" not in fixture else (text,)  # optional inputs need the source
+    for source in sources:
+        (m,) = match_structures(extract_source(text, str(path)), get_rules([rule]), source=source)
+        got = [lines[i - 1].strip() for i in m.lines]
+        for w in want:
+            assert any(w in g for g in got), (source is None, got)
+        for w in not_want:
+            assert not any(w in g for g in got), (source is None, got)

@@ -23,7 +23,9 @@ element-wise score ops (``/ sqrt(d)`` or ``* scaling``, additive mask, casts),
 and v come — through view/reshape/transpose/permute and KV-cache concatenation — from
 three distinct ``torch.nn.Linear`` projections (or cannot be traced statically; nothing
 contradicting is allowed). One match per class; its lines are the core's and the
-projections'. Not a match: rotary embeddings or ``repeat_kv`` before the scores, a
+projections' — of the path a plain model runs when several reach the core
+(``self.key(hidden_states)``, not ``self.key(encoder_hidden_states)`` under ``if
+encoder_hidden_states is not None:``; see ``adopter.match.variant_rank``). Not a match: rotary embeddings or ``repeat_kv`` before the scores, a
 position bias added to the scores, q/k/v split from one fused projection."""
 
 

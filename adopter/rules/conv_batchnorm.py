@@ -20,10 +20,15 @@ Fuses a 2-D convolution and the batch norm applied to its output (folded in eval
 match is a ``torch.nn.Conv2d`` module call whose output is directly the input of a
 ``torch.nn.BatchNorm2d`` module call on the same control-flow path — including when the
 batch norm sits in a branch the convolution does not (paper Fig. 3/5: DPT
-``if self.use_batch_norm``) — with both modules bound in ``__init__``. Not a match:
-functional ``F.conv2d``/``F.batch_norm``; Conv2d subclasses (EfficientNet's depthwise
-``EfficientNetDepthwiseConv2d``: its constructor is not Conv2d's); Conv1d/Conv3d/
-ConvTranspose2d; BatchNorm1d/3d, SyncBatchNorm or other norms; any op (activation, padding, reshape) between the two; a
+``if self.use_batch_norm``) — with both modules bound in ``__init__``. The convolution
+may be a subclass of ``nn.Conv2d`` defined in the same file that defines no method but
+``__init__`` (directly or through same-file bases), so its forward is Conv2d's
+(EfficientNet's depthwise ``EfficientNetDepthwiseConv2d``); the rewrite builds the fused
+module from the Conv2d arguments that constructor passes to ``super().__init__`` and
+skips, with the reason, constructors it cannot map exactly. Not a match: functional
+``F.conv2d``/``F.batch_norm``; Conv2d subclasses that override ``forward`` or any other
+method, or are defined in another file; Conv1d/Conv3d/ConvTranspose2d; BatchNorm1d/3d,
+SyncBatchNorm or other norms; any op (activation, padding, reshape) between the two; a
 convolution output that is also read elsewhere; layers inside ``nn.Sequential``
 containers (not extracted as separate calls)."""
 
@@ -33,9 +38,7 @@ RULE = Rule(
     doc=DOC,
     dsl=DSL,
     preconditions=(intermediates_unused("$c"), distinct_modules("$conv", "$bn")),
-    # Off: same-file Conv2d subclasses (EfficientNetDepthwiseConv2d) would be matched, but the
-    # rewrite builds FusedConv2dBatchNorm2d from the subclass's own constructor arguments
-    # (no out_channels/groups there) and produces a model that fails to build. Turn on once
-    # rewrite/codemod_batchnorm.py skips or maps constructors other than torch.nn.Conv2d.
+    # Same-file Conv2d subclasses (EfficientNetDepthwiseConv2d): rewrite/codemod_batchnorm.py
+    # maps their constructor to Conv2d's arguments (conv2d_subclass_args) or skips the match.
     match_subclasses=True,
 )

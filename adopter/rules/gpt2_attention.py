@@ -23,7 +23,17 @@ in transformers 5), the attention core described for BertSelfAttention —
 when tuple unpacking hides the link, the path must contain such a split of a
 projection), and the query from the same split or its own projection (``q_attn``,
 cross-attention). One match per class. Not a match: three separate q/k/v Linears,
-position-biased scores, rotary or ``repeat_kv`` operands."""
+position-biased scores, rotary or ``repeat_kv`` operands.
+
+Lines: the core's and the projections' (the split fused projection included). The same
+core is reached on the self-attention path (``self.c_attn(hidden_states).split(...)``)
+and on the ``if is_cross_attention:`` path (``self.q_attn(hidden_states)``,
+``self.c_attn(encoder_hidden_states)``); the match reports the variant the class runs in
+every configuration (``adopter.match.variant_rank``): ``q_attn`` is built in
+``__init__`` only under ``if self.is_cross_attention:`` while ``c_attn`` is built on both
+branches, and the cross path reads ``encoder_hidden_states``, an input that defaults to
+``None``. So the reported lines are the ones a plain GPT-2 executes, which is what the
+trace confirms."""
 
 
 def _split_projections(ctx: MatchContext) -> list[Layer]:

@@ -21,7 +21,9 @@ dropout/casts, ``matmul(probs, v)`` — where a score op adds a position bias (a
 named ``position_bias``, ``position_bias_masked``, ``pos_bias`` or
 ``relative_position_bias``, on some path of ``forward``), and q, k, v come from three
 distinct ``torch.nn.Linear`` projections (``self.q/k/v``) or cannot be traced. One match
-per class. Not a match: rotary or ``repeat_kv`` operands, fused qkv projections."""
+per class; its lines are the core's, the position-bias add's (``attn_weights +
+position_bias``, on the path that takes ``if position_bias is not None:``) and the
+projections'. Not a match: rotary or ``repeat_kv`` operands, fused qkv projections."""
 
 
 def _is_t5_attention(ctx: MatchContext) -> str | None:
