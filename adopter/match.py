@@ -800,7 +800,7 @@ def _match_path(
         for positions, b in _search(variant.forward.source, index, {}):
             nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
             m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
-                      function=fs.function, nodes=nodes, bindings=b)
+                      function=fs.function, nodes=nodes, bindings=b, variant=variant)
             if variant.init is not None:
                 r = match_init(variant.init.source, init_list, b, index.aliases)
                 if r is None:

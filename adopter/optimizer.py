@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adopter.rewrite.source_io import read_source
 from adopter.structures import Match
 
 __all__ = [
@@ -166,19 +167,18 @@ class RewriteOutput:
 
 def _default_scan(files: Sequence[str], rules: Sequence[Any]) -> tuple[list[Match], list[Match]]:
     """(matches, rejected-by-precondition) over the files, without importing them."""
-    from adopter.extract import extract_source
-    from adopter.match import match_structures
+    from adopter.scan import scan_source
 
     matches: list[Match] = []
     rejected: list[Match] = []
     for path in files:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        text = read_source(path).text
         try:
-            structures = extract_source(text, path)
+            # The source enables the matcher's source-level checks (escapes through plain
+            # assignments, optional modules/inputs when choosing a path variant, Conv2d subclasses).
+            matches.extend(scan_source(text, path, rules, rejected))
         except SyntaxError:
             continue
-        matches.extend(match_structures(structures, rules, rejected))
     return matches, rejected
 
 
@@ -566,8 +566,8 @@ def optimize(
     report.files = list(files.values())
     texts = {}
     for name, path in files.items():
-        with open(path, encoding="utf-8") as fh:
-            texts[name] = fh.read()
+        # Decoded exactly as the scan reads it (coding cookie, newlines), so match positions agree.
+        texts[name] = read_source(path).text
     module_of_file = {path: name for name, path in files.items()}
 
     rule_objects = _resolve_rules(rules)

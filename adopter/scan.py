@@ -87,11 +87,12 @@ def _extract(text: str, filename: str):
     return extract_source(text, filename)
 
 
-def scan_source(text: str, filename: str, rules: Iterable) -> list[Match]:
-    """Matches of ``rules`` in one source text (raises ``SyntaxError`` when it does not parse)."""
+def scan_source(text: str, filename: str, rules: Iterable, rejected: list[Match] | None = None) -> list[Match]:
+    """Matches of ``rules`` in one source text (raises ``SyntaxError`` when it does not parse).
+    Matches dropped by a rule precondition are appended to ``rejected`` when given."""
     from adopter.match import match_structures
 
-    return match_structures(_extract(text, filename), list(rules), source=text)
+    return match_structures(_extract(text, filename), list(rules), rejected, source=text)
 
 
 def _one_line(exc: BaseException) -> str:

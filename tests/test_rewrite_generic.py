@@ -190,7 +190,7 @@ def test_targets_that_cannot_be_synthesized_are_skipped_with_reason():
 def test_unregistered_rule_without_variant_has_no_codemod():
     rules = load_rules_file(FIXTURES / "rules.dsl")
     text = BEFORE.read_text()
-    matches = [replace(m, rule="Never_Registered_Rule") for m in scan_source(text, "m.py", rules)]
+    matches = [replace(m, rule="Never_Registered_Rule", variant=None) for m in scan_source(text, "m.py", rules)]
     result = rewrite_source(text, matches, filename="m.py")
     assert not result.changed
     assert all(o.reason == "no codemod for rule Never_Registered_Rule" for o in result.outcomes)
