@@ -14,6 +14,7 @@ verify: install
 	adopter verify --model bert-base-uncased
 
 test: install
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q
 
 gate: install

@@ -308,3 +308,29 @@ def describe(src: Source) -> str:
     if src.projection is not None and isinstance(src.projection, Layer):
         return f"{src.kind} ({src.projection.type})"
     return src.kind
+
+
+def namesake_facts(ctx: MatchContext, rule_name: str) -> AttentionFacts | str:
+    """The checks every attention rule starts with: the class is the rule's namesake, the
+    core analyses, and no rotary embedding / ``repeat_kv`` code runs before the scores.
+    Returns the facts, or the reason the match is rejected."""
+    reason = namesake(ctx, rule_name)
+    if reason:
+        return reason
+    facts = analyse(ctx)
+    if isinstance(facts, str):
+        return facts
+    if facts.rotary:
+        return f"rotary embedding / repeat_kv code ({facts.rotary}) runs before the scores"
+    return facts
+
+
+def separate_projections_reason(facts: AttentionFacts) -> str | None:
+    """q, k and v must each come from its own Linear projection (or straight from an input)."""
+    for role, src in (("query", facts.q), ("key", facts.k), ("value", facts.v)):
+        if src.kind not in ("linear", "input"):
+            return f"{role} comes from {describe(src)}, not a Linear projection"
+    mods = [s.module for s in (facts.q, facts.k, facts.v) if s.kind == "linear"]
+    if any(same_value(a, b) for i, a in enumerate(mods) for b in mods[i + 1:]):
+        return "q, k and v do not come from three distinct projections"
+    return None

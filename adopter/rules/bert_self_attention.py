@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from adopter.match import MatchContext, same_value
+from adopter.match import MatchContext
 from adopter.rules import Rule
-from adopter.rules._attention import analyse, attention_dsl, describe, namesake
+from adopter.rules._attention import attention_dsl, namesake_facts, separate_projections_reason
 
 DSL = attention_dsl("BertSelfAttention")
 
@@ -30,20 +30,12 @@ position bias added to the scores, q/k/v split from one fused projection."""
 
 
 def _is_bert_attention(ctx: MatchContext) -> str | None:
-    reason = namesake(ctx, "BertSelfAttention")
-    if reason:
-        return reason
-    facts = analyse(ctx)
+    facts = namesake_facts(ctx, "BertSelfAttention")
     if isinstance(facts, str):
         return facts
-    if facts.rotary:
-        return f"rotary embedding / repeat_kv code ({facts.rotary}) runs before the scores"
-    for role, src in (("query", facts.q), ("key", facts.k), ("value", facts.v)):
-        if src.kind not in ("linear", "input"):
-            return f"{role} comes from {describe(src)}, not a Linear projection"
-    mods = [s.module for s in (facts.q, facts.k, facts.v) if s.kind == "linear"]
-    if any(same_value(a, b) for i, a in enumerate(mods) for b in mods[i + 1:]):
-        return "q, k and v do not come from three distinct projections"
+    reason = separate_projections_reason(facts)
+    if reason:
+        return reason
     if facts.position_bias_in_function:
         return "a position bias is added to the scores (T5Attention)"
     ctx.extra["extra_nodes"] = facts.projections()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from adopter.dsl import Layer
 from adopter.match import MatchContext, same_value
 from adopter.rules import Rule
-from adopter.rules._attention import analyse, attention_dsl, describe, is_projection, namesake
+from adopter.rules._attention import attention_dsl, describe, is_projection, namesake_facts
 
 DSL = attention_dsl("GPT2Attention")
 
@@ -50,14 +50,9 @@ def _split_projections(ctx: MatchContext) -> list[Layer]:
 
 
 def _is_gpt2_attention(ctx: MatchContext) -> str | None:
-    reason = namesake(ctx, "GPT2Attention")
-    if reason:
-        return reason
-    facts = analyse(ctx)
+    facts = namesake_facts(ctx, "GPT2Attention")
     if isinstance(facts, str):
         return facts
-    if facts.rotary:
-        return f"rotary embedding / repeat_kv code ({facts.rotary}) runs before the scores"
     kinds = (facts.k.kind, facts.v.kind)
     split_projections: list[Layer] = []
     if kinds == ("split", "split"):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from adopter.match import MatchContext, same_value
+from adopter.match import MatchContext
 from adopter.rules import Rule
-from adopter.rules._attention import analyse, attention_dsl, describe, namesake
+from adopter.rules._attention import attention_dsl, namesake_facts, separate_projections_reason
 
 DSL = attention_dsl("T5Attention")
 
@@ -27,20 +27,12 @@ projections'. Not a match: rotary or ``repeat_kv`` operands, fused qkv projectio
 
 
 def _is_t5_attention(ctx: MatchContext) -> str | None:
-    reason = namesake(ctx, "T5Attention")
-    if reason:
-        return reason
-    facts = analyse(ctx)
+    facts = namesake_facts(ctx, "T5Attention")
     if isinstance(facts, str):
         return facts
-    if facts.rotary:
-        return f"rotary embedding / repeat_kv code ({facts.rotary}) runs before the scores"
-    for role, src in (("query", facts.q), ("key", facts.k), ("value", facts.v)):
-        if src.kind not in ("linear", "input"):
-            return f"{role} comes from {describe(src)}, not a Linear projection"
-    mods = [s.module for s in (facts.q, facts.k, facts.v) if s.kind == "linear"]
-    if any(same_value(a, b) for i, a in enumerate(mods) for b in mods[i + 1:]):
-        return "q, k and v do not come from three distinct projections"
+    reason = separate_projections_reason(facts)
+    if reason:
+        return reason
     if not facts.position_bias_in_function:
         return "no position bias is added to the scores"
     # The bias add is part of what the kernel computes (``bias=``): report it with the core
