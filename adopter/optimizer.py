@@ -483,6 +483,15 @@ def _as_keyword_inputs(model_cls: type, example_inputs):
     return {p.name: v for p, v in zip(params, values)}
 
 
+def _build_with(build_model, model_cls, device, args: tuple, kwargs: dict, example_inputs):
+    """(constructor args actually used, BuiltModel)."""
+    if args and hasattr(args[0], "to_dict") and hasattr(args[0], "use_cache"):
+        args = (copy.deepcopy(args[0]),) + args[1:]
+        args[0].use_cache = False  # caches in outputs are not compared and not traced
+    built = build_model(model_cls, device=device, init_args=args, init_kwargs=kwargs, example_inputs=example_inputs)
+    return args, built
+
+
 def _build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs) -> _Subject:
     from adopter.tracing import TracingError, build_model
 
@@ -496,23 +505,22 @@ def _build_subject(model_cls, config, example_inputs, device, init_args, init_kw
             args = tuple(config)
         else:
             args = (config,)
-    elif _is_transformers_class(model_cls) and not args and not kwargs:
-        default = model_cls.config_class()
-        args = (shrink_config(default),)
-    if args and hasattr(args[0], "to_dict") and hasattr(args[0], "use_cache"):
-        args = (copy.deepcopy(args[0]),) + args[1:]
-        args[0].use_cache = False  # caches in outputs are not compared and not traced
+    full_size_config = None
+    if config is None and _is_transformers_class(model_cls) and not args and not kwargs:
+        full_size_config = model_cls.config_class()
+        args = (shrink_config(full_size_config),)
     example_inputs = _as_keyword_inputs(model_cls, example_inputs)
     try:
-        built = build_model(
-            model_cls,
-            device=device,
-            init_args=args,
-            init_kwargs=kwargs,
-            example_inputs=example_inputs,
-        )
+        args, built = _build_with(build_model, model_cls, device, args, kwargs, example_inputs)
     except TracingError as exc:
-        raise OptimizeError(str(exc)) from None
+        if full_size_config is None:
+            raise OptimizeError(str(exc)) from None
+        # Shrinking is a heuristic over config fields; some architectures derive sizes the
+        # heuristic does not know (EfficientNet's hidden_dim): then use the default config.
+        try:
+            args, built = _build_with(build_model, model_cls, device, (full_size_config,), kwargs, example_inputs)
+        except TracingError as exc2:
+            raise OptimizeError(str(exc2)) from None
 
     def make(cls):
         fresh_args = tuple(copy.deepcopy(a) if hasattr(a, "to_dict") else a for a in args)
