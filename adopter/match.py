@@ -31,6 +31,10 @@ Node matching details (all documented because rules depend on them):
   file as a subclass of a ``torch.nn`` layer that defines no method but ``__init__`` (forward
   inherited) matches a pattern naming the parent (:func:`layer_subclass_aliases`); the
   arguments of its construction are not matched (its constructor has its own signature).
+* Rule hooks over the scanned file: ``Rule.layer_aliases`` names more same-file layer classes
+  that match as a torch layer (biased_GeLU: modules whose forward is a GeLU), and
+  ``Rule.inlined_functions`` same-file functions whose inlined body the rule sees as one call
+  (:func:`fold_inlined_calls`: ESM's ``gelu(x)`` as ``torch.nn.functional.gelu``).
 
 Results are de-duplicated with :meth:`Match.key` after re-homing: a match whose nodes all
 lie in one function other than the entry (a helper inlined into several ``forward``s,
@@ -49,7 +53,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from adopter.dsl import Arg, Const, Layer, Node, Pattern, RuleText, TensorOp, Value, Var, Wildcard
+from adopter.dsl import Arg, Const, Layer, Node, Pattern, RuleText, Span, TensorOp, Value, Var, Wildcard
 from adopter.structures import (
     ClassInfo,
     FileStructures,
@@ -65,6 +69,7 @@ __all__ = [
     "MatchContext",
     "RuleLike",
     "class_init_bindings",
+    "fold_inlined_calls",
     "layer_subclass_aliases",
     "match_init",
     "match_pattern",
@@ -569,7 +574,7 @@ def layer_subclass_aliases(
             name = local[0]
         if torch_base is None:
             continue
-        for ty in _local_type_names(structures, cls.name):
+        for ty in local_type_names(structures, cls.name):
             out[ty] = torch_base
     return out
 
@@ -577,11 +582,130 @@ def layer_subclass_aliases(
 _NOT_LAYERS = {"Module", "ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"}
 
 
-def _local_type_names(structures: FileStructures, class_name: str) -> list[str]:
+def local_type_names(structures: FileStructures, class_name: str) -> list[str]:
     """How extraction names a layer of a class defined in the scanned file (``modeling_x.Cls``)."""
     stem = structures.file.replace("\\", "/").rsplit("/", 1)[-1]
     stem = stem.removesuffix(".py")
     return [f"{stem}.{class_name}", class_name]
+
+
+# ---------------------------------------------------------------- folded same-file helper functions
+
+
+def _call_sites(source: str, names: Iterable[str]) -> dict[tuple[int, str], list]:
+    """``(line, name) -> [(call, qualified function, enclosing simple statement)]`` for every call
+    ``name(...)`` in the file's functions (``Cls.method`` or ``func``)."""
+    wanted = set(names)
+    out: dict[tuple[int, str], list] = {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return out
+
+    def visit_function(fn, qual: str) -> None:
+        simple = [st for st in ast.walk(fn) if isinstance(st, ast.stmt) and st is not fn
+                  and not isinstance(st, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith,
+                                          ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and not type(st).__name__ in ("Match", "TryStar")]
+        for st in simple:
+            for c in ast.walk(st):
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in wanted:
+                    out.setdefault((c.lineno, c.func.id), []).append((c, qual, st))
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            visit_function(node, node.name)
+        elif isinstance(node, ast.ClassDef):
+            for m in node.body:
+                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit_function(m, f"{node.name}.{m.name}")
+    return out
+
+
+def fold_inlined_calls(structures: FileStructures, fold: dict[str, str], source: str | None) -> FileStructures:
+    """``structures`` with each inlined call of a same-file function named in ``fold`` (name ->
+    layer type) replaced by one functional ``Layer`` of that type at the call expression.
+
+    Extraction inlines ``gelu(h)`` of ``def gelu(x): return x * 0.5 * (1.0 + torch.erf(...))``
+    into its arithmetic; a rule that knows the function computes one op sees it as that op.
+    A run is folded only when it is unambiguous: one call of the name on its line (in a simple
+    statement), the run's nodes contiguous, functional (no module call), reading one outside
+    value, and no temporary of the run read after it. Otherwise the nodes stay as they are.
+    """
+    if not fold or source is None:
+        return structures
+    sites = _call_sites(source, fold)
+    if not sites:
+        return structures
+    changed = False
+    functions = []
+    for fs in structures.functions:
+        paths = []
+        for path in fs.paths:
+            nodes = _fold_path(path.nodes, fold, sites)
+            if nodes is not path.nodes:
+                changed = True
+                path = replace(path, nodes=nodes)
+            paths.append(path)
+        functions.append(replace(fs, paths=tuple(paths)) if paths != list(fs.paths) else fs)
+    return replace(structures, functions=tuple(functions)) if changed else structures
+
+
+def _fold_path(nodes: Sequence[Node], fold: dict[str, str], sites: dict) -> Sequence[Node]:
+    out: list[Node] = []
+    i, changed = 0, False
+    while i < len(nodes):
+        n = nodes[i]
+        sp = getattr(n, "span", None)
+        if sp is None or sp.function not in fold or not sp.inlined_at:
+            out.append(n)
+            i += 1
+            continue
+        j = i
+        while j < len(nodes) and getattr(nodes[j], "span", None) is not None \
+                and nodes[j].span.function == sp.function and nodes[j].span.inlined_at == sp.inlined_at:
+            j += 1
+        folded = _fold_run(nodes, i, j, fold[sp.function], sites.get((sp.inlined_at[-1], sp.function), []))
+        if folded is None:
+            out.extend(nodes[i:j])
+        else:
+            out.append(folded)
+            changed = True
+        i = j
+    return tuple(out) if changed else nodes
+
+
+def _fold_run(nodes: Sequence[Node], i: int, j: int, layer_type: str, calls: list) -> Layer | None:
+    if len(calls) != 1:
+        return None  # several calls on the line (or none seen): the run cannot be placed
+    call, qual, stmt = calls[0]
+    run = nodes[i:j]
+    made: set = set()
+    inputs: set = set()
+    for n in run:
+        if isinstance(n, Layer) and n.module is not None:
+            return None
+        if not isinstance(n, (Layer, TensorOp)):
+            return None
+        for a in n.args:
+            v = a.value
+            if isinstance(v, Var) and (v.name, v.version) not in made:
+                inputs.add((v.name, v.version))
+        out = getattr(n, "output", None)
+        if isinstance(out, Var):
+            made.add((out.name, out.version))
+    last = run[-1].output
+    if len(inputs) != 1 or not isinstance(last, Var):
+        return None
+    temps = made - {(last.name, last.version)}
+    for n in nodes[j:]:
+        if any(isinstance(a.value, Var) and (a.value.name, a.value.version) in temps for a in n.args):
+            return None  # an intermediate of the helper is read later: not one opaque op
+    (name, version), = inputs
+    sp = run[0].span
+    span = Span(line=call.lineno, col=call.col_offset, end_line=call.end_lineno, end_col=call.end_col_offset,
+                function=qual, stmt_line=stmt.lineno, stmt_end_line=stmt.end_lineno, inlined_at=sp.inlined_at[:-1])
+    return Layer(type=layer_type, args=(Arg(Var(name, version)),), output=last, module=None, span=span)
 
 
 # ---------------------------------------------------------------- preferred path variant
@@ -867,26 +991,47 @@ def match_structures(
     optional_by_class: dict[str | None, frozenset] = {}
     opted_in = [r for r in rules if getattr(r, "match_subclasses", False)]
     aliases = layer_subclass_aliases(structures, source, _pattern_layer_types(opted_in)) if opted_in else {}
-    for f_index, fs in enumerate(structures.functions):
-        cls = classes.get(fs.class_name) if fs.class_name else None
-        init_list = class_init_bindings(structures, cls)
-        ranker = _VariantRanker(structures, cls, fs, source, optional_by_class)
-        for p_index, path in enumerate(fs.paths):
-            index = _PathIndex(path.nodes, key_cache)
-            aliased_index = None
-            path_cache: dict = {}
-            for i, rule in enumerate(rules):
-                use = index
-                if aliases and getattr(rule, "match_subclasses", False):
-                    if aliased_index is None:
-                        aliased_index = _PathIndex(path.nodes, {}, aliases)
-                    use = aliased_index
-                _match_path(rule, structures, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
-                            path_cache, source, found_on[i], (f_index, p_index), ranker)
-    span_sets: dict[tuple[int, int], frozenset] = {}
+    # per rule: same-file subclasses (opted in) plus the rule's own same-file layer aliases
+    rule_aliases: list[dict[str, str]] = []
+    for rule in rules:
+        own = dict(aliases) if getattr(rule, "match_subclasses", False) else {}
+        hook = getattr(rule, "layer_aliases", None)
+        if hook is not None:
+            own.update(hook(structures, source))
+        rule_aliases.append(own)
+    # per rule: the structures it sees (same-file helper functions folded back into one call)
+    rule_structures: list[FileStructures] = []
+    for rule in rules:
+        hook = getattr(rule, "inlined_functions", None)
+        fold = hook(structures, source) if hook is not None and source else {}
+        rule_structures.append(fold_inlined_calls(structures, fold, source) if fold else structures)
+    for seen in dict.fromkeys(id(st) for st in rule_structures):
+        st_rules = [i for i, st in enumerate(rule_structures) if id(st) == seen]
+        st = rule_structures[st_rules[0]]
+        own_cache = key_cache if st is structures else {}
+        for f_index, fs in enumerate(st.functions):
+            cls = classes.get(fs.class_name) if fs.class_name else None
+            init_list = class_init_bindings(st, cls)
+            ranker = _VariantRanker(st, cls, fs, source, optional_by_class)
+            for p_index, path in enumerate(fs.paths):
+                index = _PathIndex(path.nodes, own_cache)
+                aliased_indexes: dict[int, _PathIndex] = {}
+                path_cache: dict = {}
+                for i in st_rules:
+                    rule = rules[i]
+                    use = index
+                    if rule_aliases[i]:
+                        key = id(rule_aliases[i]) if rule_aliases[i] != aliases else -1
+                        use = aliased_indexes.get(key)
+                        if use is None:
+                            use = aliased_indexes[key] = _PathIndex(path.nodes, {}, rule_aliases[i])
+                    _match_path(rule, st, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
+                                path_cache, source, found_on[i], (f_index, p_index), ranker)
+    span_sets_by: dict[int, dict] = {}
     for i, rule in enumerate(rules):
         if getattr(rule, "veto_across_paths", True):
-            _veto_inconsistent_paths(structures, accepted[i], rejected_by_rule[i], found_on[i], span_sets)
+            span_sets = span_sets_by.setdefault(id(rule_structures[i]), {})
+            _veto_inconsistent_paths(rule_structures[i], accepted[i], rejected_by_rule[i], found_on[i], span_sets)
     results: list[Match] = []
     for i, rule in enumerate(rules):
         results.extend(_resolve_overlaps(rule, list(accepted[i].values())))

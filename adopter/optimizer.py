@@ -221,28 +221,59 @@ _SHRINK_SCALARS = {
     "encoder_attention_heads": 4, "decoder_attention_heads": 4, "num_key_value_heads": 4,
     "d_kv": 16, "head_dim": 16, "embedding_size": 32,
 }  # fmt: skip
+# Keys that a stage-based config (list ``depths`` / ``hidden_sizes``) derives from its stages.
+_STAGE_DERIVED = frozenset({
+    "num_hidden_layers", "num_layers", "n_layers", "hidden_size", "embed_dim", "dim",
+    "num_attention_heads", "num_heads",
+})  # fmt: skip
 
 
 def shrink_config(config):
     """A copy of a transformers config with small sizes (never larger than the original)."""
     small = copy.deepcopy(config)
+    depths = getattr(small, "depths", None)
+    sizes = getattr(small, "hidden_sizes", None)
+    staged = any(isinstance(v, (list, tuple)) and v for v in (depths, sizes))
     for key, value in _SHRINK_SCALARS.items():
+        if staged and key in _STAGE_DERIVED:
+            # In stage-based models (Swin, ConvNext) these are the stage count or derived from
+            # the per-stage lists (ConvNext's num_hidden_layers is num_stages; Swin's hidden_size
+            # is embed_dim * 2**(stages-1), its per-stage heads must divide embed_dim * 2**i):
+            # shrinking them alone breaks the model. Depths and widths are shrunk below instead.
+            continue
+        if key == "hidden_dim" and isinstance(getattr(small, "num_block_repeats", None), (list, tuple)):
+            # EfficientNet-style configs: hidden_dim is the final width, derived from the
+            # per-block channels and the width coefficient, not an FFN size.
+            continue
         current = getattr(small, key, None)
         if isinstance(current, int) and not isinstance(current, bool) and current > value:
             with contextlib.suppress(AttributeError, TypeError, ValueError):
                 setattr(small, key, value)
     if getattr(small, "n_inner", None):
         small.n_inner = 128
-    depths = getattr(small, "depths", None)
     if isinstance(depths, (list, tuple)) and depths:
         small.depths = [1] * len(depths)
-    sizes = getattr(small, "hidden_sizes", None)
     if isinstance(sizes, (list, tuple)) and sizes:
         small.hidden_sizes = [min(int(s), 32 * 2**i) for i, s in enumerate(sizes)]
     image_size = getattr(small, "image_size", None)
     patch = getattr(small, "patch_size", None)
     if isinstance(image_size, int) and isinstance(patch, int) and image_size > 4 * patch:
-        small.image_size = 4 * patch
+        target = 4 * patch
+        if staged:
+            # Every stage halves the resolution; windowed attention (Swin) needs each stage's
+            # resolution to hold a whole window: keep the last stage at least one window wide.
+            window = getattr(small, "window_size", None)
+            if isinstance(window, int) and not isinstance(window, bool) and window > 2:
+                with contextlib.suppress(AttributeError, TypeError, ValueError):
+                    small.window_size = 2
+            window = getattr(small, "window_size", 1)
+            window = window if isinstance(window, int) and not isinstance(window, bool) else 1
+            stages = len(depths if isinstance(depths, (list, tuple)) and depths else sizes)
+            target = max(target, patch * window * 2 ** (stages - 1))
+        small.image_size = min(image_size, target)
+    elif isinstance(image_size, int) and patch is None and isinstance(getattr(small, "num_block_repeats", None), (list, tuple)):
+        # EfficientNet: 600 px by default; its strides reduce by 32, so 64 px keeps every stage.
+        small.image_size = min(image_size, 64)
     return small
 
 

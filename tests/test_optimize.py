@@ -228,6 +228,37 @@ def test_shrink_config_keeps_heads_dividing_hidden():
     assert t5.d_model == 64 and t5.d_kv * t5.num_heads == 64
 
 
+@pytest.mark.parametrize("name", ["SwinModel", "ConvNextModel", "EfficientNetModel"])
+def test_shrink_config_stage_based_models_still_run(name):
+    """Regression (equivalence sweep): shrinking the stage count / derived widths of
+    stage-based configs alone (ConvNext num_stages, Swin hidden_size and per-stage heads,
+    EfficientNet hidden_dim) built models whose forward failed."""
+    import transformers
+
+    from adopter.optimizer import shrink_config
+    from adopter.tracing import build_model
+
+    cls = getattr(transformers, name)
+    full = cls.config_class()
+    small = shrink_config(full)
+    assert small.image_size < full.image_size
+    built = build_model(cls, init_args=(small,))  # runs a forward on generated inputs
+    assert built.model.config.image_size == small.image_size
+
+
+def test_example_inputs_for_speech_encoder_decoder():
+    """Regression (equivalence sweep): WhisperModel got no input_features and its forward failed."""
+    import transformers
+
+    from adopter.optimizer import shrink_config
+    from adopter.tracing import build_model
+
+    config = shrink_config(transformers.WhisperConfig())
+    built = build_model(transformers.WhisperModel, init_args=(config,))
+    features = built.example_inputs["input_features"]
+    assert features.shape == (2, config.num_mel_bins, 2 * config.max_source_positions)
+
+
 # ---------------------------------------------------------------- the real pipeline
 
 

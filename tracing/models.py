@@ -91,7 +91,9 @@ def _apply_overrides(config, attn_implementation, config_overrides, on_meta: boo
 
 
 _TEXT_INPUTS = ("input_ids",)
-_KNOWN_INPUTS = {"input_ids", "attention_mask", "pixel_values", "decoder_input_ids", "decoder_attention_mask"}
+_KNOWN_INPUTS = {
+    "input_ids", "attention_mask", "pixel_values", "input_features", "decoder_input_ids", "decoder_attention_mask",
+}  # fmt: skip
 
 
 def forward_parameters(model: nn.Module) -> list[inspect.Parameter]:
@@ -131,6 +133,13 @@ def make_example_inputs(model: nn.Module, config, *, batch_size: int = 2, seq_le
         size = size[0] if isinstance(size, (list, tuple)) else int(size)
         channels = int(getattr(config, "num_channels", 3) or 3) if config is not None else 3
         inputs["pixel_values"] = torch.randn(batch_size, channels, size, size, generator=gen).to(device)
+    if "input_features" in names and "input_ids" not in names and config is not None:
+        # Speech encoders (Whisper): log-mel frames; Whisper's encoder requires exactly
+        # 2 * max_source_positions frames (two convolutions, the second with stride 2).
+        bins = int(getattr(config, "num_mel_bins", 0) or getattr(config, "feature_size", 0) or 80)
+        source_positions = getattr(config, "max_source_positions", None)
+        frames = 2 * int(source_positions) if isinstance(source_positions, int) else 4 * seq_len
+        inputs["input_features"] = torch.randn(batch_size, bins, frames, generator=gen).to(device)
     if "decoder_input_ids" in names and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids(max(2, seq_len // 2))
     return inputs

@@ -63,6 +63,15 @@ class Rule:
     # matched as that parent (EfficientNet's ``EfficientNetDepthwiseConv2d(nn.Conv2d)``).
     # Its constructor arguments are not matched: its own signature differs from the parent's.
     match_subclasses: bool = False
+    # ``(structures, source) -> {layer type: torch layer type}``: layer classes defined in the
+    # scanned file that the rule treats as the named torch layer (biased_GeLU: same-file modules
+    # whose forward is a GeLU of their input, e.g. BLOOM's ``BloomGelu``). Their call arguments
+    # are matched as the torch layer's.
+    layer_aliases: Callable | None = field(default=None, compare=False)
+    # ``(structures, source) -> {function name: layer type}``: module-level functions of the
+    # scanned file whose inlined body the rule sees as one call of that layer type (biased_GeLU:
+    # ESM's ``def gelu(x)`` written-out erf GeLU -> ``torch.nn.functional.gelu``).
+    inlined_functions: Callable | None = field(default=None, compare=False)
     variants: tuple[RuleText, ...] = field(default=(), compare=False)
 
     def __post_init__(self):

@@ -7,9 +7,10 @@ import re
 from pathlib import Path
 
 from adopter.dsl import Layer, Var
-from adopter.match import MatchContext
+from adopter.match import MatchContext, local_type_names
 from adopter.rules import Rule
 from adopter.rules._common import const_text, intermediates_unused, kwarg
+from adopter.rules._gelu_wrappers import gelu_functions, gelu_module_classes
 from adopter.rules._config_defaults import (
     config_annotation,
     config_defaults,
@@ -56,7 +57,12 @@ Fuses a linear layer with bias and the GeLU applied directly to its output. A ma
 included) whose output is directly the input of a GeLU: ``torch.nn.functional.gelu``, a
 ``torch.nn.GELU`` module, a transformers GeLU activation module (``GELUActivation``,
 ``NewGELUActivation``, ``GELUTanh``, ``FastGELUActivation``, ``AccurateGELUActivation``),
-``transformers.activations.gelu`` (a module-level exact-erf ``GELUActivation``), or an
+``transformers.activations.gelu`` (a module-level exact-erf ``GELUActivation``), a module
+class defined in the same file whose ``forward`` only returns a GeLU of its input (``gelu(x)``,
+a written-out erf/tanh GeLU formula, or ``Fn.apply(x)`` of a same-file autograd Function whose
+forward is that formula and whose backward its derivative: LXMERT's ``GeLU``, BLOOM's
+``BloomGelu``; the arithmetic is checked numerically from the source, never executed), a
+call of a same-file function ``def f(x): return <exact erf GeLU of x>`` (ESM's ``gelu``), or an
 activation looked up from a key (``ACT2FN[...]``/``get_activation``, bound in ``__init__``
 or looked up and called in one expression, ``ACT2FN[self.config.hidden_act](h)``) that is
 a GeLU key or cannot be resolved statically. Keys are resolved without executing
@@ -227,10 +233,38 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
     return None
 
 
+def _gelu_module_aliases(structures, source: str | None) -> dict[str, str]:
+    """Same-file modules whose forward is a GeLU of their input match as ``torch.nn.GELU``
+    (LXMERT's ``GeLU``, BLOOM's ``BloomGelu``; see :mod:`adopter.rules._gelu_wrappers`)."""
+    if not source or not structures.classes:
+        return {}
+    bases = {c.name: tuple(c.bases) for c in structures.classes}
+    if not any(b == ("torch.nn.Module",) for b in bases.values()):
+        return {}
+    out: dict[str, str] = {}
+    for name in gelu_module_classes(source, dict(structures.imports), bases):
+        for ty in local_type_names(structures, name):
+            out[ty] = "torch.nn.GELU"
+    return out
+
+
+def _gelu_functions(structures, source: str | None) -> dict[str, str]:
+    """Same-file ``def gelu(x)`` computing exact GeLU (ESM's erf formula): the matcher folds its
+    inlined body back into one ``torch.nn.functional.gelu`` call. Only exact (erf) ones: the
+    rewrite reads a folded call like a functional ``gelu(x)``, whose default mode is exact."""
+    if not source or "def " not in source:
+        return {}
+    bases = {c.name: tuple(c.bases) for c in structures.classes}
+    return {name: "torch.nn.functional.gelu"
+            for name, mode in gelu_functions(source, dict(structures.imports), bases).items() if mode == "none"}
+
+
 RULE = Rule(
     name="biased_GeLU",
     kernel="adopter.kernels.FusedLinearBiasGeLU",
     doc=DOC,
     dsl=DSL,
     preconditions=(intermediates_unused("$h"), _linear_has_bias, _activation_is_gelu),
+    layer_aliases=_gelu_module_aliases,
+    inlined_functions=_gelu_functions,
 )

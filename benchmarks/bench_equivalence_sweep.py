@@ -1,0 +1,144 @@
+"""Equivalence sweep: does every rewrite ``optimize`` applies keep real transformers models equivalent?
+
+    nice python benchmarks/bench_equivalence_sweep.py [--timeout 60] [--only BertModel,GPT2Model]
+
+For each model class below, runs ``adopter.optimize(cls)`` in its own subprocess (time-boxed:
+a model over ``--timeout`` seconds is recorded as skipped) on a small config
+(``adopter.optimizer.shrink_config`` of the class's default config; models with an attention
+implementation switch run twice, default attention and ``_attn_implementation = "eager"``). Records per model: rules applied,
+rules dropped as not equivalent (with the max |diff|), matches the rewrite or the trace skipped
+(with reasons), and errors. Every drop or crash is a codemod/kernel bug a user would otherwise
+hit. Writes ``benchmarks/results/equivalence_sweep.json`` and ``equivalence_sweep.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+# (class name, has an attention implementation switch?) — text encoders, decoders,
+# encoder-decoders, vision, conv nets. Models with the switch run twice: default and eager.
+MODELS: list[tuple[str, bool]] = [
+    ("BertModel", True), ("RobertaModel", True), ("DistilBertModel", True), ("AlbertModel", True),
+    ("ElectraModel", True), ("DebertaV2Model", True), ("XLMRobertaModel", True), ("GPT2Model", True),
+    ("GPTNeoModel", True), ("OPTModel", True), ("BloomModel", True), ("T5Model", True),
+    ("BartModel", True), ("ViTModel", True), ("DeiTModel", True), ("SwinModel", True),
+    ("ConvNextModel", False), ("ResNetModel", False), ("RegNetModel", False),
+    ("MobileNetV2Model", False), ("EfficientNetModel", False), ("DPTModel", True),
+    ("LevitModel", False), ("SegformerModel", False), ("CLIPTextModel", True),
+    ("LlamaModel", True), ("WhisperModel", True),
+]  # fmt: skip
+
+
+def run_one(name: str, eager: bool) -> dict:
+    """optimize() one class; the record printed as JSON by the child process."""
+    import warnings
+
+    import transformers
+
+    from adopter import optimize
+    from adopter.optimizer import shrink_config
+
+    cls = getattr(transformers, name)
+    config = shrink_config(cls.config_class())
+    if eager:
+        config._attn_implementation = "eager"
+    record: dict = {"model": name, "eager": eager}
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            new_cls = optimize(cls, config=config)
+    except Exception as exc:  # noqa: BLE001 - recorded, it is what the sweep looks for
+        record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        record["seconds"] = round(time.perf_counter() - start, 1)
+        return record
+    report = new_cls.adopter_report
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    record["traced"] = report.traced
+    record["applied"] = sorted({a.rule for a in report.applied})
+    record["applied_sites"] = [a.where + " " + a.rule for a in report.applied]
+    record["dropped"] = [
+        {"rule": s.rule, "where": s.where, "reason": s.reason, "max_abs_diff": s.max_abs_diff}
+        for s in report.skipped
+        if s.reason.startswith(("not equivalent", "rewritten source fails", "rewritten class cannot"))
+    ]
+    record["skipped"] = [
+        {"rule": s.rule, "where": s.where, "reason": s.reason}
+        for s in report.skipped
+        if not s.reason.startswith(("not equivalent", "rewritten source fails", "rewritten class cannot"))
+    ]
+    record["warnings"] = list(report.warnings)
+    if report.equivalence is not None:
+        record["final_max_abs_diff"] = report.equivalence.max_abs_diff
+    return record
+
+
+def markdown(records: list[dict]) -> str:
+    lines = [
+        "# Equivalence sweep (`optimize` on small configs)",
+        "",
+        "| model | s | applied | dropped (not equivalent / fails to load) | skipped | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        dropped = "; ".join(f"{d['rule']} {d['where']} ({d['reason'][:80]})" for d in r.get("dropped", []))
+        lines.append(
+            f"| {r['model']}{' (eager)' if r.get('eager') else ''} | {r.get('seconds', '-')} "
+            f"| {', '.join(r.get('applied', [])) or '-'} | {dropped or '-'} "
+            f"| {len(r.get('skipped', []))} | {r.get('error', '') or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--only", default="", help="comma-separated class names")
+    parser.add_argument("--one", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(RESULTS / "equivalence_sweep.json"))
+    args = parser.parse_args()
+    if args.one:
+        print("@@RECORD@@" + json.dumps(run_one(args.one, args.eager)))
+        return 0
+    only = {n for n in args.only.split(",") if n}
+    records = []
+    runs = [(name, eager) for name, switch in MODELS for eager in ((False, True) if switch else (False,))]
+    for name, eager in runs:
+        if only and name not in only:
+            continue
+        cmd = [sys.executable, __file__, "--one", name] + (["--eager"] if eager else [])
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            record = {"model": name, "eager": eager, "error": f"skipped: over {args.timeout:.0f} s"}
+        else:
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("@@RECORD@@")), None)
+            if line is None:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                record = {"model": name, "eager": eager, "error": f"crashed (rc {proc.returncode}): {tail[0][:300]}"}
+            else:
+                record = json.loads(line[len("@@RECORD@@"):])
+        record.setdefault("seconds", round(time.perf_counter() - start, 1))
+        records.append(record)
+        print(f"{name}{' (eager)' if eager else ''}: applied={record.get('applied')} dropped={len(record.get('dropped', []))} "
+              f"error={record.get('error', '')}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"models": records}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(records))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
