@@ -249,6 +249,12 @@ def shrink_config(config):
         if isinstance(current, int) and not isinstance(current, bool) and current > value:
             with contextlib.suppress(AttributeError, TypeError, ValueError):
                 setattr(small, key, value)
+    embedding = getattr(config, "embedding_size", None)
+    if isinstance(embedding, int) and embedding == getattr(config, "hidden_size", None):
+        # Models that require embedding_size == hidden_size (SqueezeBERT) keep them equal;
+        # factorised embeddings (ALBERT: 128 vs 768) shrink independently.
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            small.embedding_size = small.hidden_size
     if getattr(small, "n_inner", None):
         small.n_inner = 128
     if isinstance(depths, (list, tuple)) and depths:

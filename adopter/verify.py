@@ -64,8 +64,12 @@ def tolerance_for(dtype: torch.dtype, device: torch.device | str | None) -> Tole
 
 # Attribute / config names that hold a dropout probability: `p` (nn.Dropout, fused kernels),
 # `dropout`, `attention_dropout`, `hidden_dropout_prob`, `attn_pdrop`, `dropout_rate`,
-# `layerdrop`, `drop_path_rate`, `dropout_p`, ...
-_DROPOUT_NAME = re.compile(r"^(p|dropout_p|drop_prob)$|dropout|pdrop|layerdrop|drop_path|drop_rate")
+# `layerdrop`, `drop_path_rate`, `dropout_p`, ... and SpecAugment's `mask_time_prob` /
+# `mask_feature_prob` (speech models mask random spans in training, drawn with numpy's RNG,
+# which the seeded comparison does not control).
+_DROPOUT_NAME = re.compile(
+    r"^(p|dropout_p|drop_prob|mask_time_prob|mask_feature_prob)$|dropout|pdrop|layerdrop|drop_path|drop_rate"
+)
 
 
 def _is_probability(value: Any) -> bool:

@@ -33,7 +33,9 @@ MODELS: list[tuple[str, bool]] = [
     ("ConvNextModel", False), ("ResNetModel", False), ("RegNetModel", False),
     ("MobileNetV2Model", False), ("EfficientNetModel", False), ("DPTModel", True),
     ("LevitModel", False), ("SegformerModel", False), ("CLIPTextModel", True),
-    ("LlamaModel", True), ("WhisperModel", True),
+    ("LlamaModel", True), ("WhisperModel", True), ("MPNetModel", False), ("SqueezeBertModel", False),
+    ("MistralModel", True), ("Qwen2Model", True), ("MBartModel", True), ("Wav2Vec2Model", True),
+    ("BeitModel", False), ("MobileViTModel", False),
 ]  # fmt: skip
 
 

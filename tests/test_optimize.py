@@ -406,3 +406,36 @@ def test_class_defined_in_main_script_is_refused():
     Script = type("Script", (torch.nn.Module,), {"__module__": "__main__"})
     with pytest.raises(OptimizeError, match="__main__"):
         optimize(Script, example_inputs={}, pipeline=PIPELINE)
+
+
+def test_shrink_config_keeps_embedding_equal_to_hidden_where_it_was():
+    """Regression (equivalence sweep): SQUEEZEBERT asserts embedding_size == hidden_size;
+    ALBERT's factorised embedding still shrinks on its own."""
+    from transformers import AlbertConfig, SqueezeBertConfig
+
+    from adopter.optimizer import shrink_config
+
+    squeeze = shrink_config(SqueezeBertConfig())
+    assert squeeze.embedding_size == squeeze.hidden_size == 64
+    albert = shrink_config(AlbertConfig())
+    assert (albert.embedding_size, albert.hidden_size) == (32, 64)
+
+
+def test_speech_model_with_spec_augment_is_equivalent_to_itself():
+    """Regression (equivalence sweep): Wav2Vec2 had no generated input_values, and in training
+    mode SpecAugment (mask_time_prob, numpy RNG) made even an unchanged copy "not equivalent"."""
+    import copy
+
+    import transformers
+
+    from adopter.optimizer import shrink_config
+    from adopter.tracing import build_model
+    from adopter.verify import check_equivalence
+
+    config = shrink_config(transformers.Wav2Vec2Config())
+    assert config.mask_time_prob > 0
+    built = build_model(transformers.Wav2Vec2Model, init_args=(config,))
+    assert built.example_inputs["input_values"].shape[0] == 2
+    result = check_equivalence(built.model, copy.deepcopy(built.model), built.example_inputs)
+    assert result.equivalent, result.summary()
+    assert built.model.config.mask_time_prob == config.mask_time_prob  # restored afterwards

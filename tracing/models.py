@@ -9,6 +9,7 @@ on a laptop.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,7 @@ def _apply_overrides(config, attn_implementation, config_overrides, on_meta: boo
 
 _TEXT_INPUTS = ("input_ids",)
 _KNOWN_INPUTS = {
-    "input_ids", "attention_mask", "pixel_values", "input_features", "decoder_input_ids", "decoder_attention_mask",
+    "input_ids", "attention_mask", "pixel_values", "input_features", "input_values", "decoder_input_ids", "decoder_attention_mask",
 }  # fmt: skip
 
 
@@ -140,6 +141,12 @@ def make_example_inputs(model: nn.Module, config, *, batch_size: int = 2, seq_le
         source_positions = getattr(config, "max_source_positions", None)
         frames = 2 * int(source_positions) if isinstance(source_positions, int) else 4 * seq_len
         inputs["input_features"] = torch.randn(batch_size, bins, frames, generator=gen).to(device)
+    if "input_values" in names and "input_ids" not in names and config is not None:
+        # Raw-audio encoders (Wav2Vec2 family): samples for about seq_len frames after the
+        # strided convolutional feature extractor.
+        strides = getattr(config, "conv_stride", None)
+        stride = math.prod(int(s) for s in strides) if isinstance(strides, (list, tuple)) and strides else 320
+        inputs["input_values"] = torch.randn(batch_size, stride * (seq_len + 1), generator=gen).to(device)
     if "decoder_input_ids" in names and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids(max(2, seq_len // 2))
     return inputs
