@@ -234,9 +234,9 @@ def test_shrink_config_stage_based_models_still_run(name):
     stage-based configs alone (ConvNext num_stages, Swin hidden_size and per-stage heads,
     EfficientNet hidden_dim) built models whose forward failed."""
     import transformers
+    from adopter.tracing import build_model
 
     from adopter.optimizer import shrink_config
-    from adopter.tracing import build_model
 
     cls = getattr(transformers, name)
     full = cls.config_class()
@@ -249,9 +249,9 @@ def test_shrink_config_stage_based_models_still_run(name):
 def test_example_inputs_for_speech_encoder_decoder():
     """Regression (equivalence sweep): WhisperModel got no input_features and its forward failed."""
     import transformers
+    from adopter.tracing import build_model
 
     from adopter.optimizer import shrink_config
-    from adopter.tracing import build_model
 
     config = shrink_config(transformers.WhisperConfig())
     built = build_model(transformers.WhisperModel, init_args=(config,))
@@ -427,9 +427,9 @@ def test_speech_model_with_spec_augment_is_equivalent_to_itself():
     import copy
 
     import transformers
+    from adopter.tracing import build_model
 
     from adopter.optimizer import shrink_config
-    from adopter.tracing import build_model
     from adopter.verify import check_equivalence
 
     config = shrink_config(transformers.Wav2Vec2Config())

@@ -10,7 +10,6 @@ from adopter.dsl import Layer, Var
 from adopter.match import MatchContext, local_type_names
 from adopter.rules import Rule
 from adopter.rules._common import const_text, intermediates_unused, kwarg
-from adopter.rules._gelu_wrappers import gelu_functions, gelu_module_classes
 from adopter.rules._config_defaults import (
     config_annotation,
     config_defaults,
@@ -18,6 +17,7 @@ from adopter.rules._config_defaults import (
     local_origin,
     param_passed,
 )
+from adopter.rules._gelu_wrappers import gelu_functions, gelu_module_classes
 
 _TA = "transformers.activations."
 # Activation modules computing exact (erf) GeLU or its tanh approximation: both are kernel modes.
