@@ -207,6 +207,27 @@ def _check_movable(stmts) -> None:
             raise Skip("hoisting would re-indent a multi-line string")
 
 
+def _copy_into_branches(if_node, moving: list, where: str, matched_suite, stmts: list) -> list:
+    """Move ``moving`` to the ``where`` ("start"/"end") of every branch of ``if_node`` (adding
+    an ``else`` if needed). The copy in ``matched_suite`` — the branch the match runs through —
+    takes the place of the originals in ``stmts``; the other copies lose their positions so
+    later edits never target them. Returns the updated ``stmts``."""
+    block_indent = cst.indent_of(moving[0])
+    _ensure_else(if_node)
+    tracked = None
+    for suite in _branch_suites(if_node):
+        copies = _clone_into(moving, suite, where, block_indent)
+        if suite is matched_suite:
+            tracked = copies
+        else:
+            for c in copies:
+                _forget_positions(c)
+    for s in moving:
+        cst.remove_statement(s)
+    index = {id(m): k for k, m in enumerate(moving)}
+    return [tracked[index[id(s)]] if id(s) in index else s for s in stmts]
+
+
 def hoist(stmts: list) -> tuple[list, list]:
     """Bring ``stmts`` (execution order) into one block by copying the statements
     before a branch into every branch (or those after a branch to the end of every
@@ -234,21 +255,7 @@ def hoist(stmts: list) -> tuple[list, list]:
                 stored |= _stored_names(s)
             if _test_names(anc) & stored:
                 raise Skip("the branch condition reads a value the moved statements assign")
-            block_indent = cst.indent_of(moving[0])
-            _ensure_else(anc)
-            target_suite = _ancestor_in(stmts[i], anc)
-            tracked = None
-            for suite in _branch_suites(anc):
-                copies = _clone_into(moving, suite, "start", block_indent)
-                if suite is target_suite:
-                    tracked = copies
-                else:
-                    for c in copies:
-                        _forget_positions(c)
-            for s in moving:
-                cst.remove_statement(s)
-            index = {id(m): k for k, m in enumerate(moving)}
-            stmts = [tracked[index[id(s)]] if id(s) in index else s for s in stmts]
+            stmts = _copy_into_branches(anc, moving, "start", _ancestor_in(stmts[i], anc), stmts)
             touched.append(anc)
             continue
         owner_if = prev_block.parent
@@ -259,20 +266,7 @@ def hoist(stmts: list) -> tuple[list, list]:
             end = outer.index(stmts[i]) + 1
             moving = outer[start:end]
             _check_movable(moving)
-            block_indent = cst.indent_of(moving[0])
-            _ensure_else(owner_if)
-            tracked = None
-            for suite in _branch_suites(owner_if):
-                copies = _clone_into(moving, suite, "end", block_indent)
-                if suite is prev_block:
-                    tracked = copies
-                else:
-                    for c in copies:
-                        _forget_positions(c)
-            for s in moving:
-                cst.remove_statement(s)
-            index = {id(m): k for k, m in enumerate(moving)}
-            stmts = [tracked[index[id(s)]] if id(s) in index else s for s in stmts]
+            stmts = _copy_into_branches(owner_if, moving, "end", prev_block, stmts)
             touched.append(owner_if)
             continue
         raise Skip("matched statements lie in different branches")
