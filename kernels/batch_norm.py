@@ -21,6 +21,14 @@ class _FoldsBatchNorm(ParentKeyRemap):
     _fold_key: tuple | None
     _fold_cache: tuple[torch.Tensor, torch.Tensor] | None
 
+    def _attach_batch_norm(self, bn: nn.modules.batchnorm._BatchNorm, bn_name: str) -> None:
+        """Register the BN child, the parent-key name its state maps to, and the hooks."""
+        self.bn_name = _bn_name_ok(bn_name)
+        self.bn = bn
+        self._fold_key = None
+        self._fold_cache = None
+        install_hooks(self)
+
     def _can_fold(self) -> bool:
         bn = self.bn
         # BN uses batch statistics in training, and in eval when it tracks none
@@ -96,12 +104,9 @@ class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
     ) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device=device, dtype=dtype)
-        self.bn_name = _bn_name_ok(bn_name)
-        self.bn = nn.BatchNorm2d(out_channels, eps=bn_eps, momentum=bn_momentum, affine=bn_affine,
-                                 track_running_stats=bn_track_running_stats, device=device, dtype=dtype)
-        self._fold_key = None
-        self._fold_cache = None
-        install_hooks(self)
+        self._attach_batch_norm(nn.BatchNorm2d(out_channels, eps=bn_eps, momentum=bn_momentum, affine=bn_affine,
+                                               track_running_stats=bn_track_running_stats, device=device,
+                                               dtype=dtype), bn_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._can_fold():
@@ -129,12 +134,9 @@ class FusedLinearBatchNorm1d(_FoldsBatchNorm, nn.Linear):
         dtype=None,
     ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.bn_name = _bn_name_ok(bn_name)
-        self.bn = nn.BatchNorm1d(out_features, eps=bn_eps, momentum=bn_momentum, affine=bn_affine,
-                                 track_running_stats=bn_track_running_stats, device=device, dtype=dtype)
-        self._fold_key = None
-        self._fold_cache = None
-        install_hooks(self)
+        self._attach_batch_norm(nn.BatchNorm1d(out_features, eps=bn_eps, momentum=bn_momentum, affine=bn_affine,
+                                               track_running_stats=bn_track_running_stats, device=device,
+                                               dtype=dtype), bn_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if is_proxy(x) or x.dim() != 2 or not self._can_fold():  # (rank unknown while fx traces)
