@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adopter.core.structures import Match
 from adopter.rewrite.source_io import read_source
-from adopter.structures import Match
 
 __all__ = [
     "AdopterWarning",
@@ -167,7 +167,7 @@ class RewriteOutput:
 
 def _default_scan(files: Sequence[str], rules: Sequence[Any]) -> tuple[list[Match], list[Match]]:
     """(matches, rejected-by-precondition) over the files, without importing them."""
-    from adopter.scan import scan_source
+    from adopter.core.scan import scan_source
 
     matches: list[Match] = []
     rejected: list[Match] = []
@@ -465,7 +465,7 @@ def _package_files(model, model_cls: type) -> dict[str, str]:
 
 
 def _resolve_rules(rules) -> list[Any]:
-    from adopter.rules import all_rules, get_rules
+    from adopter.core.rules import all_rules, get_rules
 
     if rules is None:
         return all_rules()

@@ -86,7 +86,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
 
     rules = None
     if options.rules:
-        from adopter.rules import UnknownRuleError, get_rules
+        from adopter.core.rules import UnknownRuleError, get_rules
 
         try:
             rules = get_rules(options.rules.split(","))

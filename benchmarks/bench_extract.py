@@ -1,4 +1,4 @@
-"""Extraction benchmark: ``adopter.extract.extract_source`` over every installed
+"""Extraction benchmark: ``adopter.core.extract.extract_source`` over every installed
 transformers ``models/*/modeling_*.py`` (static only: nothing imported or executed).
 
 Writes to ``benchmarks/results/extract_transformers.json``: total and per-file time
@@ -33,7 +33,7 @@ def modeling_files() -> list[Path]:
 
 
 def run() -> dict:
-    from adopter.extract import MAX_PATHS, extract_source
+    from adopter.core.extract import MAX_PATHS, extract_source
 
     files = [(f, f.read_text(encoding="utf-8")) for f in modeling_files()]
     cpu0 = time.process_time()

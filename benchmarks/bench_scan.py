@@ -37,10 +37,10 @@ def modeling_files() -> list[Path]:
 
 
 def run_benchmark() -> dict:
-    from adopter.extract import extract_source
-    from adopter.match import match_structures
-    from adopter.rules import all_rules
-    from adopter.scan import ScanError, ScanReport
+    from adopter.core.extract import extract_source
+    from adopter.core.match import match_structures
+    from adopter.core.rules import all_rules
+    from adopter.core.scan import ScanError, ScanReport
 
     rules = all_rules()
     files = modeling_files()
@@ -117,8 +117,8 @@ def main(argv=None) -> int:
 
 
 def test_scan_bert_file(benchmark):
-    from adopter.rules import all_rules
-    from adopter.scan import scan_paths
+    from adopter.core.rules import all_rules
+    from adopter.core.scan import scan_paths
 
     path = transformers_models_dir() / "bert" / "modeling_bert.py"
     rules = all_rules()

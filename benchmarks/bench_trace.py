@@ -60,7 +60,7 @@ def trace_case(model_id: str, device: str, **build_kwargs) -> dict:
     start = time.perf_counter()
     from adopter.tracing import build_model, capture_model, confirm_matches
 
-    from adopter.scan import scan_paths
+    from adopter.core.scan import scan_paths
 
     t_import = time.perf_counter() - start
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Transformation half: perform :class:`~adopter.rewrite.edits.Edit` plans on a fissix tree.
+"""Transformation half: perform :class:`~adopter.core.codemod.edits.Edit` plans on a fissix tree.
 
 Statements are found by where they start in the original text; synthesized nodes carry
 line 0 so they are never mistaken for original code, and hoisted copies other than the
@@ -8,10 +8,11 @@ one that receives the kernel call are cleared the same way.
 from __future__ import annotations
 
 from adopter.rewrite import cst
-from adopter.rewrite.analysis import Skip
-from adopter.rewrite.edits import Edit, Extent, Pos
 from fissix.pgen2 import token
 from fissix.pygram import python_symbols as syms
+
+from adopter.core.codemod.context import Skip
+from adopter.core.codemod.edits import Edit, Extent, Pos
 
 KERNELS_MODULE = "adopter.kernels"
 

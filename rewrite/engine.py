@@ -14,13 +14,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from adopter.rewrite import cst
-from adopter.rewrite.analysis import FileContext, Skip
 from adopter.rewrite.apply import add_kernel_imports, apply_edit
-from adopter.rewrite.codemod_generic import generic_codemod, register_rules
-from adopter.rewrite.edits import Edit
 from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
 
-from adopter.structures import Match
+from adopter.core.codemod.context import FileContext, Skip
+from adopter.core.codemod.edits import Edit
+from adopter.core.codemod.generic import generic_codemod, register_rules
+from adopter.core.structures import Match
 
 __all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemods", "rewrite_file", "rewrite_source"]
 
@@ -61,15 +61,15 @@ class RewriteResult:
 
 def codemods():
     """Rule name -> codemod (importing the codemod modules registers them)."""
-    from adopter.rewrite import (  # noqa: F401
-        codemod_attention,
-        codemod_batchnorm,
-        codemod_gelu,
-        codemod_layernorm,
-        codemod_qkv,
-        codemod_softmax,
+    from adopter.core.codemod.base import REGISTRY
+    from adopter.core.rules import (  # noqa: F401
+        _codemod_attention,
+        _codemod_batchnorm,
+        _codemod_gelu,
+        _codemod_layernorm,
+        _codemod_qkv,
+        _codemod_softmax,
     )
-    from adopter.rewrite.codemod_base import REGISTRY
 
     return REGISTRY
 
@@ -270,7 +270,7 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
 
     The file keeps its encoding, newline style and final-newline state; it is replaced
     atomically and only when the rewritten text compiles."""
-    from adopter.scan import scan_source
+    from adopter.core.scan import scan_source
 
     name = str(path)
     try:
@@ -278,7 +278,7 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
     except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as exc:
         return FileRewrite(name, "failed", reason=f"cannot read: {exc}")
     if rules is None:
-        from adopter.rules import all_rules
+        from adopter.core.rules import all_rules
 
         rules = all_rules()
     rules = list(rules)

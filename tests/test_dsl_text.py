@@ -2,8 +2,8 @@
 
 import pytest
 
-from adopter.dsl import Arg, Const, Layer, TensorOp, Var, Wildcard
-from adopter.dsl_text import (
+from adopter.core.dsl import Arg, Const, Layer, TensorOp, Var, Wildcard
+from adopter.core.dsl_text import (
     DSLSyntaxError,
     format_node,
     format_pattern,

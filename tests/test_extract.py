@@ -1,4 +1,4 @@
-"""Model-structure extraction (adopter.extract): paper §3.2 examples and the issue's cases."""
+"""Model-structure extraction (adopter.core.extract): paper §3.2 examples and the issue's cases."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from adopter.dsl import Const, Layer, TensorOp, Var
-from adopter.extract import (
+from adopter.core.dsl import Const, Layer, TensorOp, Var
+from adopter.core.extract import (
     ATTENTION_TABLE_TYPE,
     MAX_PATHS,
     UNKNOWN_TYPE,
@@ -1002,7 +1002,7 @@ def test_comprehension_calls_modules_once():
 
 
 def test_torch_base_of_same_file_subclass():
-    from adopter.extract import torch_base_of
+    from adopter.core.extract import torch_base_of
 
     fs = src(
         """
@@ -1029,7 +1029,7 @@ def test_output_is_deterministic_across_hash_seeds():
     import sys
 
     code = (
-        "import hashlib, sys; from adopter.extract import extract_file\n"
+        "import hashlib, sys; from adopter.core.extract import extract_file\n"
         "h = hashlib.sha256()\n"
         "for f in sys.argv[1:]:\n"
         "    fs = extract_file(f)\n"

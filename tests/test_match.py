@@ -2,12 +2,12 @@
 
 from dataclasses import replace
 
-from adopter.dsl import Span, Var
-from adopter.dsl_text import parse_pattern
-from adopter.match import match_init, match_pattern, match_structures
-from adopter.rules import Rule
-from adopter.rules._common import intermediates_unused
-from adopter.structures import ClassInfo, FileStructures, FunctionStructures, InitBinding, PathStructure
+from adopter.core.dsl import Span, Var
+from adopter.core.dsl_text import parse_pattern
+from adopter.core.match import match_init, match_pattern, match_structures
+from adopter.core.rules import Rule
+from adopter.core.rules._common import intermediates_unused
+from adopter.core.structures import ClassInfo, FileStructures, FunctionStructures, InitBinding, PathStructure
 
 
 def nodes(text, first_line=10, function="M.forward"):
@@ -195,7 +195,7 @@ def test_helper_match_reported_once_under_the_helper():
 
 
 def test_user_rule_file_variants_group(tmp_path):
-    from adopter.rules import load_rules_file
+    from adopter.core.rules import load_rules_file
 
     f = tmp_path / "r.adopter"
     f.write_text(DLN + "\nrule DLN2\nforward:\n    torch.nn.Dropout($x) -> $y => k($x) -> $y\n" + DLN)
@@ -272,8 +272,8 @@ forward:
 
 
 def test_same_file_layer_subclass_matches_as_its_torch_parent_when_the_rule_opts_in():
-    from adopter.extract import extract_source
-    from adopter.match import layer_subclass_aliases
+    from adopter.core.extract import extract_source
+    from adopter.core.match import layer_subclass_aliases
 
     s = extract_source(CONV_SOURCE, "modeling_toy.py")
     aliases = layer_subclass_aliases(s, CONV_SOURCE)
@@ -293,7 +293,7 @@ def test_same_file_layer_subclass_matches_as_its_torch_parent_when_the_rule_opts
     # rules that do not opt in see only torch.nn.Conv2d
     assert match_structures(s, [Rule("CBN", "k.Fused", "t", CBN)], source=CONV_SOURCE) == []
     # the built-in Conv_BatchNorm opts in (its codemod maps or skips subclass constructors)
-    from adopter.rules import get_rules
+    from adopter.core.rules import get_rules
 
     (builtin,) = get_rules(["Conv_BatchNorm"])
     assert builtin.match_subclasses
@@ -336,8 +336,8 @@ class Child(Base):
 
 
 def test_optional_module_attrs_are_those_some_instances_lack():
-    from adopter.extract import extract_source
-    from adopter.match import optional_module_attrs
+    from adopter.core.extract import extract_source
+    from adopter.core.match import optional_module_attrs
 
     s = extract_source(OPTIONAL_SOURCE, "modeling_opt.py")
     classes = {c.name: c for c in s.classes}
@@ -352,8 +352,8 @@ def test_optional_module_attrs_are_those_some_instances_lack():
 
 
 def test_optional_inputs_default_to_none():
-    from adopter.extract import extract_source
-    from adopter.match import optional_inputs
+    from adopter.core.extract import extract_source
+    from adopter.core.match import optional_inputs
 
     s = extract_source(OPTIONAL_SOURCE, "modeling_opt.py")
     (fs,) = [f for f in s.functions if f.class_name == "Child"]
@@ -405,7 +405,7 @@ class M(nn.Module):
 
 
 def test_the_variant_not_reading_an_optional_input_is_reported():
-    from adopter.extract import extract_source
+    from adopter.core.extract import extract_source
 
     s = extract_source(CROSS_SOURCE, "m.py")
     (m,) = match_structures(s, [_extra_node_rule(False)], source=CROSS_SOURCE)
@@ -416,7 +416,7 @@ def test_the_variant_not_reading_an_optional_input_is_reported():
 
 
 def test_variant_rank_order():
-    from adopter.match import variant_rank
+    from adopter.core.match import variant_rank
 
     (m,) = match_structures(extract_source_cross(), [_extra_node_rule(False)], source=CROSS_SOURCE)
     core_only = replace(m, nodes=m.nodes[1:])
@@ -431,6 +431,6 @@ def test_variant_rank_order():
 
 
 def extract_source_cross():
-    from adopter.extract import extract_source
+    from adopter.core.extract import extract_source
 
     return extract_source(CROSS_SOURCE, "m.py")

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adopter.dsl import Layer, Span
+from adopter.core.dsl import Layer, Span
+from adopter.core.structures import Match, MatchedNode
 from adopter.optimizer import (
     AdopterWarning,
     Pipeline,
@@ -20,7 +21,6 @@ from adopter.optimizer import (
     load_rewritten_modules,
     optimize,
 )
-from adopter.structures import Match, MatchedNode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "optimize"
 
@@ -268,7 +268,7 @@ def _real_pipeline_available() -> bool:
         from adopter.rewrite import rewrite_source  # noqa: F401
         from adopter.tracing import confirm_matches  # noqa: F401
 
-        import adopter.extract  # noqa: F401
+        import adopter.core.extract  # noqa: F401
     except ImportError:
         return False
     return True
@@ -333,7 +333,7 @@ def test_deliberately_wrong_user_rule_is_dropped_automatically(monkeypatch):
     from adopter.rewrite import codemods
     from transformers import BertConfig, BertModel
 
-    from adopter.rules import get_rules, load_rules_file
+    from adopter.core.rules import get_rules, load_rules_file
 
     monkeypatch.syspath_prepend(str(FIXTURES))
     import wrong_rule

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from adopter.rewrite import rewrite_file, rewrite_source
 
-from adopter.dsl import Layer, Span
-from adopter.rules import all_rules
-from adopter.scan import scan_source
-from adopter.structures import Match, MatchedNode
+from adopter.core.dsl import Layer, Span
+from adopter.core.rules import all_rules
+from adopter.core.scan import scan_source
+from adopter.core.structures import Match, MatchedNode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from adopter.rewrite import rewrite_file, rewrite_source
-from adopter.rewrite.codemod_generic import register_rules, snake_case
 from adopter.rewrite.loader import load_rewritten_module
 
-from adopter.rules import load_rules_file
-from adopter.scan import scan_source
+from adopter.core.codemod.generic import register_rules, snake_case
+from adopter.core.rules import load_rules_file
+from adopter.core.scan import scan_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite" / "generic"
 BEFORE = FIXTURES / "linear_relu.before.py"

@@ -13,8 +13,8 @@ transformers = pytest.importorskip("transformers")
 from adopter.rewrite import rewrite_source
 from adopter.rewrite.loader import load_rewritten_module
 
-from adopter.rules import all_rules
-from adopter.scan import scan_source
+from adopter.core.rules import all_rules
+from adopter.core.scan import scan_source
 
 
 def _rewrite_module(module_name: str, config, rules=None):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adopter.rules import RULE_MODULES, UnknownRuleError, all_rules, get_rules
-from adopter.scan import scan_paths
+from adopter.core.rules import RULE_MODULES, UnknownRuleError, all_rules, get_rules
+from adopter.core.scan import scan_paths
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rules"
 FILES = sorted(p for p in FIXTURES.rglob("*.py") if not p.name.startswith("configuration_"))
@@ -91,7 +91,7 @@ def test_dpt_conv_batchnorm_spans_the_if():
 
 
 def test_function_ast_parses_one_function_with_file_line_numbers():
-    from adopter.rules._source import function_ast
+    from adopter.core.rules._source import function_ast
 
     source = (
         "import torch\n"
@@ -115,7 +115,7 @@ def test_function_ast_parses_one_function_with_file_line_numbers():
 
 
 def test_config_defaults_follow_the_annotated_config_class(tmp_path):
-    from adopter.rules._config_defaults import config_annotation, config_defaults
+    from adopter.core.rules._config_defaults import config_annotation, config_defaults
 
     (tmp_path / "configuration_toy.py").write_text(
         "class ToyVisionConfig:\n    hidden_act: str = 'gelu'\n\n"
@@ -142,7 +142,7 @@ def _toy_transformers(tmp_path, config_body: str, base_body: str = "    return_d
 
 
 def test_config_defines_follows_in_file_bases_up_to_pretrained_config(tmp_path):
-    from adopter.rules._config_defaults import config_defines
+    from adopter.core.rules._config_defaults import config_defines
 
     modeling = _toy_transformers(
         tmp_path,
@@ -188,7 +188,7 @@ class ToySequenceSummary(nn.Module):
 
 
 def test_getattr_default_applies_only_when_no_configuration_defines_the_attribute(tmp_path):
-    from adopter.scan import scan_paths
+    from adopter.core.scan import scan_paths
 
     def scan(config_body):
         # a fresh directory each time: configuration files are read once per path (cached)
@@ -218,8 +218,8 @@ def test_getattr_default_applies_only_when_no_configuration_defines_the_attribut
     ("biased_GeLU/transformers/models/toyhead/modeling_toyhead.py", 79, "defines no pooler_hidden_act"),
 ])
 def test_rejections_say_why(fixture, line, reason):
-    from adopter.extract import extract_source
-    from adopter.match import match_structures
+    from adopter.core.extract import extract_source
+    from adopter.core.match import match_structures
 
     path = FIXTURES / fixture
     text = path.read_text()
@@ -244,8 +244,8 @@ def test_rejections_say_why(fixture, line, reason):
      ["encoder_hidden_states"]),
 ])
 def test_attention_lines_are_the_path_a_plain_model_runs(fixture, rule, want, not_want):
-    from adopter.extract import extract_source
-    from adopter.match import match_structures
+    from adopter.core.extract import extract_source
+    from adopter.core.match import match_structures
 
     path = FIXTURES / fixture
     text = path.read_text()

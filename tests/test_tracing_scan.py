@@ -20,7 +20,7 @@ from adopter.cli import main
 
 
 def scan(path):
-    from adopter.scan import scan_paths
+    from adopter.core.scan import scan_paths
 
     return scan_paths([path]).matches
 

@@ -32,8 +32,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from adopter.dsl import Layer, Span, TensorOp, Var
-from adopter.structures import Match, MatchedNode
+from adopter.core.dsl import Layer, Span, TensorOp, Var
+from adopter.core.structures import Match, MatchedNode
 
 from .capture import Capture, CaptureError, capture_model
 from .source_map import NodeSource, enclosing_condition, enclosing_scope, map_nodes
@@ -375,7 +375,7 @@ def _evaluate_instance(index: TraceIndex, match: Match, instance: str, model: nn
 
 def _projection_role(node) -> str | None:
     try:
-        from adopter.rules.fused_qkv import projection_role
+        from adopter.core.rules.fused_qkv import projection_role
     except ImportError:  # rules not importable: fall back to the out_features check only
         return None
     attr = _attr_path(getattr(node, "module", None))

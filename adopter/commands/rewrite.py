@@ -49,7 +49,7 @@ def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
 def run(args) -> int:
     from adopter.cli import UserError
     from adopter.commands.scan import select_rules
-    from adopter.scan import collect_files
+    from adopter.core.scan import collect_files
 
     select_rules(args)  # validate names and rule files once, with one-line errors
     try:

@@ -17,7 +17,7 @@ def add_arguments(parser):
 
 
 def _rule_json(rule, full: bool) -> dict:
-    from adopter.dsl_text import format_rules
+    from adopter.core.dsl_text import format_rules
 
     d = {"name": rule.name, "kernel": rule.kernel, "summary": rule.summary}
     if full:
@@ -29,8 +29,8 @@ def _rule_json(rule, full: bool) -> dict:
 def run(args) -> int:
     from adopter.cli import UserError
     from adopter.commands.scan import select_rules
-    from adopter.dsl_text import format_rules
-    from adopter.rules import all_rules
+    from adopter.core.dsl_text import format_rules
+    from adopter.core.rules import all_rules
 
     rules = all_rules()
     if args.rules_file:

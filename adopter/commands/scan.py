@@ -15,7 +15,7 @@ def add_arguments(parser):
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--rules", metavar="NAME,...", help="comma-separated rule names (default: all built-in rules)")
     parser.add_argument("--rules-file", metavar="FILE", action="append", default=[],
-                        help="rules written in the DSL (syntax: `pydoc adopter.dsl_text`); used instead of the "
+                        help="rules written in the DSL (syntax: `pydoc adopter.core.dsl_text`); used instead of the "
                              "built-in rules unless --rules also names some; may repeat")
     parser.add_argument("--model", metavar="ID", help="confirm matches by tracing this model id (imports torch)")
     parser.add_argument("--device", metavar="DEV", default=None, help="device for --model tracing (default: cpu)")
@@ -25,8 +25,8 @@ def add_arguments(parser):
 def select_rules(args) -> list:
     """Rules from ``--rules`` / ``--rules-file`` (all built-in ones when neither is given)."""
     from adopter.cli import UserError
-    from adopter.dsl_text import DSLSyntaxError
-    from adopter.rules import UnknownRuleError, all_rules, get_rules, load_rules_file
+    from adopter.core.dsl_text import DSLSyntaxError
+    from adopter.core.rules import UnknownRuleError, all_rules, get_rules, load_rules_file
 
     rules = []
     if args.rules:
@@ -101,7 +101,7 @@ def format_text(report, confirmed: bool) -> str:
 
 def run(args) -> int:
     from adopter.cli import UserError
-    from adopter.scan import collect_files, scan_paths
+    from adopter.core.scan import collect_files, scan_paths
 
     rules = select_rules(args)
     try:

@@ -53,7 +53,7 @@ def run(args) -> int:
     if not args.model:
         raise UserError("--model ID is required (known model ids: " + ", ".join(known_model_ids()) + ")")
     from adopter.commands.scan import format_text, select_rules
-    from adopter.scan import scan_paths
+    from adopter.core.scan import scan_paths
     from adopter.tracing import CaptureError, TracingError, build_model, capture_model, confirm_matches
 
     rules = select_rules(args)

@@ -119,7 +119,7 @@ def _overlaps(a, b) -> bool:
 
 
 def evaluate(corpus: dict, matches, files: CorpusFiles) -> Score:
-    """Compare ``matches`` (``adopter.structures.Match`` objects or their JSON dicts) with the labels
+    """Compare ``matches`` (``adopter.core.structures.Match`` objects or their JSON dicts) with the labels
     of the files in ``files.paths``."""
     usable = set(files.paths)
     labels = [l for l in corpus["labels"] if l["file"] in usable]
@@ -178,8 +178,8 @@ def _fp_reason(m, labels, negatives, credited, found) -> str:
 
 def scan(files: CorpusFiles):
     """Static scan of the corpus files with every built-in rule -> ``ScanReport``."""
-    from adopter.rules import all_rules
-    from adopter.scan import scan_paths
+    from adopter.core.rules import all_rules
+    from adopter.core.scan import scan_paths
 
     return scan_paths([str(p) for _, p in sorted(files.paths.items())], all_rules())
 

@@ -1,0 +1,328 @@
+"""Analysis half of the codemods: read-only questions about the original source,
+answered with stdlib ``ast`` (whose positions are exactly the ``Span`` contract).
+
+Codemods turn a :class:`~adopter.core.structures.Match` into an :class:`~adopter.core.codemod.edits.Edit`
+using only this module; :mod:`adopter.rewrite.apply` then performs the edit on the fissix tree.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from adopter.core.dsl import Span
+
+
+class Skip(Exception):
+    """A match that cannot be rewritten safely; the message is the reason shown to the user."""
+
+
+def _walk_no_nested_scopes(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.walk`` that does not descend into nested functions, lambdas or classes."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for child in ast.iter_child_nodes(current):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            stack.append(child)
+
+
+@dataclass
+class FunctionInfo:
+    qualname: str
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    class_node: ast.ClassDef | None
+
+
+@dataclass
+class FileContext:
+    """The original source, parsed once with ``ast``, plus position indexes."""
+
+    text: str
+    filename: str = "<string>"
+    config: object | None = None  # a model config: resolves ``ACT2FN[config.x]`` when given
+    tree: ast.Module = field(init=False)
+    lines: list[str] = field(init=False)
+
+    def __post_init__(self):
+        self.tree = ast.parse(self.text, filename=self.filename)
+        self.lines = self.text.splitlines(keepends=True)
+        self._parents: dict[ast.AST, ast.AST] = {}
+        for parent in ast.walk(self.tree):
+            for child in ast.iter_child_nodes(parent):
+                self._parents[child] = parent
+        self._by_pos: dict[tuple[int, int, int, int], list[ast.AST]] = {}
+        for node in ast.walk(self.tree):
+            if hasattr(node, "end_lineno") and node.end_lineno is not None:
+                key = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
+                self._by_pos.setdefault(key, []).append(node)
+
+    # ---------------------------------------------------------------- positions
+
+    def parent(self, node: ast.AST) -> ast.AST | None:
+        return self._parents.get(node)
+
+    def expr_at(self, span: Span) -> ast.expr:
+        """The expression exactly at ``span`` (outermost when several share it)."""
+        found = self._by_pos.get((span.line, span.col, span.end_line, span.end_col))
+        exprs = [n for n in found or () if isinstance(n, ast.expr)]
+        if not exprs:
+            raise Skip(f"no expression at {span.line}:{span.col} (source changed since scanning?)")
+        return exprs[0]
+
+    def segment(self, node: ast.AST) -> str:
+        text = ast.get_source_segment(self.text, node)
+        if text is None:
+            raise Skip(f"cannot read the source of the expression at line {node.lineno}")
+        return text
+
+    def char_col(self, line: int, byte_col: int) -> int:
+        """ast columns are UTF-8 byte offsets; fissix counts characters."""
+        raw = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return len(raw.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
+
+    def char_span(self, node: ast.AST) -> tuple[int, int, int, int]:
+        return (
+            node.lineno,
+            self.char_col(node.lineno, node.col_offset),
+            node.end_lineno,
+            self.char_col(node.end_lineno, node.end_col_offset),
+        )
+
+    # ---------------------------------------------------------------- scopes
+
+    @cached_property
+    def functions(self) -> dict[str, FunctionInfo]:
+        out: dict[str, FunctionInfo] = {}
+
+        def visit(body, prefix: str, cls: ast.ClassDef | None):
+            for stmt in body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    qual = f"{prefix}{stmt.name}"
+                    out.setdefault(qual, FunctionInfo(qual, stmt, cls))
+                elif isinstance(stmt, ast.ClassDef):
+                    visit(stmt.body, f"{prefix}{stmt.name}.", stmt)
+                elif isinstance(stmt, (ast.If, ast.Try)):
+                    # Definitions under `if TYPE_CHECKING`/try at module level still count.
+                    for part in (getattr(stmt, "body", []), getattr(stmt, "orelse", [])):
+                        visit(part, prefix, cls)
+
+        visit(self.tree.body, "", None)
+        return out
+
+    @cached_property
+    def classes(self) -> dict[str, ast.ClassDef]:
+        return {n.name: n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef)}
+
+    def function(self, qualname: str) -> FunctionInfo:
+        info = self.functions.get(qualname)
+        if info is None:
+            raise Skip(f"function {qualname} not found")
+        return info
+
+    def enclosing_function(self, node: ast.AST) -> ast.FunctionDef | None:
+        current = self.parent(node)
+        while current is not None and not isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            current = self.parent(current)
+        return current
+
+    def enclosing_class_name(self, node: ast.AST) -> str | None:
+        current = self.parent(node)
+        while current is not None and not isinstance(current, ast.ClassDef):
+            current = self.parent(current)
+        return current.name if current is not None else None
+
+    def statement_of(self, node: ast.AST) -> ast.stmt:
+        current = node
+        while current is not None and not isinstance(current, ast.stmt):
+            current = self.parent(current)
+        if current is None:
+            raise Skip(f"expression at line {node.lineno} is not inside a statement")
+        return current
+
+    def block_of(self, stmt: ast.stmt) -> tuple[ast.AST, str, list[ast.stmt]]:
+        """(owner node, field name, the statement list holding ``stmt``)."""
+        owner = self.parent(stmt)
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(owner, name, None)
+            if isinstance(block, list) and stmt in block:
+                return owner, name, block
+        raise Skip(f"statement at line {stmt.lineno} is not in a block")
+
+    def enclosing_ifs(self, stmt: ast.stmt, stop: ast.AST) -> list[tuple[str, str]]:
+        """``[(test source, 'body'|'orelse'), ...]`` of the ``if`` statements between
+        ``stop`` (exclusive) and ``stmt``, outermost first. Other compound statements
+        (loops, with, try) raise :class:`Skip`."""
+        chain: list[tuple[str, str]] = []
+        current: ast.AST = stmt
+        while True:
+            owner, name, _ = self.block_of(current)
+            if owner is stop:
+                break
+            if not isinstance(owner, ast.If):
+                raise Skip(f"line {stmt.lineno} is inside a {type(owner).__name__.lower()} statement")
+            chain.append((self.segment(owner.test), name))
+            current = owner
+        return list(reversed(chain))
+
+    # ---------------------------------------------------------------- names
+
+    def class_attr_uses(self, class_name: str, attr: str) -> list[tuple[int, int, str]]:
+        """Every read of ``self.<attr>`` in the class outside ``__init__``:
+        ``(line, col, function name)``; also ``getattr(self, "attr")``."""
+        cls = self.classes.get(class_name)
+        if cls is None:
+            return []
+        uses = []
+        for fn in cls.body:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr == attr
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "self"
+                    and isinstance(node.ctx, ast.Load)
+                ):
+                    if fn.name == "__init__":
+                        uses.append((node.lineno, node.col_offset, "__init__"))
+                    else:
+                        uses.append((node.lineno, node.col_offset, fn.name))
+                elif (
+                    isinstance(node, ast.Constant)
+                    and node.value == attr
+                    and isinstance(self.parent(node), ast.Call)
+                ):
+                    uses.append((node.lineno, node.col_offset, fn.name))
+        return uses
+
+    def subclasses(self, class_name: str) -> list[str]:
+        """Classes in this file deriving (transitively) from ``class_name``."""
+        out: list[str] = []
+        frontier = [class_name]
+        while frontier:
+            base = frontier.pop()
+            for cls in self.classes.values():
+                names = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in cls.bases}
+                if base in names and cls.name not in out and cls.name != class_name:
+                    out.append(cls.name)
+                    frontier.append(cls.name)
+        return out
+
+    def class_attr_stores(self, class_name: str, attr: str) -> list[ast.stmt]:
+        cls = self.classes.get(class_name)
+        out = []
+        for node in ast.walk(cls) if cls is not None else ():
+            if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id == "self":
+                    out.append(self.statement_of(node))
+        return out
+
+    def names_in_function(self, fn: ast.AST) -> set[str]:
+        names = set()
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+        return names
+
+    def kernel_imports(self) -> dict[str, str]:
+        """Names already imported from ``adopter.kernels`` at module level: name -> local name."""
+        out = {}
+        for stmt in self.tree.body:
+            if isinstance(stmt, ast.ImportFrom) and stmt.module == "adopter.kernels" and stmt.level == 0:
+                for alias in stmt.names:
+                    out[alias.name] = alias.asname or alias.name
+        return out
+
+    def module_names(self) -> set[str]:
+        """Every name bound or read anywhere in the module (to avoid import collisions)."""
+        names = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+        return names
+
+
+def stores(node: ast.AST) -> set[str]:
+    """Local names a statement (re)binds."""
+    out = set()
+    for sub in _walk_no_nested_scopes(node):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+            out.add(sub.id)
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub is not node:
+            out.add(sub.name)
+        elif isinstance(sub, ast.alias):
+            out.add((sub.asname or sub.name).split(".")[0])
+    return out
+
+
+def loads(node: ast.AST) -> set[str]:
+    return {
+        sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
+    }
+
+
+def has_call(node: ast.AST) -> bool:
+    return any(isinstance(sub, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)) for sub in ast.walk(node))
+
+
+def is_self_attr(node: ast.AST) -> str | None:
+    """``self.x`` -> ``"x"``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def simple_assign_target(stmt: ast.stmt) -> str | None:
+    """``name = ...`` / ``name: T = ...`` -> name."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+        return stmt.target.id
+    return None
+
+
+def call_arguments(call: ast.Call, signature: Iterable[str]) -> dict[str, ast.expr]:
+    """Arguments of a call by parameter name (positional mapped through ``signature``)."""
+    names = list(signature)
+    out: dict[str, ast.expr] = {}
+    for index, arg in enumerate(call.args):
+        if isinstance(arg, ast.Starred):
+            raise Skip("call uses *args")
+        if index >= len(names):
+            raise Skip("call has more positional arguments than expected")
+        out[names[index]] = arg
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise Skip("call uses **kwargs")
+        out[kw.arg] = kw.value
+    return out
+
+
+def literal(node: ast.expr | None):
+    if node is None:
+        return None
+    try:
+        return ast.literal_eval(node)
+    except Exception:
+        return _NOT_LITERAL
+
+
+_NOT_LITERAL = object()
+
+
+def is_literal(value) -> bool:
+    return value is not _NOT_LITERAL

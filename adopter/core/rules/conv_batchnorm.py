@@ -1,0 +1,44 @@
+"""Conv_BatchNorm: fuse ``BatchNorm2d(Conv2d(x))`` into ``adopter.kernels.FusedConv2dBatchNorm2d``."""
+
+from __future__ import annotations
+
+from adopter.core.rules import Rule
+from adopter.core.rules._common import distinct_modules, intermediates_unused
+
+DSL = """
+rule Conv_BatchNorm
+init:
+    torch.nn.Conv2d($cin, $cout) -> $conv; torch.nn.BatchNorm2d($nf) -> $bn
+    => adopter.kernels.FusedConv2dBatchNorm2d($cin, $cout) -> $conv
+forward:
+    torch.nn.Conv2d@$conv($x) -> $c; torch.nn.BatchNorm2d@$bn($c) -> $out
+    => adopter.kernels.FusedConv2dBatchNorm2d@$conv($x) -> $out
+"""
+
+DOC = """\
+Fuses a 2-D convolution and the batch norm applied to its output (folded in eval). A
+match is a ``torch.nn.Conv2d`` module call whose output is directly the input of a
+``torch.nn.BatchNorm2d`` module call on the same control-flow path — including when the
+batch norm sits in a branch the convolution does not (paper Fig. 3/5: DPT
+``if self.use_batch_norm``) — with both modules bound in ``__init__``. The convolution
+may be a subclass of ``nn.Conv2d`` defined in the same file that defines no method but
+``__init__`` (directly or through same-file bases), so its forward is Conv2d's
+(EfficientNet's depthwise ``EfficientNetDepthwiseConv2d``); the rewrite builds the fused
+module from the Conv2d arguments that constructor passes to ``super().__init__`` and
+skips, with the reason, constructors it cannot map exactly. Not a match: functional
+``F.conv2d``/``F.batch_norm``; Conv2d subclasses that override ``forward`` or any other
+method, or are defined in another file; Conv1d/Conv3d/ConvTranspose2d; BatchNorm1d/3d,
+SyncBatchNorm or other norms; any op (activation, padding, reshape) between the two; a
+convolution output that is also read elsewhere; layers inside ``nn.Sequential``
+containers (not extracted as separate calls)."""
+
+RULE = Rule(
+    name="Conv_BatchNorm",
+    kernel="adopter.kernels.FusedConv2dBatchNorm2d",
+    doc=DOC,
+    dsl=DSL,
+    preconditions=(intermediates_unused("$c"), distinct_modules("$conv", "$bn")),
+    # Same-file Conv2d subclasses (EfficientNetDepthwiseConv2d): rewrite/codemod_batchnorm.py
+    # maps their constructor to Conv2d's arguments (conv2d_subclass_args) or skips the match.
+    match_subclasses=True,
+)

@@ -1,0 +1,145 @@
+"""What static extraction produces from one source file (paper §3.2), and what
+matching produces from that (§3.4). Plain dataclasses; data flows one way:
+
+    source text --extract--> FileStructures --match--> [Match] --trace--> [Match with status]
+    --rewrite--> edits --verify--> result
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from adopter.core.dsl import Layer, Node, RuleText, Span, Value
+
+# ---------------------------------------------------------------- extraction
+
+
+@dataclass(frozen=True)
+class InitBinding:
+    """``self.<attr> = <layer type>(args)`` in ``__init__`` (possibly under an ``if``).
+
+    ``layer`` is a :class:`Layer` whose ``output`` is ``Var("self.<attr>")``.
+    ``conditional`` is True when the assignment is inside a branch.
+    ``container`` is set for layers inside ``nn.ModuleList``/``nn.Sequential``
+    (``"self.layers[*]"``), ``activation`` holds the key for ``ACT2FN[...]`` lookups.
+    """
+
+    attr: str  # "self.dropout"
+    layer: Layer
+    conditional: bool = False
+    container: str | None = None
+    span: Span | None = None
+    # ACT2FN[...]/get_activation(...) key as written (``'gelu'``, ``config.hidden_act``).
+    activation: str | None = None
+
+
+@dataclass(frozen=True)
+class PathStructure:
+    """One control-flow path of a composition function, inlined inter-procedurally."""
+
+    nodes: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class FunctionStructures:
+    """All paths of one entry function (``forward`` of a class, or a module-level function)."""
+
+    class_name: str | None
+    function: str  # "forward", or the module-level function's name
+    paths: tuple[PathStructure, ...]
+    span: Span | None = None
+    # True when the path count hit the extractor's cap and further paths were dropped.
+    capped: bool = False
+    # Data flow that involves no DL node: each key Var is a plain copy (``a = b``, an inlined
+    # function's returned value bound by the caller) or a join ("phi": the value after an
+    # ``if`` whose branches assigned different versions without any DL node) of the listed
+    # Vars. A matcher may follow it to connect ``key_layer#1`` to ``key_layer#3`` across
+    # ``if past_key_values is not None: key_layer = cache.update(...)``.
+    sources: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    name: str
+    bases: tuple[str, ...]  # resolved fully qualified base names where known
+    is_module: bool  # an nn.Module subclass (directly or through bases in this file)
+    init_bindings: tuple[InitBinding, ...]
+    span: Span | None = None
+    # Every attribute read anywhere in the class outside __init__ (``self.dropout``),
+    # with the lines reading it: the rewriter keeps init statements that are still used.
+    attr_uses: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FileStructures:
+    """Everything extracted from one file."""
+
+    file: str
+    classes: tuple[ClassInfo, ...]
+    functions: tuple[FunctionStructures, ...]  # entry functions: each class's forward + module-level fns
+    imports: dict[str, str] = field(default_factory=dict)  # local name -> fully qualified name
+
+
+# ---------------------------------------------------------------- matching
+
+# "rejected" (tracing): the sequence executes but a runtime-only precondition fails (the
+# activation behind ACT2FN[...] is not a GeLU, q/k/v projections differ in in_features...).
+MatchStatus = Literal["static", "confirmed", "not-executed", "untraced", "runtime-only", "rejected"]
+
+
+@dataclass(frozen=True)
+class MatchedNode:
+    """A pattern node paired with the concrete node it matched."""
+
+    pattern_index: int
+    node: Node
+
+
+@dataclass(frozen=True)
+class Match:
+    """One place where a rule applies.
+
+    ``bindings`` maps abstract variables of the forward pattern (``$x``) to concrete
+    values; ``init_bindings`` maps the init pattern's abstract variables; ``init_nodes``
+    are the matched ``__init__`` bindings (what the rewriter deletes/replaces).
+    """
+
+    rule: str
+    file: str
+    class_name: str | None
+    function: str
+    nodes: tuple[MatchedNode, ...]
+    bindings: dict[str, Value] = field(default_factory=dict)
+    init_nodes: tuple[InitBinding, ...] = ()
+    init_bindings: dict[str, Value] = field(default_factory=dict)
+    status: MatchStatus = "static"
+    reason: str = ""
+    # The rule variant whose patterns matched (when the matcher records it): the generic
+    # codemod synthesizes the rewrite from its target patterns.
+    variant: RuleText | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def lines(self) -> list[int]:
+        return [mn.node.span.line for mn in self.nodes if mn.node.span is not None]
+
+    def key(self) -> tuple:
+        """Identity for de-duplication across paths: same rule on the same expressions.
+
+        Positions include columns: two calls on one line (``softmax(a, 1) * softmax(a, 2)``)
+        are two matches."""
+        positions = tuple(
+            (mn.node.span.line, mn.node.span.col) for mn in self.nodes if mn.node.span is not None
+        )
+        return (self.rule, self.file, self.class_name, positions)
+
+    def to_json(self) -> dict:
+        return {
+            "rule": self.rule,
+            "file": self.file,
+            "class": self.class_name,
+            "function": self.function,
+            "lines": self.lines,
+            "status": self.status,
+            **({"reason": self.reason} if self.reason else {}),
+        }
