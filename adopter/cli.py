@@ -10,6 +10,10 @@ import argparse
 import importlib
 import sys
 
+from adopter.errors import UserError
+
+__all__ = ["COMMANDS", "EXIT_STATUS_HELP", "UserError", "build_parser", "main"]
+
 COMMANDS = {
     "scan": "adopter.commands.scan",
     "rules": "adopter.commands.rules",
@@ -19,25 +23,32 @@ COMMANDS = {
 }
 
 
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit code ``code``."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
+EXIT_STATUS_HELP = """\
+exit status (every command):
+  0  done; nothing to report
+  1  done, and the answer is "no": `rewrite --check` found changes, `verify` found the
+     rewrite not equivalent or the regression gate failed, `trace` could not capture the model
+  2  error: bad arguments, or some input could not be analysed (a file that does not parse or
+     cannot be read or written, an unknown model). Commands keep going past such a file:
+     every other file is still analysed and reported, then the exit status is 2.
+  A path that is not Python (no .py suffix, no python #! line) is skipped with a notice,
+  not an error."""
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     parser = argparse.ArgumentParser(
         prog="adopter",
         description="Find where optimized kernels fit in PyTorch model source, rewrite it, prove it.",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, path in COMMANDS.items():
         module = importlib.import_module(path)
         modules[name] = module
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=EXIT_STATUS_HELP,
+                                            formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser, modules
 
 

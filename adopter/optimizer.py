@@ -15,21 +15,23 @@ Steps (ARCHITECTURE.md data flow):
 5. rewrite with all the rules that passed, check the combination again (if it fails, add
    rules one at a time and keep those that stay equivalent), and return that class.
 
-The rewritten modules are loaded under ``<package>.<module>__adopter_<hash>`` with the
-original's package context (relative imports work), registered in ``sys.modules``; while
-they execute, imports of the other rewritten modules resolve to their rewritten versions.
-Nothing is ever written to the user's files.
+The rewritten modules are loaded by :func:`adopter.rewrite.loader.load_rewritten_modules`
+under ``<package>.<module>__adopter_<hash>`` with the original's package context (relative
+imports work), registered in ``sys.modules``; while they execute, imports of the other
+rewritten modules resolve to their rewritten versions. Nothing is ever written to the user's files.
+
+The returned class is a new class object built from the rewritten source, not a subclass of
+the original: ``isinstance(model, Original)`` is False for its instances. Adding the original
+as a base would put its methods in the MRO and change what ``super()`` calls (behaviour), so
+instead the original is recorded as ``Optimized.adopter_original``; check
+``isinstance(model, Optimized)``, or ``issubclass(type(model).adopter_original, Original)``
+(:func:`original_class` does that lookup for any class or instance).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import copy
-import hashlib
-import importlib.abc
-import importlib.util
-import linecache
 import os
 import sys
 import warnings
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adopter.core.structures import Match
+from adopter.rewrite.loader import load_rewritten_modules  # the one in-memory loader (re-exported)
 from adopter.rewrite.source_io import read_source
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "SkippedRewrite",
     "load_rewritten_modules",
     "optimize",
+    "original_class",
     "shrink_config",
 ]
 
@@ -133,6 +137,52 @@ class OptimizeReport:
     def applied_rules(self) -> list[str]:
         return sorted({a.rule for a in self.applied})
 
+    def __str__(self) -> str:
+        """The readable summary: applied rewrites, the others grouped (same rule, place and kind
+        of reason), counts, warnings, and what to check instead of ``isinstance``."""
+        name = self.model_class.rpartition(".")[2]
+        eq = self.equivalence
+        checked = ""
+        if eq is not None:
+            checked = "; equivalent to the original" if eq.equivalent else "; NOT equivalent to the original"
+            if getattr(eq, "max_abs_diff", None) is not None:
+                checked += f" (max |diff| {eq.max_abs_diff:.2g})"
+        lines = [
+            f"adopter: {self.model_class}: {len(self.applied)} rewrite(s) applied, "
+            f"{len(self.skipped)} match(es) not applied ({'traced' if self.traced else 'not traced: static matches'}"
+            f"{checked})"
+        ]
+        if self.applied:
+            lines.append(f"applied ({len(self.applied)}):")
+            width = max(len(a.where) for a in self.applied)
+            lines += [f"  {a.rule:<21} {a.where:<{width}}  {a.status}" for a in self.applied]
+        groups: dict[tuple[str, str, str], list[SkippedRewrite]] = {}
+        for s in self.skipped:
+            kind = s.reason.split(":", 1)[0] if ":" in s.reason else s.reason
+            groups.setdefault((kind, s.rule, s.where), []).append(s)
+        rejected = {k: v for k, v in groups.items() if k[0] == "precondition"}
+        others = {k: v for k, v in groups.items() if k[0] != "precondition"}
+        if others:
+            lines.append(f"not applied ({sum(len(v) for v in others.values())}):")
+            for (_, rule, where), items in others.items():
+                count = f" x{len(items)}" if len(items) > 1 else ""
+                lines.append(f"  {rule + count:<21} {where:<20}  {items[0].reason}")
+        if rejected:
+            total = sum(len(v) for v in rejected.values())
+            lines.append(f"rejected by a rule precondition ({total}; expected: every rule is tried on every match):")
+            for (_, rule, where), items in rejected.items():
+                example = items[0].reason.split(":", 1)[1].strip()
+                lines.append(f"  {rule + ' x' + str(len(items)):<21} {where:<20}  e.g. {example}")
+        lines += [f"warning: {w}" for w in self.warnings]
+        if self.diff:
+            lines.append(f"diff: {self.diff.count(chr(10))} lines in .adopter_report.diff")
+        lines.append(
+            f"note: the optimized class is rebuilt from the rewritten source, not a subclass: its instances are "
+            f"not isinstance(..., {name}); check isinstance(model, Optimized), or "
+            f"issubclass(adopter.optimizer.original_class(model), {name})"
+        )
+        return "\n".join(lines)
+
     def summary(self) -> str:
         lines = [f"{self.model_class}: {len(self.applied)} rewrite(s) applied, {len(self.skipped)} not applied"]
         lines += [f"  applied  {a.rule:<18} {a.where}  [{a.status}]" for a in self.applied]
@@ -182,16 +232,18 @@ def _default_scan(files: Sequence[str], rules: Sequence[Any]) -> tuple[list[Matc
     return matches, rejected
 
 
-def _default_confirm(model, example_inputs, matches: list[Match]) -> list[Match]:
+def _default_confirm(model, example_inputs, matches: list[Match], rules: Sequence[Any] = ()) -> list[Match]:
     from adopter.tracing import confirm_matches
 
-    return list(confirm_matches(model, example_inputs, matches))
+    return list(confirm_matches(model, example_inputs, matches, rules=rules))
 
 
-def _default_rewrite(text: str, matches: list[Match], filename: str, config: Any = None) -> RewriteOutput:
+def _default_rewrite(
+    text: str, matches: list[Match], filename: str, config: Any = None, rules: Sequence[Any] = ()
+) -> RewriteOutput:
     from adopter.rewrite import rewrite_source
 
-    result = rewrite_source(text, matches, filename=filename, config=config)
+    result = rewrite_source(text, matches, filename=filename, config=config, rules=rules)
     applied = [o.match for o in result.outcomes if o.applied]
     failed = [(o.match, o.reason or "not applied by the rewriter") for o in result.outcomes if not o.applied]
     return RewriteOutput(result.new_text, applied, failed, result.diff or "")
@@ -202,8 +254,9 @@ class Pipeline:
     """The scan / trace / rewrite steps optimize() drives (replaceable in tests)."""
 
     scan: Callable[[Sequence[str], Sequence[Any]], tuple[list[Match], list[Match]]] = _default_scan
-    confirm: Callable[[Any, Any, list[Match]], list[Match]] = _default_confirm
-    # (text, matches, filename, config) -> RewriteOutput; config is the model config or None
+    # (model, example_inputs, matches, rules) -> matches with a runtime status
+    confirm: Callable[..., list[Match]] = _default_confirm
+    # (text, matches, filename, config, rules) -> RewriteOutput; config is the model config or None
     rewrite: Callable[..., RewriteOutput] = _default_rewrite
 
 
@@ -281,150 +334,6 @@ def shrink_config(config):
         # EfficientNet: 600 px by default; its strides reduce by 32, so 64 px keeps every stage.
         small.image_size = min(image_size, 64)
     return small
-
-
-# ---------------------------------------------------------------- in-memory loading
-
-
-class _RewrittenSourceLoader(importlib.abc.Loader):
-    """Executes rewritten source text as a module (no file behind it)."""
-
-    def __init__(self, text: str, code_filename: str, original_file: str):
-        self.text = text
-        self.code_filename = code_filename
-        self.original_file = original_file
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module) -> None:
-        code = compile(self.text, self.code_filename, "exec", dont_inherit=True)
-        exec(code, module.__dict__)  # noqa: S102 - executing the rewritten module is the point
-
-    def get_source(self, fullname: str) -> str:
-        return self.text
-
-
-def _imported_modules(text: str, package: str) -> set[str]:
-    """Absolute names of the modules a source imports (relative imports resolved)."""
-    names: set[str] = set()
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return names
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".") if package else []
-                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-                prefix = ".".join(base)
-                module = f"{prefix}.{node.module}" if node.module else prefix
-            else:
-                module = node.module or ""
-            names.add(module)
-            names.update(f"{module}.{alias.name}" for alias in node.names)
-    return names
-
-
-def _dependency_order(sources: dict[str, tuple[str, str]]) -> list[str]:
-    """Rewritten modules ordered so that a module comes after the rewritten ones it imports."""
-    deps = {}
-    for name, (_, text) in sources.items():
-        package = name.rpartition(".")[0]
-        imported = _imported_modules(text, package)
-        deps[name] = {other for other in sources if other != name and other in imported}
-    order: list[str] = []
-    visiting: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in order or name in visiting:
-            return  # a cycle: plain import semantics (partially initialized module) apply
-        visiting.add(name)
-        for dep in sorted(deps[name]):
-            visit(dep)
-        visiting.discard(name)
-        order.append(name)
-
-    for name in sources:
-        visit(name)
-    return order
-
-
-@contextlib.contextmanager
-def _imports_resolve_to(replacements: dict[str, Any]):
-    """While active, importing one of the original module names (absolutely, relatively or as
-    ``from package import module``) gives its rewritten module."""
-    saved_modules = {}
-    saved_attrs = []
-    missing = object()
-    try:
-        for name, module in replacements.items():
-            saved_modules[name] = sys.modules.get(name, missing)
-            sys.modules[name] = module
-            parent_name, _, child = name.rpartition(".")
-            parent = sys.modules.get(parent_name)
-            if parent is not None:
-                saved_attrs.append((parent, child, getattr(parent, child, missing)))
-                setattr(parent, child, module)
-        yield
-    finally:
-        for parent, child, value in reversed(saved_attrs):
-            if value is missing:
-                with contextlib.suppress(AttributeError):
-                    delattr(parent, child)
-            else:
-                setattr(parent, child, value)
-        for name, value in saved_modules.items():
-            if value is missing:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = value
-
-
-def load_rewritten_modules(sources: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    """Load rewritten sources in memory. ``sources`` maps an original module name to
-    ``(original file, new source text)``; returns original module name -> new module.
-
-    Each new module is named ``<package>.<module>__adopter_<hash>`` (hash of all the new
-    texts, so identical rewrites share modules), has ``__package__`` of the original (relative
-    imports work) and ``__file__`` of the original (files next to it are found), and is
-    registered in ``sys.modules``. Its code is compiled under a pseudo file name whose lines
-    are in ``linecache`` so tracebacks show the rewritten source.
-    """
-    digest = hashlib.sha1()
-    for name in sorted(sources):
-        digest.update(name.encode())
-        digest.update(sources[name][1].encode())
-    tag = digest.hexdigest()[:12]
-    generated = {name: f"{name}__adopter_{tag}" for name in sources}
-    if all(g in sys.modules for g in generated.values()):
-        return {name: sys.modules[g] for name, g in generated.items()}
-
-    modules = {}
-    for name, (original_file, text) in sources.items():
-        new_name = generated[name]
-        code_filename = f"<adopter rewrite of {original_file} [{tag}]>"
-        loader = _RewrittenSourceLoader(text, code_filename, original_file)
-        spec = importlib.util.spec_from_loader(new_name, loader, origin=original_file)
-        module = importlib.util.module_from_spec(spec)
-        module.__package__ = name.rpartition(".")[0]
-        module.__file__ = original_file
-        linecache.cache[code_filename] = (len(text), None, text.splitlines(keepends=True), code_filename)
-        modules[name] = module
-
-    for name, module in modules.items():
-        sys.modules[generated[name]] = module
-    try:
-        with _imports_resolve_to(modules):
-            for name in _dependency_order(sources):
-                modules[name].__spec__.loader.exec_module(modules[name])
-    except BaseException:
-        for name in modules:
-            sys.modules.pop(generated[name], None)
-        raise
-    return modules
 
 
 # ---------------------------------------------------------------- optimize
@@ -623,7 +532,7 @@ def optimize(
     # trace: keep confirmed matches; untraceable -> static matches, with a warning
     untraceable = ""
     try:
-        confirmed = pipe.confirm(subject.model, subject.example_inputs, matches) if matches else []
+        confirmed = pipe.confirm(subject.model, subject.example_inputs, matches, rule_objects) if matches else []
     except Exception as exc:  # noqa: BLE001 - any tracing failure: static result with a warning
         untraceable = _one_line(exc)
     else:
@@ -662,7 +571,7 @@ def optimize(
         for name, path in files.items():
             file_matches = by_file.get(path, [])
             if file_matches:
-                out = pipe.rewrite(texts[name], file_matches, path, subject.config)
+                out = pipe.rewrite(texts[name], file_matches, path, subject.config, rule_objects)
                 applied += out.applied
                 failed += out.failed
                 if out.applied:
@@ -753,6 +662,8 @@ def optimize(
     report.diff = diff
     report.modules = {name: module.__name__ for name, module in modules.items()}
     new_cls.adopter_report = report
+    # Not a subclass of model_cls (see the module docstring): record the original instead.
+    new_cls.adopter_original = model_cls
     if _is_transformers_class(model_cls) and hasattr(model_cls, "from_pretrained"):
         new_cls.from_pretrained = _from_pretrained_via(model_cls)
     return new_cls
@@ -788,6 +699,14 @@ def _from_pretrained_via(original_cls: type):
         return (instance, *extra) if extra is not None else instance
 
     return classmethod(from_pretrained)
+
+
+def original_class(obj) -> type:
+    """The class ``optimize`` started from, for an optimized class or instance (and the class
+    itself for anything else): ``issubclass(original_class(model), BertModel)`` holds for
+    an optimized BertModel where ``isinstance(model, BertModel)`` does not."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return getattr(cls, "adopter_original", cls)
 
 
 def optimize_instance(model, example_inputs, make: Callable[[type], Any], **kwargs) -> type:

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from adopter.core.rules import all_rules
+
 # ---------------------------------------------------------------- tolerances
 
 
@@ -62,26 +64,33 @@ def tolerance_for(dtype: torch.dtype, device: torch.device | str | None) -> Tole
 
 # ---------------------------------------------------------------- dropout off
 
-# Attribute / config names that hold a dropout probability: `p` (nn.Dropout, fused kernels),
+# Attribute / config names that hold a dropout probability in user code: `p` (nn.Dropout),
 # `dropout`, `attention_dropout`, `hidden_dropout_prob`, `attn_pdrop`, `dropout_rate`,
 # `layerdrop`, `drop_path_rate`, `dropout_p`, ... and SpecAugment's `mask_time_prob` /
 # `mask_feature_prob` (speech models mask random spans in training, drawn with numpy's RNG,
-# which the seeded comparison does not control).
+# which the seeded comparison does not control). The modules a rewrite leaves behind declare
+# theirs in their rule (``Rule.stochastic_attributes``).
 _DROPOUT_NAME = re.compile(
     r"^(p|dropout_p|drop_prob|mask_time_prob|mask_feature_prob)$|dropout|pdrop|layerdrop|drop_path|drop_rate"
 )
+
+
+def _rule_stochastic_attributes() -> frozenset[str]:
+    return frozenset(a for rule in all_rules() for a in rule.stochastic_attributes)
 
 
 def _is_probability(value: Any) -> bool:
     return isinstance(value, (float, int)) and not isinstance(value, bool) and value != 0
 
 
-def _zero_dropout_attrs(obj: Any, saved: list, *, class_attributes: bool = False) -> None:
+def _zero_dropout_attrs(
+    obj: Any, saved: list, *, class_attributes: bool = False, exact: frozenset[str] = frozenset()
+) -> None:
     names = set(vars(obj))
     if class_attributes:  # configs may keep defaults as class attributes
         names |= {n for n in dir(type(obj)) if not n.startswith("_")}
     for name in sorted(names):
-        if not _DROPOUT_NAME.search(name):
+        if name not in exact and not _DROPOUT_NAME.search(name):
             continue
         try:
             value = getattr(obj, name)
@@ -101,10 +110,11 @@ def dropout_disabled(*models: nn.Module) -> Iterator[None]:
     kernel modules' ``p``) to 0 for the duration; restore the original values after."""
     saved: list = []
     seen_configs: set[int] = set()
+    exact = _rule_stochastic_attributes()
     try:
         for model in models:
             for module in model.modules():
-                _zero_dropout_attrs(module, saved)
+                _zero_dropout_attrs(module, saved, exact=exact)
                 config = getattr(module, "config", None)
                 if config is not None and not isinstance(config, nn.Module) and id(config) not in seen_configs:
                     seen_configs.add(id(config))

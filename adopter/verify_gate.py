@@ -242,18 +242,7 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
             f"{bench['blocks']} alternating blocks x {bench['rounds_per_block']} round(s) x "
             f"{bench['iterations']} step(s)):"
         )
-        lines.append(
-            f"  original   {bench['original']['throughput']:10.2f} samples/s  "
-            f"(median step {1000 * bench['original']['median_s']:.1f} ms)"
-        )
-        lines.append(
-            f"  optimized  {bench['optimized']['throughput']:10.2f} samples/s  "
-            f"(median step {1000 * bench['optimized']['median_s']:.1f} ms)"
-        )
-        lines.append(
-            f"  speed ratio (optimized/original throughput): {bench['speed_ratio']:.3f} "
-            f"(95% interval {bench['speed_ratio_low']:.3f}-{bench['speed_ratio_high']:.3f})"
-        )
+        lines += format_speed(bench)
         lines.append(
             f"  memory, {bench['memory_metric']}: original {_mb(bench['memory_original_bytes'])}, "
             f"optimized {_mb(bench['memory_optimized_bytes'])}, ratio {bench['memory_ratio']:.3f}"
@@ -266,6 +255,52 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
         for c in gate.checks:
             lines.append(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
     return "\n".join(lines)
+
+
+def ratio_of_medians(bench: dict) -> float:
+    """optimized / original median throughput (results written before it was stored: recomputed)."""
+    value = bench.get("speed_ratio_of_medians")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        value = bench["optimized"]["throughput"] / bench["original"]["throughput"]
+    return float(value)
+
+
+def format_speed(bench: dict) -> list[str]:
+    """The throughput lines and the speed ratio, saying what each number is. Two ratios exist
+    and both are printed: the per-pair median (what the gate uses: each pair is one block of
+    each variant run back to back, so both see the same machine load) and the ratio of the two
+    overall medians (the throughputs printed above it); under changing load they can disagree."""
+    lines = []
+    for name in ("original", "optimized"):
+        t = bench[name]
+        interval = ""
+        low, high = t.get("throughput_low"), t.get("throughput_high")
+        if low is not None and high is not None and not (math.isnan(low) or math.isnan(high)):
+            interval = f", 95% interval {low:.2f}-{high:.2f}"
+        steps = len(t.get("seconds") or [])
+        lines.append(
+            f"  {name:<10} {t['throughput']:10.2f} samples/s  (median step {1000 * t['median_s']:.1f} ms"
+            + (f" over {steps} steps" if steps else "") + f"{interval})"
+        )
+    ratio, low, high = bench["speed_ratio"], bench["speed_ratio_low"], bench["speed_ratio_high"]
+    pairs = len(bench.get("pair_ratios") or []) or bench.get("blocks")
+    verdict = (
+        "no measurable difference (the interval contains 1.0)" if low <= 1.0 <= high
+        else "optimized faster" if low > 1.0 else "optimized slower"
+    )
+    lines.append(
+        f"  speed ratio optimized/original: {ratio:.3f} = median of {pairs} per-pair throughput ratios, "
+        f"95% bootstrap interval {low:.3f}-{high:.3f}: {verdict}"
+    )
+    pooled = ratio_of_medians(bench)
+    note = ""
+    if (pooled - 1.0) * (ratio - 1.0) < 0 or abs(pooled - ratio) > 0.01:
+        note = (
+            "; it differs from the per-pair median because it pools blocks run under different machine load, "
+            "which pairing cancels; the per-pair median is the one the gate uses"
+        )
+    lines.append(f"  ratio of the two median throughputs above: {pooled:.3f}{note}")
+    return lines
 
 
 # ---------------------------------------------------------------- plot
@@ -284,25 +319,54 @@ def require_matplotlib() -> None:
         ) from None
 
 
-def write_plot(result: dict, path: str) -> None:
-    """Bar chart: throughput and peak memory, original vs optimized."""
+def plot_figure(result: dict):
+    """Bar chart: training throughput with its 95% interval, and peak memory, original vs
+    optimized; each panel titled by what it measures. Returns the matplotlib figure."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
+    import textwrap
+
     import matplotlib.pyplot as plt
 
     bench = result["benchmark"]
-    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(8, 3.5))
+    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(9, 4))
     names = ["original", "optimized"]
     colors = ["#8c8c8c", "#2a7ab9"]
-    ax_speed.bar(names, [bench[n]["throughput"] for n in names], color=colors)
-    ax_speed.set_title(f"training throughput (x{bench['speed_ratio']:.3f})")
+    values = [bench[n]["throughput"] for n in names]
+    errors = [[], []]
+    for n, v in zip(names, values):
+        low, high = bench[n].get("throughput_low"), bench[n].get("throughput_high")
+        if low is None or high is None or math.isnan(low) or math.isnan(high):
+            low = high = v  # results written before intervals were stored
+        errors[0].append(max(v - low, 0.0))
+        errors[1].append(max(high - v, 0.0))
+    ax_speed.bar(names, values, color=colors, yerr=errors, capsize=6, ecolor="black")
+    ax_speed.set_title("training throughput, samples/s\n(median, 95% interval)", fontsize=9)
     ax_speed.set_ylabel("samples / s")
+    ax_speed.set_xlabel(
+        f"speed ratio {bench['speed_ratio']:.3f} (per-pair median,\n95% interval "
+        f"{bench['speed_ratio_low']:.3f}-{bench['speed_ratio_high']:.3f})",
+        fontsize=8,
+    )
     ax_mem.bar(names, [bench[f"memory_{n}_bytes"] / 2**20 for n in names], color=colors)
-    ax_mem.set_title(f"peak memory (x{bench['memory_ratio']:.3f})")
+    ax_mem.set_title("peak memory over one training step, MiB", fontsize=9)
     ax_mem.set_ylabel("MiB")
-    fig.suptitle(f"{result['model']['id']} — {bench['memory_metric']}", fontsize=8)
+    ax_mem.set_xlabel(
+        f"ratio {bench['memory_ratio']:.3f}; " + "\n".join(textwrap.wrap(bench["memory_metric"], 50)), fontsize=8
+    )
+    shape = f"batch {bench['batch_size']}" + (f", seq {bench['seq_len']}" if bench.get("seq_len") else "")
+    fig.suptitle(f"{result['model']['id']}: training step (forward+backward+AdamW), {shape}, {bench['device']}",
+                 fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def write_plot(result: dict, path: str) -> None:
+    """:func:`plot_figure`, saved as ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(result)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -47,7 +47,7 @@ class VerifyOutcome:
 
 
 def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> VerifyOutcome:
-    from adopter.cli import UserError
+    from adopter.errors import UserError
 
     try:
         import torch
@@ -63,9 +63,10 @@ def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Verif
 def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> VerifyOutcome:
     import torch
 
-    from adopter.cli import UserError
+    from adopter.errors import UserError
     from adopter.optimizer import AdopterWarning, OptimizeError, optimize, optimize_instance, shrink_config
     from adopter.tracing import TracingError, build_model, make_example_inputs
+    from adopter.tracing.models import check_model_ref
     from adopter.verify import check_equivalence
 
     if options.threads:
@@ -73,6 +74,20 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    # Everything that can be checked cheaply is checked before the first progress line.
+    try:
+        check_model_ref(options.model)
+    except TracingError as exc:
+        raise UserError(str(exc)) from None
+    rules = None
+    if options.rules:
+        from adopter.core.rules import UnknownRuleError, get_rules
+
+        try:
+            rules = get_rules(options.rules.split(","))
+        except UnknownRuleError as exc:
+            raise UserError(str(exc)) from None
 
     progress(f"building {options.model} on {device}")
     try:
@@ -83,15 +98,6 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     model_cls = type(original)
     config = built.config
     phases["build"] = time.perf_counter() - t0
-
-    rules = None
-    if options.rules:
-        from adopter.core.rules import UnknownRuleError, get_rules
-
-        try:
-            rules = get_rules(options.rules.split(","))
-        except UnknownRuleError as exc:
-            raise UserError(str(exc)) from None
 
     progress(f"optimizing {model_cls.__name__}: scan, trace, rewrite, per-rule equivalence (shrunk config)")
     t = time.perf_counter()

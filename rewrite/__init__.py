@@ -1,6 +1,6 @@
 """Source rewriting (issue 3): per-rule edit synthesis on bowler/fissix, our own file I/O.
 
-    rewrite_source(text, matches, *, filename, config=None) -> RewriteResult
+    rewrite_source(text, matches, *, filename, config=None, rules=()) -> RewriteResult
     rewrite_file(path, rules=None, write=False) -> FileRewrite
     load_rewritten_module(original_module, new_text) -> module   (adopter.rewrite.loader)
 """
@@ -9,9 +9,9 @@ from adopter.rewrite.engine import (
     FileRewrite,
     MatchOutcome,
     RewriteResult,
-    codemods,
+    codemod_for,
     rewrite_file,
     rewrite_source,
 )
 
-__all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemods", "rewrite_file", "rewrite_source"]
+__all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemod_for", "rewrite_file", "rewrite_source"]

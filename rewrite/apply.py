@@ -20,10 +20,25 @@ KERNELS_MODULE = "adopter.kernels"
 # ---------------------------------------------------------------- lookup
 
 
+def _leaves_at(root, line: int, col: int):
+    """Leaves of ``root`` starting at ``(line, col)``, in tree order (``root.leaves()``
+    without its nested generators: this runs over whole files for every lookup)."""
+    leaf_type = cst.Leaf
+    stack = [root]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        node = pop()
+        if isinstance(node, leaf_type):
+            if node.lineno == line and node.column == col:
+                yield node
+        else:
+            extend(reversed(node.children))
+
+
 def find_statement(root, at: Pos):
     line, col = at
-    for leaf in root.leaves():
-        if leaf.lineno == line and leaf.column == col and leaf.type not in (token.INDENT, token.DEDENT):
+    for leaf in _leaves_at(root, line, col):
+        if leaf.type not in (token.INDENT, token.DEDENT):
             stmt = cst.enclosing_statement_or_none(leaf)
             # The innermost statement starting at this leaf.
             node = leaf

@@ -1,8 +1,8 @@
 """``rewrite_source`` / ``rewrite_file``: matches in, rewritten text (and per-match outcomes) out.
 
 Pipeline per file: analysis of every match on the original source (codemods, stdlib
-``ast``) -> edits applied one by one on the fissix tree through a bowler fixer (each on a
-copy of the tree, so a failing edit leaves nothing half done) -> kernel imports ->
+``ast``) -> edits applied one by one on the fissix tree through a bowler fixer (in place;
+a failing edit leaves nothing half done: the tree is rebuilt without it) -> kernel imports ->
 re-parse and ``compile()`` of the result -> diff. A result that does not compile is
 discarded as a whole: the file stays as it was and every match reports why.
 """
@@ -19,10 +19,11 @@ from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
 
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit
-from adopter.core.codemod.generic import generic_codemod, register_rules
+from adopter.core.codemod.generic import generic_codemod
+from adopter.core.rules import find_rule
 from adopter.core.structures import Match
 
-__all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemods", "rewrite_file", "rewrite_source"]
+__all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemod_for", "rewrite_file", "rewrite_source"]
 
 
 @dataclass(frozen=True)
@@ -59,19 +60,13 @@ class RewriteResult:
         return [o for o in self.outcomes if not o.applied]
 
 
-def codemods():
-    """Rule name -> codemod (importing the codemod modules registers them)."""
-    from adopter.core.codemod.base import REGISTRY
-    from adopter.core.rules import (  # noqa: F401
-        _codemod_attention,
-        _codemod_batchnorm,
-        _codemod_gelu,
-        _codemod_layernorm,
-        _codemod_qkv,
-        _codemod_softmax,
-    )
-
-    return REGISTRY
+def codemod_for(match: Match, rules: Sequence = ()):
+    """The codemod of ``match``'s rule (looked up in ``rules``, then the registry): the rule's
+    own, else the synthesis from its DSL target; None when neither exists."""
+    rule = find_rule(match.rule, rules)
+    if rule is not None and getattr(rule, "codemod", None) is not None:
+        return rule.codemod
+    return generic_codemod(match, rule)
 
 
 def _all_skipped(text: str, matches: Sequence[Match], reason: str, filename: str) -> RewriteResult:
@@ -137,11 +132,13 @@ def rewrite_source(
     *,
     filename: str = "<string>",
     config: object | None = None,
+    rules: Sequence = (),
 ) -> RewriteResult:
     """Rewrite ``text`` (``\\n`` newlines) for ``matches``. Never raises for bad input:
     problems come back as outcomes (per match) or ``error`` (whole file).
 
-    ``config`` (a model config) lets the biased_GeLU codemod resolve ``ACT2FN[config.x]``."""
+    ``config`` (a model config) lets a codemod resolve ``ACT2FN[config.x]``; ``rules``: the
+    rules in use (a match's rule is looked up there first, then in the registry)."""
     matches = list(matches)
     try:
         ctx = FileContext(text, filename=filename, config=config)
@@ -150,13 +147,12 @@ def rewrite_source(
     except (ValueError, RecursionError) as exc:  # null bytes; absurdly deep nesting
         return _all_skipped(text, matches, f"cannot analyze: {exc}", filename)
     try:
-        tree = cst.parse(text)
+        tree = _parse(text)
     except cst.ParseFailure as exc:
         return _all_skipped(text, matches, str(exc), filename)
     if str(tree) != (text if text.endswith("\n") or not text else text + "\n"):
         return _all_skipped(text, matches, "fissix does not round-trip this file exactly", filename)
 
-    registry = codemods()
     outcomes: dict[int, MatchOutcome] = {}
     planned: list[tuple[int, Match, Edit]] = []
     seen_keys: dict[tuple, int] = {}
@@ -167,7 +163,7 @@ def rewrite_source(
             continue
         seen_keys[key] = index
         # Rules without a hand-written codemod (user rules): synthesized from their DSL target.
-        codemod = registry.get(match.rule) or generic_codemod(match)
+        codemod = codemod_for(match, rules)
         if codemod is None:
             outcomes[index] = MatchOutcome(match, False, f"no codemod for rule {match.rule}")
             continue
@@ -184,6 +180,7 @@ def rewrite_source(
     # Bigger matches first (an attention core beats the softmax inside it), then by position.
     planned.sort(key=lambda item: (-len(item[1].nodes), min(item[1].lines or [0]), item[0]))
     claimed: dict[tuple[int, int], str] = {}
+    applied_edits: list[Edit] = []
     imports: list[str] = []
     for index, match, edit in planned:
         lines = _edit_lines(edit)
@@ -191,16 +188,20 @@ def rewrite_source(
         if clash is not None:
             outcomes[index] = MatchOutcome(match, False, f"overlaps a {clash} rewrite of the same statements")
             continue
-        candidate = tree.clone()
+        # Edited in place (cloning the whole tree per edit was most of the apply time); an
+        # edit that fails may leave the tree half done: it is then rebuilt from the text by
+        # replaying the edits applied so far (deterministic; failures are rare).
         try:
-            _bowler_apply(candidate, edit, filename)
+            _bowler_apply(tree, edit, filename)
         except Skip as exc:
             outcomes[index] = MatchOutcome(match, False, str(exc))
+            tree = _replay(text, applied_edits, filename)
             continue
         except Exception as exc:
             outcomes[index] = MatchOutcome(match, False, f"internal error applying {match.rule}: {exc!r}")
+            tree = _replay(text, applied_edits, filename)
             continue
-        tree = candidate
+        applied_edits.append(edit)
         for p in lines:
             claimed[p] = match.rule
         imports.extend(edit.imports)
@@ -231,10 +232,39 @@ def _check_compiles(text: str, filename: str) -> str:
     except SyntaxError as exc:
         return f"{exc.msg} at line {exc.lineno}"
     try:
-        cst.parse(text)
+        tree = cst.parse(text)
     except cst.ParseFailure as exc:
         return str(exc)
+    _remember_tree(text, tree)
     return ""
+
+
+# The fissix tree of the last text that passed _check_compiles: rewrite_file's next pass
+# starts from exactly that text, so it need not parse it again (fissix parsing is the
+# costliest step of a rewrite).
+_PARSED: list = []
+
+
+def _remember_tree(text: str, tree) -> None:
+    _PARSED[:] = [(text, tree)]
+
+
+def _parse(text: str):
+    """``cst.parse(text)``, taking the tree :func:`_check_compiles` kept when it is for ``text``
+    (each kept tree is handed out once: the caller edits it)."""
+    if _PARSED:
+        kept_text, tree = _PARSED.pop()
+        if kept_text == text:
+            return tree
+    return cst.parse(text)
+
+
+def _replay(text: str, edits: Sequence[Edit], filename: str):
+    """The tree of ``text`` with ``edits`` applied (they all applied before, in this order)."""
+    tree = cst.parse(text)
+    for edit in edits:
+        _bowler_apply(tree, edit, filename)
+    return tree
 
 
 # ---------------------------------------------------------------- files
@@ -282,7 +312,6 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
 
         rules = all_rules()
     rules = list(rules)
-    register_rules(rules)  # user rules' DSL for the generic codemod
     # Scan and rewrite until nothing is left: the matcher reports one match per set of
     # lines, so two calls on one line need a second pass. A run therefore reaches the
     # fixed point and running it again changes nothing.
@@ -297,7 +326,7 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
             return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
         if not matches:
             break
-        result = rewrite_source(text, matches, filename=name)
+        result = rewrite_source(text, matches, filename=name, rules=rules)
         if result.error:
             if text != source.text:
                 break  # keep what earlier passes achieved

@@ -117,10 +117,23 @@ def test_pattern_errors_name_line_and_column(text, line, col):
     assert f":{line}:{col}:" in str(info.value)
 
 
+def test_target_is_optional_for_rules_with_a_codemod():
+    (rule,) = parse_rules("rule X\nforward:\n    a($x) -> $y; b($y) -> $z\n")  # no '=>'
+    assert rule.forward.target is None and len(rule.forward.source.nodes) == 2
+    assert "=>" not in format_rules([rule])
+    assert parse_rules(format_rules([rule])) == [rule]
+
+
+def test_rules_file_needs_targets(tmp_path):
+    from adopter.core.rules import load_rules_file
+
+    path = tmp_path / "r.dsl"
+    path.write_text("rule X\nforward:\n    a($x) -> $y; b($y) -> $z\n")
+    with pytest.raises(DSLSyntaxError, match="needs '=> TARGET'"):
+        load_rules_file(path)
+
+
 def test_rule_file_errors():
-    with pytest.raises(DSLSyntaxError) as info:
-        parse_rules("rule X\nforward:\n    a($x) -> $y; b($y) -> $z\n")  # no '=>'
-    assert (info.value.line, info.value.col) == (4, 1)
     with pytest.raises(DSLSyntaxError) as info:
         parse_rules("rule X\ninit:\n    a() -> $m => b() -> $m\n")
     assert "no 'forward:' section" in str(info.value) and info.value.line == 1

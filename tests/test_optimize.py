@@ -54,13 +54,13 @@ def _fake_scan(files, rules):
     return matches, []
 
 
-def _confirm_all(model, inputs, matches):
+def _confirm_all(model, inputs, matches, rules=()):
     from dataclasses import replace
 
     return [replace(m, status="confirmed") for m in matches]
 
 
-def _fake_rewrite(text, matches, filename, config=None):
+def _fake_rewrite(text, matches, filename, config=None, rules=()):
     lines = text.splitlines(keepends=True)
     applied = []
     for m in matches:
@@ -156,7 +156,7 @@ def test_rules_equivalent_alone_but_not_together_keep_the_first(toy):
 
 
 def test_untraceable_model_gives_static_result_with_warning(toy):
-    def cannot_trace(model, inputs, matches):
+    def cannot_trace(model, inputs, matches, rules=()):
         raise RuntimeError("symbolic tracing failed: data-dependent control flow")
 
     pipeline = Pipeline(scan=_fake_scan, confirm=cannot_trace, rewrite=_fake_rewrite)
@@ -177,7 +177,7 @@ def test_untraceable_model_gives_static_result_with_warning(toy):
 def test_not_confirmed_matches_are_skipped_with_status(toy):
     from dataclasses import replace
 
-    def only_softmax_executes(model, inputs, matches):
+    def only_softmax_executes(model, inputs, matches, rules=()):
         return [
             replace(m, status="confirmed")
             if m.rule == "softmax"
@@ -330,7 +330,8 @@ def test_optimized_transformers_class_round_trips_from_pretrained(tmp_path):
 def test_deliberately_wrong_user_rule_is_dropped_automatically(monkeypatch):
     """A user rule (fixture DSL file + codemod) whose kernel is built with the wrong eps: it
     rewrites, loads and runs, but is not equivalent and must be dropped automatically."""
-    from adopter.rewrite import codemods
+    from dataclasses import replace as dc_replace
+
     from transformers import BertConfig, BertModel
 
     from adopter.core.rules import get_rules, load_rules_file
@@ -338,8 +339,7 @@ def test_deliberately_wrong_user_rule_is_dropped_automatically(monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
     import wrong_rule
 
-    monkeypatch.setitem(codemods(), wrong_rule.RULE_NAME, wrong_rule.WrongLayerNorm())
-    wrong = load_rules_file(FIXTURES / "wrong_rule.dsl")
+    wrong = [dc_replace(r, codemod=wrong_rule.WrongLayerNorm()) for r in load_rules_file(FIXTURES / "wrong_rule.dsl")]
     config = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
     Optimized = optimize(BertModel, config=config, rules=wrong + get_rules(["biased_GeLU"]))
     report = Optimized.adopter_report

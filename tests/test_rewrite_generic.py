@@ -13,7 +13,7 @@ import torch
 from adopter.rewrite import rewrite_file, rewrite_source
 from adopter.rewrite.loader import load_rewritten_module
 
-from adopter.core.codemod.generic import register_rules, snake_case
+from adopter.core.codemod.generic import snake_case
 from adopter.core.rules import load_rules_file
 from adopter.core.scan import scan_source
 
@@ -28,11 +28,9 @@ def kernels_on_path(monkeypatch):
 
 def _rewrite(rules_file: str, text: str | None = None, register: bool = True):
     rules = load_rules_file(FIXTURES / rules_file)
-    if register:
-        register_rules(rules)
     text = BEFORE.read_text() if text is None else text
     matches = scan_source(text, "linear_relu.py", rules)
-    return rules, matches, rewrite_source(text, matches, filename="linear_relu.py")
+    return rules, matches, rewrite_source(text, matches, filename="linear_relu.py", rules=rules if register else ())
 
 
 def _load(text: str, name: str) -> types.ModuleType:

@@ -91,7 +91,7 @@ def test_dpt_conv_batchnorm_spans_the_if():
 
 
 def test_function_ast_parses_one_function_with_file_line_numbers():
-    from adopter.core.rules._source import function_ast
+    from adopter.core.match.source import function_ast
 
     source = (
         "import torch\n"

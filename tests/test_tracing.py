@@ -23,7 +23,6 @@ from adopter.tracing import (
     build_model,
     capture_model,
     confirm_matches,
-    gelu_kind,
     known_model_ids,
     map_nodes,
 )
@@ -243,6 +242,8 @@ def test_non_gelu_activation_rejects_biased_gelu(dpt_on):
 
 def test_gelu_kind_inspects_the_instance():
     from transformers.activations import ACT2FN
+
+    from adopter.core.rules.biased_gelu import gelu_kind
 
     assert gelu_kind(nn.GELU())[0] == "none"
     assert gelu_kind(nn.GELU(approximate="tanh"))[0] == "tanh"

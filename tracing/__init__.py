@@ -10,7 +10,7 @@ Importing this package imports torch; `adopter scan` imports it only with ``--mo
 """
 
 from .capture import Capture, CaptureError, LayerTracer, capture_model
-from .confirm import confirm_matches, confirm_model_id, find_runtime_only, gelu_kind
+from .confirm import confirm_matches, confirm_model_id, find_runtime_only
 from .models import BuiltModel, TracingError, build_model, known_model_ids, make_example_inputs
 from .source_map import NodeSource, map_nodes
 
@@ -26,7 +26,6 @@ __all__ = [
     "confirm_matches",
     "confirm_model_id",
     "find_runtime_only",
-    "gelu_kind",
     "known_model_ids",
     "make_example_inputs",
     "map_nodes",

@@ -9,10 +9,12 @@ to non-strict ``torch.export``, whose graph nodes carry ``nn_module_stack`` and 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,42 +22,54 @@ import torch
 import torch.fx
 from torch import nn
 
+from adopter.core.rules import all_rules
+
 CaptureMethod = Literal["symbolic_trace", "export"]
 
-# Layers the rules care about stay whole in a symbolic trace (one call_module node each).
-LEAF_MODULE_TYPES: tuple[type, ...] = (
-    nn.Linear,
-    nn.LayerNorm,
-    nn.Dropout,
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.Conv3d,
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.BatchNorm3d,
-    nn.GELU,
-    nn.ReLU,
-    nn.SiLU,
-    nn.Tanh,
-    nn.Softmax,
-    nn.Embedding,
-)
+def leaf_modules_of(rules: Iterable) -> tuple[str, ...]:
+    """The module classes the rules' runtime parts need whole in a symbolic trace."""
+    out: dict[str, None] = {}
+    for rule in rules:
+        for name in getattr(getattr(rule, "runtime", None), "leaf_modules", ()):
+            out[name] = None
+    return tuple(out)
 
 
-def _is_activation_class(cls: type) -> bool:
-    # transformers' ACT2FN modules (GELUActivation, NewGELUActivation, ...) are leaves too.
-    return cls.__module__.startswith("transformers.activations")
+def leaf_predicate(leaf_modules: Iterable[str]) -> Callable[[nn.Module], bool]:
+    """``module -> keep it whole`` for the rules' leaf declarations: qualified class names
+    (subclasses included) and ``package.`` prefixes (every class defined under the package)."""
+    classes: list[type] = []
+    prefixes: list[str] = []
+    for name in leaf_modules:
+        if name.endswith("."):
+            prefixes.append(name[:-1])
+            continue
+        module_name, _, class_name = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue  # a layer class from a package that is not installed: nothing to keep whole
+        if isinstance(cls, type):
+            classes.append(cls)
+    class_tuple = tuple(classes)
+    prefix_tuple = tuple(prefixes)
+
+    def is_leaf(m: nn.Module) -> bool:
+        return isinstance(m, class_tuple) or (bool(prefix_tuple) and type(m).__module__.startswith(prefix_tuple))
+
+    return is_leaf
 
 
 class LayerTracer(torch.fx.Tracer):
-    """``symbolic_trace`` with rule-relevant layers as leaves and stack traces recorded."""
+    """``symbolic_trace`` with the rules' layers as leaves and stack traces recorded."""
 
-    def __init__(self):
+    def __init__(self, leaf_modules: Iterable[str] = ()):
         super().__init__()
         self.record_stack_traces = True
+        self._is_rule_leaf = leaf_predicate(leaf_modules)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, LEAF_MODULE_TYPES) or _is_activation_class(type(m)):
+        if self._is_rule_leaf(m):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -83,7 +97,9 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line}"[:300]
 
 
-def _symbolic_trace(model: nn.Module, example_inputs: dict[str, Any]) -> torch.fx.GraphModule:
+def _symbolic_trace(
+    model: nn.Module, example_inputs: dict[str, Any], leaf_modules: Iterable[str] = ()
+) -> torch.fx.GraphModule:
     # Parameters not given keep their defaults as constants, as HF's own fx tracer does.
     concrete = {}
     try:
@@ -97,7 +113,7 @@ def _symbolic_trace(model: nn.Module, example_inputs: dict[str, Any]) -> torch.f
             if p.default is inspect.Parameter.empty:
                 raise TypeError(f"forward needs {name!r}, not in the example inputs")
             concrete[name] = p.default
-    tracer = LayerTracer()
+    tracer = LayerTracer(leaf_modules)
     graph = tracer.trace(model, concrete_args=concrete or None)
     gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     # A symbolic trace can "succeed" yet not run (a value baked in, a missing branch): run it.
@@ -168,14 +184,20 @@ def capture_model(
     example_inputs: dict[str, Any],
     *,
     methods: tuple[CaptureMethod, ...] = ("symbolic_trace", "export"),
+    leaf_modules: Iterable[str] | None = None,
 ) -> Capture:
-    """Capture ``model`` on ``example_inputs``; raises :class:`CaptureError` when no method works."""
+    """Capture ``model`` on ``example_inputs``; raises :class:`CaptureError` when no method works.
+
+    ``leaf_modules``: layer classes a symbolic trace keeps as one node (the rules' declarations,
+    see ``adopter.core.rule.Runtime.leaf_modules``; default: those of every registered rule)."""
+    if leaf_modules is None:
+        leaf_modules = leaf_modules_of(all_rules())
     errors: dict[str, str] = {}
     for method in methods:
         start = time.perf_counter()
         try:
             if method == "symbolic_trace":
-                gm = _symbolic_trace(model, example_inputs)
+                gm = _symbolic_trace(model, example_inputs, leaf_modules)
             elif method == "export":
                 gm = _export(model, example_inputs)
             else:

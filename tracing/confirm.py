@@ -33,9 +33,12 @@ import torch.fx
 from torch import nn
 
 from adopter.core.dsl import Layer, Span, TensorOp, Var
+from adopter.core.ops import FUNCTION_OP_NAMES, TENSOR_OP_NAMES
+from adopter.core.rule import GraphOp, Rule, RuntimeSite, RuntimeStep
+from adopter.core.rules import all_rules, find_rule
 from adopter.core.structures import Match, MatchedNode
 
-from .capture import Capture, CaptureError, capture_model
+from .capture import Capture, CaptureError, capture_model, leaf_modules_of
 from .source_map import NodeSource, enclosing_condition, enclosing_scope, map_nodes
 
 # ------------------------------------------------------------------ op vocabulary
@@ -47,63 +50,6 @@ TRANSPARENT_OPS = {
     "t", "float", "half", "bfloat16", "type", "lift_fresh_copy", "_assert_tensor_metadata",
     "dropout_identity",
 }
-
-# DSL operator -> graph op names.
-TENSOR_OP_NAMES = {
-    "+": {"add", "add_", "iadd"},
-    "-": {"sub", "sub_", "rsub", "isub"},
-    "*": {"mul", "mul_", "imul"},
-    "/": {"div", "div_", "truediv", "itruediv"},
-    "//": {"floor_divide", "floordiv"},
-    "%": {"remainder", "fmod", "mod"},
-    "**": {"pow", "pow_"},
-    "@": {"matmul", "mm", "bmm", "linear"},
-    "u-": {"neg"},
-    "u~": {"bitwise_not", "invert"},
-}
-
-# Last component of a DSL layer type -> graph op names (functional calls, tensor methods).
-FUNCTION_OP_NAMES = {
-    "softmax": {"softmax", "_softmax", "_safe_softmax"},
-    "log_softmax": {"log_softmax", "_log_softmax"},
-    "gelu": {"gelu"},
-    "relu": {"relu", "relu_"},
-    "silu": {"silu"},
-    "tanh": {"tanh"},
-    "dropout": {"dropout", "native_dropout", "feature_dropout"},
-    "layer_norm": {"layer_norm", "native_layer_norm"},
-    "batch_norm": {"batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit"},
-    "linear": {"linear", "addmm", "mm"},
-    "conv2d": {"conv2d", "convolution"},
-    "matmul": {"matmul", "mm", "bmm"},
-    "bmm": {"bmm"},
-    "baddbmm": {"baddbmm"},
-    "scaled_dot_product_attention": {"scaled_dot_product_attention"},
-    "view": {"view", "_unsafe_view", "reshape"},
-    "reshape": {"reshape", "view", "_unsafe_view"},
-    "transpose": {"transpose", "permute"},
-    "permute": {"permute"},
-    "contiguous": {"contiguous", "clone"},
-    "masked_fill": {"masked_fill", "masked_fill_", "where"},
-}
-
-
-# GeLU variants by activation class name: what the fused kernel's ``approximate`` must be.
-_GELU_CLASSES = {
-    "GELU": None,  # torch.nn.GELU: read .approximate
-    "GELUActivation": "none",
-    "NewGELUActivation": "tanh",
-    "GELUTanh": "tanh",
-    "PytorchGELUTanh": "tanh",
-    "GELUPytorchTanh": "tanh",
-    "FastGELUActivation": "tanh",
-    "AccurateGELUActivation": "tanh",
-}
-_NOT_KERNEL_GELU = {
-    "QuickGELUActivation": "QuickGELU (x*sigmoid(1.702x)) is not the GeLU the kernel implements",
-    "ClippedGELUActivation": "clipped GeLU is not the GeLU the kernel implements",
-}
-
 
 # ------------------------------------------------------------------ graph access
 
@@ -373,15 +319,6 @@ def _evaluate_instance(index: TraceIndex, match: Match, instance: str, model: nn
 # ------------------------------------------------------------------ runtime preconditions
 
 
-def _projection_role(node) -> str | None:
-    try:
-        from adopter.core.rules.fused_qkv import projection_role
-    except ImportError:  # rules not importable: fall back to the out_features check only
-        return None
-    attr = _attr_path(getattr(node, "module", None))
-    return projection_role(attr) if attr else None
-
-
 def _module_for(model: nn.Module, instance: str, node) -> nn.Module | None:
     attr = _attr_path(getattr(node, "module", None))
     if attr is None:
@@ -392,33 +329,6 @@ def _module_for(model: nn.Module, instance: str, node) -> nn.Module | None:
         return None
 
 
-def gelu_kind(module: Any) -> tuple[str | None, str]:
-    """``("none"|"tanh", description)`` for a GeLU activation the fused kernel implements
-    (its ``approximate`` argument), else ``(None, why not)``; inspects the module instance."""
-    name = type(module).__name__
-    if isinstance(module, nn.GELU):
-        return module.approximate, f"nn.GELU(approximate={module.approximate!r})"
-    if module is torch.nn.functional.gelu:
-        return "none", "F.gelu (exact)"
-    approx = _GELU_CLASSES.get(name)
-    if approx:
-        return approx, f"{name} ({'exact' if approx == 'none' else 'tanh-approximate'} GeLU)"
-    if name in _NOT_KERNEL_GELU:
-        return None, _NOT_KERNEL_GELU[name]
-    return None, f"activation is {name}, not a GeLU"
-
-
-def _gelu_approximate_from_graph(index: TraceIndex, names: set[str]) -> str | None:
-    for n in names:
-        node = index.nodes[n]
-        if index.by_name[n].op_name == "gelu" and node.op == "call_function":
-            approx = node.kwargs.get("approximate")
-            if approx is None and len(node.args) > 1:
-                approx = node.args[1]
-            return approx or "none"
-    return None
-
-
 def _shape(index: TraceIndex, name: str):
     val = index.nodes[name].meta.get("val")
     if val is None:
@@ -427,95 +337,51 @@ def _shape(index: TraceIndex, name: str):
     return tuple(val.shape) if hasattr(val, "shape") else None
 
 
-def _check_preconditions(
-    index: TraceIndex, match: Match, found: _Found, model: nn.Module
-) -> tuple[str | None, str]:
-    """``(failure or None, facts)`` for the rule's runtime-only preconditions in one instance."""
-    inst = found.instance
+def _graph_op(index: TraceIndex, name: str) -> GraphOp:
+    node = index.nodes[name]
+
+    def constant(value):
+        return None if isinstance(value, torch.fx.Node) else value
+
+    data_inputs = [i for i in index.inputs(name) if index.nodes[i].op != "get_attr"]
+    return GraphOp(
+        name=index.by_name[name].op_name,
+        kind=node.op,
+        args=tuple(constant(a) for a in node.args),
+        kwargs={k: constant(v) for k, v in node.kwargs.items()},
+        input_shapes=tuple(_shape(index, i) for i in data_inputs),
+    )
+
+
+def runtime_site(index: TraceIndex, match: Match, found: _Found, model: nn.Module) -> RuntimeSite:
+    """What the rule's runtime check sees of ``match`` in one instance."""
     nodes = [mn.node for mn in match.nodes]
-    mods = [_module_for(model, inst, n) for n in nodes]
-    rule = match.rule
-    if rule == "biased_GeLU":
-        linears = [m for m in mods if isinstance(m, nn.Linear)]
-        act_i = next((i for i, n in enumerate(nodes) if not isinstance(mods[i], nn.Linear)), None)
-        if act_i is None:
-            return None, ""
-        act_mod = mods[act_i]
-        if act_mod is None:
-            # ``self.act = config.hidden_act`` callables or functional calls: look at the graph
-            approx = _gelu_approximate_from_graph(index, found.groups[act_i])
-            if approx is None:
-                return "the activation that runs is not a GeLU", ""
-            kind, desc = approx, f"gelu (approximate={approx!r})"
-        else:
-            approx = _gelu_approximate_from_graph(index, found.groups[act_i])
-            kind, desc = gelu_kind(act_mod)
-            if approx is not None and kind is not None:
-                kind = approx
-                desc = f"{type(act_mod).__name__} (approximate={approx!r})"
-        if kind is None:
-            return desc, ""
-        facts = f"GeLU {'exact' if kind == 'none' else 'tanh'}: {desc}; kernel approximate={kind!r}"
-        if linears:
-            lin = linears[0]
-            facts += f"; Linear {lin.in_features}->{lin.out_features} bias={lin.bias is not None}"
-        return None, facts
-    if rule == "fused_QKV":
-        linears = [m for m in mods if isinstance(m, nn.Linear)]
-        if len(linears) != 3:
-            return f"expected three nn.Linear projections, found {[type(m).__name__ for m in mods]}", ""
-        ins = {m.in_features for m in linears}
-        biases = {m.bias is not None for m in linears}
-        if len(ins) != 1:
-            return f"projections differ in in_features {sorted(ins)}", ""
-        if len(biases) != 1:
-            return "projections differ in bias (some have none)", ""
-        outs = [m.out_features for m in linears]
-        roles = [_projection_role(n) for n in nodes]
-        if sorted(r for r in roles if r) == ["k", "q", "v"]:
-            kv = {outs[roles.index("k")], outs[roles.index("v")]}
-            if len(kv) != 1:
-                return f"key/value out_features differ {sorted(kv)}: FusedQKV needs one kv_out_features", ""
-        elif len(set(outs)) == 3:
-            return f"projection out_features {outs} cannot be split as q plus equal k/v", ""
-        return None, f"3 x Linear in={ins.pop()} out={outs} bias={biases.pop()}"
-    if rule == "Dropout_LayerNorm":
-        drop = next((m for m in mods if isinstance(m, nn.Dropout)), None)
-        ln = next((m for m in mods if isinstance(m, nn.LayerNorm)), None)
-        if ln is None:
-            return "the norm that runs is not an nn.LayerNorm", ""
-        add_i = next((i for i, n in enumerate(nodes) if isinstance(n, TensorOp)), None)
-        if add_i is not None:
-            for name in found.groups[add_i]:
-                ins = [i for i in index.inputs(name) if index.nodes[i].op != "get_attr"]
-                shapes = [_shape(index, i) for i in ins]
-                if len(shapes) == 2 and None not in shapes and shapes[0] != shapes[1]:
-                    return f"residual add broadcasts ({list(shapes[0])} + {list(shapes[1])})", ""
-        p = drop.p if drop is not None else "?"
-        return None, f"Dropout(p={p}) + LayerNorm{tuple(ln.normalized_shape)} eps={ln.eps}"
-    if rule == "Conv_BatchNorm":
-        conv = next((m for m in mods if isinstance(m, nn.Conv2d)), None)
-        bn = next((m for m in mods if isinstance(m, nn.BatchNorm2d)), None)
-        if conv is None or bn is None:
-            return "the layers that run are not nn.Conv2d and nn.BatchNorm2d", ""
-        if bn.num_features != conv.out_channels:
-            return f"BatchNorm2d({bn.num_features}) does not fit Conv2d out_channels={conv.out_channels}", ""
-        return None, f"Conv2d({conv.in_channels}->{conv.out_channels}) + BatchNorm2d({bn.num_features})"
-    if rule == "Linear_BatchNorm":
-        lin = next((m for m in mods if isinstance(m, nn.Linear)), None)
-        bn = next((m for m in mods if isinstance(m, nn.BatchNorm1d)), None)
-        if lin is None or bn is None:
-            return "the layers that run are not nn.Linear and nn.BatchNorm1d", ""
-        if bn.num_features != lin.out_features:
-            return f"BatchNorm1d({bn.num_features}) does not fit Linear out_features={lin.out_features}", ""
-        return None, f"Linear({lin.in_features}->{lin.out_features}) + BatchNorm1d({bn.num_features})"
-    return None, ""
+    ops = tuple(
+        tuple(_graph_op(index, n) for n in sorted(group, key=lambda n: index.by_name[n].index))
+        for group in found.groups
+    )
+    return RuntimeSite(
+        match=match,
+        instance=found.instance,
+        modules=tuple(_module_for(model, found.instance, n) for n in nodes),
+        ops=ops,
+    )
+
+
+def _check_preconditions(
+    index: TraceIndex, match: Match, found: _Found, model: nn.Module, rule: Rule | None
+) -> tuple[str | None, str]:
+    """``(failure or None, facts)`` from the rule's runtime check in one instance."""
+    check = rule.runtime.check if rule is not None else None
+    if check is None:
+        return None, ""
+    return check(runtime_site(index, match, found, model))
 
 
 # ------------------------------------------------------------------ confirmation
 
 
-def _confirm_one(index: TraceIndex, match: Match, model: nn.Module) -> Match:
+def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule | None) -> Match:
     file = _realpath(match.file)
     match_r = replace(match, file=file) if file != match.file else match
     if match.class_name:
@@ -535,7 +401,7 @@ def _confirm_one(index: TraceIndex, match: Match, model: nn.Module) -> Match:
     if ok:
         failures, facts = [], ""
         for r in ok:
-            failure, facts_r = _check_preconditions(index, match_r, r, model)
+            failure, facts_r = _check_preconditions(index, match_r, r, model, rule)
             if failure:
                 failures.append((r.instance, failure))
             else:
@@ -598,24 +464,28 @@ def confirm_matches(
     capture: Capture | None = None,
     runtime_only: bool = True,
     scanned_files: Iterable[str] | None = None,
+    rules: Sequence[Rule] = (),
 ) -> list[Match]:
     """Set ``status``/``reason`` of every match from a trace of ``model`` on ``example_inputs``;
     append ``runtime-only`` matches for executed rule sequences no static match covers.
+
+    ``rules``: the rules in use (a match's rule is looked up there first, then in the registry;
+    runtime-only sequences are those of ``rules``, or of every registered rule when empty).
 
     Runtime-only sequences are reported for ``scanned_files`` (the files the static pass looked
     at); when not given, for the files of ``matches`` (every file when ``matches`` is empty).
     """
     if capture is None:
         try:
-            capture = capture_model(model, example_inputs)
+            capture = capture_model(model, example_inputs, leaf_modules=leaf_modules_of(rules or all_rules()))
         except CaptureError as exc:
             reason = f"model could not be traced: {exc}"
             return [replace(m, status="untraced", reason=reason) for m in matches]
     index = TraceIndex.build(capture)
-    out = [_confirm_one(index, m, model) for m in matches]
+    out = [_confirm_one(index, m, model, find_rule(m.rule, rules)) for m in matches]
     if runtime_only:
         files = scanned_files if scanned_files is not None else {m.file for m in matches} or None
-        extra = find_runtime_only(index, model, matches)
+        extra = find_runtime_only(index, model, matches, rules or all_rules())
         if files is not None:
             wanted = {_realpath(str(f)) for f in files}
             extra = [m for m in extra if m.file in wanted]
@@ -634,34 +504,6 @@ def _in_module_of(src: NodeSource, classes: tuple[str, ...]) -> str | None:
     return None
 
 
-_DROPOUT = ("torch.nn.modules.dropout.Dropout",)
-_LAYERNORM = ("torch.nn.modules.normalization.LayerNorm",)
-_LINEAR = ("torch.nn.modules.linear.Linear",)
-_CONV2D = ("torch.nn.modules.conv.Conv2d",)
-_BN2D = ("torch.nn.modules.batchnorm.BatchNorm2d",)
-_BN1D = ("torch.nn.modules.batchnorm.BatchNorm1d",)
-
-
-@dataclass
-class _Step:
-    """One link of a runtime sequence: a module call (``classes``) or a graph op (``ops``)."""
-
-    kind: str  # DSL layer type or tensor op symbol
-    classes: tuple[str, ...] = ()
-    ops: frozenset = frozenset()
-
-    def group_of(self, index: TraceIndex, src: NodeSource) -> tuple[str, set[str]] | None:
-        """``(key, nodes)`` of the step this node belongs to (all nodes of one module call)."""
-        if self.classes:
-            path = _in_module_of(src, self.classes)
-            if path is None:
-                return None
-            return path, {s.node_name for s in _module_nodes(index, path)}
-        if src.op_name in self.ops and src.module_path is not None and not _in_leaf(src):
-            return src.node_name, {src.node_name}
-        return None
-
-
 def _in_leaf(src: NodeSource) -> bool:
     return bool(src.module_stack) and src.module_stack[-1][1].startswith("torch.nn.modules.")
 
@@ -678,29 +520,22 @@ def _module_nodes(index: TraceIndex, path: str) -> list[NodeSource]:
     return by_path.get(path, [])
 
 
-def _gelu_step_group(index: TraceIndex, src: NodeSource) -> tuple[str, set[str]] | None:
-    # a GeLU activation module (transformers ACT2FN classes, nn.GELU) or a functional gelu op
-    for path, cls in reversed(src.module_stack):
-        name = cls.rsplit(".", 1)[-1]
-        if name in _GELU_CLASSES:
-            return path, {s.node_name for s in _module_nodes(index, path)}
-    if src.op_name == "gelu":
+def _module_group(index: TraceIndex, path: str) -> tuple[str, set[str]]:
+    return path, {s.node_name for s in _module_nodes(index, path)}
+
+
+def _step_group(index: TraceIndex, step: RuntimeStep, src: NodeSource) -> tuple[str, set[str]] | None:
+    """``(key, nodes)`` of the step this node belongs to (all nodes of one module call), or None."""
+    if step.module_types:
+        path = _in_module_of(src, step.module_types)
+        return None if path is None else _module_group(index, path)
+    if step.module_class_names:
+        for path, cls in reversed(src.module_stack):
+            if cls.rsplit(".", 1)[-1] in step.module_class_names:
+                return _module_group(index, path)
+    if src.op_name in step.ops and src.module_path is not None and not _in_leaf(src):
         return src.node_name, {src.node_name}
     return None
-
-
-SEQUENCES: dict[str, list] = {
-    "Dropout_LayerNorm": [_Step("torch.nn.Dropout", _DROPOUT), _Step("+", ops=frozenset({"add", "add_"})), _Step("torch.nn.LayerNorm", _LAYERNORM)],
-    "biased_GeLU": [_Step("torch.nn.Linear", _LINEAR), "gelu"],
-    "Conv_BatchNorm": [_Step("torch.nn.Conv2d", _CONV2D), _Step("torch.nn.BatchNorm2d", _BN2D)],
-    "Linear_BatchNorm": [_Step("torch.nn.Linear", _LINEAR), _Step("torch.nn.BatchNorm1d", _BN1D)],
-}
-
-
-def _step_group(index, step, src):
-    if step == "gelu":
-        return _gelu_step_group(index, src)
-    return step.group_of(index, src)
 
 
 def _call_site(index: TraceIndex, nodes: set[str]) -> NodeSource:
@@ -708,12 +543,15 @@ def _call_site(index: TraceIndex, nodes: set[str]) -> NodeSource:
     return first
 
 
-def find_runtime_only(index: TraceIndex, model: nn.Module, matches: Sequence[Match]) -> list[Match]:
+def find_runtime_only(
+    index: TraceIndex, model: nn.Module, matches: Sequence[Match], rules: Iterable[Rule] = ()
+) -> list[Match]:
     covered: dict[tuple[str, str], set[int]] = defaultdict(set)
     for m in matches:
         covered[(m.rule, _realpath(m.file))].update(m.lines)
     found: dict[tuple, list] = {}
-    for rule, steps in SEQUENCES.items():
+    sequences = {r.name: r.runtime.sequence for r in rules if getattr(getattr(r, "runtime", None), "sequence", ())}
+    for rule, steps in sequences.items():
         for src in index.sources:
             first = _step_group(index, steps[0], src)
             if first is None or src.node_name != min(first[1], key=lambda n: index.by_name[n].index):
@@ -756,12 +594,12 @@ def find_runtime_only(index: TraceIndex, model: nn.Module, matches: Sequence[Mat
         chain, sites, owner_path = occurrences[0]
         owner_class = sites[-1].class_name
         nodes = []
-        for i, ((path, _group), site, step) in enumerate(zip(chain, sites, SEQUENCES[rule])):
+        for i, ((path, _group), site, step) in enumerate(zip(chain, sites, sequences[rule])):
             span = Span(site.line, 0, site.line, 0, function=site.function or "")
-            if step == "+" or (not isinstance(step, str) and step.kind == "+"):
-                nodes.append(MatchedNode(i, TensorOp("+", span=span)))
+            if step.is_operator:
+                nodes.append(MatchedNode(i, TensorOp(step.kind, span=span)))
             else:
-                kind = step.kind if not isinstance(step, str) else "gelu"
+                kind = step.kind
                 owner = _owner_path(site, owner_class)
                 module = None
                 rel = path[len(owner) + 1:] if owner and path.startswith(owner + ".") else (path if not owner else "")

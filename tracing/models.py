@@ -39,6 +39,34 @@ def known_model_ids() -> list[str]:
     return shipped_configs.known_model_ids()
 
 
+def _looks_like_path(ref: str) -> bool:
+    if ref.startswith(("/", "./", "../", "~")) or ref.endswith(("/", os.sep)) or ref.endswith(".json"):
+        return True
+    parent = os.path.dirname(ref)
+    return bool(parent) and os.path.isdir(os.path.expanduser(parent))
+
+
+def check_model_ref(model: str) -> None:
+    """Fail fast (before anything is built or printed) on a model reference that names
+    nothing: an unknown model id (suggesting the nearest known one), or a path that does not
+    exist. Raises :class:`TracingError` with one line."""
+    if shipped_configs.has_config(model) or os.path.exists(model):
+        return
+    if _looks_like_path(model):
+        raise TracingError(f"directory not found: {model} (a model directory must hold config.json)")
+    import difflib
+
+    known = known_model_ids()
+    near = difflib.get_close_matches(model, known, n=1, cutoff=0.6)
+    if not near:
+        lowered = {k.lower(): k for k in known}
+        near = [lowered[k] for k in difflib.get_close_matches(model.lower(), list(lowered), n=1, cutoff=0.6)]
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise TracingError(
+        f"unknown model id {model!r}; {hint}known model ids: {', '.join(known)} (or a directory holding config.json)"
+    )
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -289,10 +317,8 @@ def build_model(
         elif os.path.isfile(model) and model.endswith(".json"):
             config = _config_from_file(model, config_overrides)
         else:
-            raise TracingError(
-                f"unknown model id {model!r}; known model ids: {', '.join(known_model_ids())} "
-                f"(or a directory holding config.json)"
-            )
+            check_model_ref(model)  # the one-line error, with the nearest known id
+            raise TracingError(f"cannot build a model from {model!r}: not a directory or a config .json file")
         config = _apply_overrides(config, attn_implementation, config_overrides, on_meta)
         cls = _model_class_for(config)
         if weights_dir and not on_meta:

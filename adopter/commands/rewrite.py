@@ -2,7 +2,10 @@
 
 Default is ``--diff``: print unified diffs, change nothing. ``--write`` applies them
 (atomically, only files whose result compiles), ``--check`` exits 1 when anything would
-change (CI / pre-commit). Exit codes: 0 ok, 1 changes pending under --check, 2 errors.
+change (CI / pre-commit). Exit codes: 0 ok, 1 changes pending under --check, 2 when any file
+could not be analysed or written (every other file is still processed). ``--write`` leaves alone,
+with a message, a read-only file and a file that is (or lies through) a symbolic link out of
+the paths given, unless ``--force``. A path that is not Python is skipped with a notice.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ def add_arguments(parser):
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
                         help="worker processes (default: CPU count; 1 = in process)")
     parser.add_argument("--verbose", "-v", action="store_true", help="also list every skipped match with its reason")
+    parser.add_argument("--force", action="store_true",
+                        help="with --write, also replace read-only files and files reached through a symbolic "
+                             "link (the link's target is written; the link stays)")
 
 
 def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
@@ -47,18 +53,29 @@ def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
 
 
 def run(args) -> int:
-    from adopter.cli import UserError
+    from adopter.commands._inputs import split_python_paths, write_protection
     from adopter.commands.scan import select_rules
     from adopter.core.scan import collect_files
+    from adopter.errors import UserError
 
     select_rules(args)  # validate names and rule files once, with one-line errors
+    if args.force and not args.write:
+        raise UserError("--force only applies to --write")
+    paths, not_python = split_python_paths(args.paths)
     try:
-        files = [str(f) for f in collect_files(args.paths)]
+        files = [str(f) for f in collect_files(paths)]
     except (FileNotFoundError, PermissionError) as exc:
         raise UserError(str(exc)) from None
     if args.jobs < 0:
         raise UserError("--jobs must be >= 0")
-    tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write)) for f in files]
+    # A file --write must not replace (read-only; a symbolic link, or outside the paths given)
+    # is still rewritten in memory, so the message can say whether it would have changed.
+    protected = {f: write_protection(f, paths) for f in files} if args.write else {}
+    if args.force:
+        # through a link: write its target, so the link stays a link
+        files = [os.path.realpath(f) if protected.get(f) else f for f in files]
+        protected = {}
+    tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write) and not protected.get(f)) for f in files]
     jobs = args.jobs or min(os.cpu_count() or 1, max(len(tasks), 1))
     if jobs <= 1 or len(tasks) <= 1:
         results = [_rewrite_one(t) for t in tasks]
@@ -69,27 +86,40 @@ def run(args) -> int:
             # map keeps input order: output is deterministic whatever finishes first.
             results = list(pool.map(_rewrite_one, tasks, chunksize=4))
 
+    for r in results:
+        why = protected.get(r.path)
+        if why and r.status == "changed":
+            r.status = "skipped"
+            r.reason = f"not written: the file {why}; use --force to write it anyway"
     counts = {"changed": 0, "unchanged": 0, "skipped": 0, "failed": 0}
     applied = skipped_matches = 0
     for r in results:
         counts[r.status] += 1
-        applied += sum(1 for o in r.outcomes if o.applied)
+        # Under --write, count only what reached the disk (not a file whose write failed).
+        if r.written or not args.write:
+            applied += sum(1 for o in r.outcomes if o.applied)
         skipped_matches += sum(1 for o in r.outcomes if not o.applied)
+    counts["skipped"] += len(not_python)
     summary = (
         f"{counts['changed']} file(s) {'rewritten' if args.write else 'would change'}, "
         f"{counts['unchanged']} unchanged, {counts['skipped']} skipped, {counts['failed']} failed "
-        f"({applied} rewrite(s) applied, {skipped_matches} match(es) skipped)"
+        f"({applied} rewrite(s) {'written to disk' if args.write else 'would be applied'}, "
+        f"{skipped_matches} match(es) skipped)"
     )
     if args.format == "json":
         payload = {
             "mode": "write" if args.write else "check" if args.check else "diff",
-            "files": [dict(r.to_json(), diff=r.diff) for r in results],
+            "files": [dict(r.to_json(), diff=r.diff) for r in results]
+            + [{"file": s["file"], "status": "skipped", "reason": s["reason"], "applied": [], "skipped": [],
+                "written": False, "diff": ""} for s in not_python],
             "summary": dict(counts, rewrites=applied, skipped_matches=skipped_matches),
         }
         json.dump(payload, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         out, err = sys.stdout, sys.stderr
+        for s in not_python:
+            err.write(f"{s['file']}: skipped: {s['reason']}\n")
         for r in results:
             if r.status == "changed":
                 if args.write:
@@ -107,8 +137,8 @@ def run(args) -> int:
                         err.write(f"{r.path}:{lines}: {o.match.rule} ({o.match.class_name or o.match.function}) "
                                   f"skipped: {o.reason}\n")
         err.write(summary + "\n")
-    if counts["failed"]:
-        return 2
+    if counts["failed"] or any(protected.get(r.path) and r.status == "skipped" for r in results):
+        return 2  # some file could not be analysed, or could not be written
     if args.check and counts["changed"]:
         return 1
     return 0

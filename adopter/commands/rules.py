@@ -27,10 +27,10 @@ def _rule_json(rule, full: bool) -> dict:
 
 
 def run(args) -> int:
-    from adopter.cli import UserError
     from adopter.commands.scan import select_rules
     from adopter.core.dsl_text import format_rules
     from adopter.core.rules import all_rules
+    from adopter.errors import UserError
 
     rules = all_rules()
     if args.rules_file:

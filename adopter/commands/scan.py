@@ -20,13 +20,15 @@ def add_arguments(parser):
     parser.add_argument("--model", metavar="ID", help="confirm matches by tracing this model id (imports torch)")
     parser.add_argument("--device", metavar="DEV", default=None, help="device for --model tracing (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar on stderr")
+    parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
+                        help="worker processes (default: one per CPU; 1 = in process)")
 
 
 def select_rules(args) -> list:
     """Rules from ``--rules`` / ``--rules-file`` (all built-in ones when neither is given)."""
-    from adopter.cli import UserError
     from adopter.core.dsl_text import DSLSyntaxError
     from adopter.core.rules import UnknownRuleError, all_rules, get_rules, load_rules_file
+    from adopter.errors import UserError
 
     rules = []
     if args.rules:
@@ -69,7 +71,7 @@ def _format_lines(lines: list[int]) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def format_text(report, confirmed: bool) -> str:
+def format_text(report, confirmed: bool, skipped: int = 0) -> str:
     out: list[str] = []
     by_file: dict[str, list] = {}
     for m in report.matches:
@@ -93,17 +95,24 @@ def format_text(report, confirmed: bool) -> str:
     summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     out.append(
         f"{len(report.matches)} match{'es' if len(report.matches) != 1 else ''} in {len(by_file)} "
-        f"file{'s' if len(by_file) != 1 else ''} ({report.files_scanned} scanned, {len(report.errors)} "
+        f"file{'s' if len(by_file) != 1 else ''} ({report.files_scanned} scanned, "
+        + (f"{skipped} skipped (not Python), " if skipped else "")
+        + f"{len(report.errors)} "
         f"error{'s' if len(report.errors) != 1 else ''}, {report.seconds:.2f} s)" + (f": {summary}" if summary else "")
     )
     return "\n".join(out)
 
 
 def run(args) -> int:
-    from adopter.cli import UserError
+    from adopter.commands._inputs import split_python_paths
     from adopter.core.scan import collect_files, scan_paths
+    from adopter.errors import UserError
 
     rules = select_rules(args)
+    # A named file that is not Python: a one-line notice, counted as skipped (text and JSON).
+    args.paths, not_python = split_python_paths(args.paths)
+    for s in not_python:
+        print(f"adopter scan: skipping {s['file']}: {s['reason']}", file=sys.stderr)
     try:
         files = collect_files(args.paths)
     except (FileNotFoundError, PermissionError) as exc:
@@ -111,13 +120,16 @@ def run(args) -> int:
     progress = None
     if not args.no_progress and len(files) > PROGRESS_MIN_FILES and sys.stderr.isatty():
         progress = _Progress(sys.stderr)
-    report = scan_paths(args.paths, rules, progress=progress)
+    jobs = getattr(args, "jobs", 0) or 0
+    if jobs < 0:
+        raise UserError("--jobs must be >= 0")
+    report = scan_paths(args.paths, rules, progress=progress, jobs=jobs)
 
     if args.model:
         try:
             from adopter.tracing import confirm_model_id
         except ImportError as exc:
-            raise UserError(f"--model needs the tracing extras: {exc}", code=1) from None
+            raise UserError(f"--model needs the tracing extras: {exc}") from None
         import inspect
 
         kwargs = {}
@@ -129,10 +141,14 @@ def run(args) -> int:
             raise
         except Exception as exc:
             msg = str(exc).strip().splitlines()
-            raise UserError(f"tracing {args.model} failed: {msg[0] if msg else type(exc).__name__}", code=1) from None
+            raise UserError(f"tracing {args.model} failed: {msg[0] if msg else type(exc).__name__}") from None
 
     if args.format == "json":
-        sys.stdout.write(json.dumps(report.to_json()) + "\n")
+        payload = report.to_json()
+        payload["skipped"] = not_python
+        sys.stdout.write(json.dumps(payload) + "\n")
     else:
-        print(format_text(report, confirmed=bool(args.model)))
-    return 0
+        print(format_text(report, confirmed=bool(args.model), skipped=len(not_python)))
+    # Keep going past a file that cannot be analysed (every other file is scanned and
+    # reported), then say so in the exit status: 2, as for every command (`adopter --help`).
+    return 2 if report.errors else 0

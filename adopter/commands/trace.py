@@ -28,7 +28,7 @@ def add_arguments(parser):
 
 
 def _parse_overrides(items: list[str]) -> dict:
-    from adopter.cli import UserError
+    from adopter.errors import UserError
 
     out = {}
     for item in items:
@@ -44,8 +44,8 @@ def _parse_overrides(items: list[str]) -> dict:
 
 
 def run(args) -> int:
-    from adopter.cli import UserError
     from adopter.configs import known_model_ids
+    from adopter.errors import UserError
 
     if args.list_models:
         print("\n".join(known_model_ids()))

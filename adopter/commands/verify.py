@@ -82,7 +82,7 @@ def _safe_name(model_id: str) -> str:
 
 
 def run(args) -> int:
-    from adopter.cli import UserError
+    from adopter.errors import UserError
     from adopter.verify_gate import PlotUnavailable, load_json, parse_threshold, require_matplotlib
 
     # Validate everything cheap before the long steps.

@@ -138,10 +138,11 @@ class Pattern:
 
 @dataclass(frozen=True)
 class RulePart:
-    """One rule item ``source => target`` (paper §3.3)."""
+    """One rule item ``source => target`` (paper §3.3); ``target`` is None for a rule whose
+    codemod is written in Python."""
 
     source: Pattern
-    target: Pattern
+    target: Pattern | None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ Rule files
 ----------
 A rule file is a sequence of rule blocks. A block starts with ``rule NAME`` at the
 start of a line and holds an optional ``init:`` section and a ``forward:`` section,
-each ``SOURCE => TARGET`` (two patterns)::
+each ``SOURCE => TARGET`` (two patterns), or just ``SOURCE`` for a rule whose codemod is
+written in Python (the codemod alone says what the source becomes, so nothing can drift)::
 
     rule Dropout_LayerNorm
     init:
@@ -377,8 +378,10 @@ def _parse_part(text: str, line: int, col: int, source_name: str) -> RulePart:
     toks = _tokenize(text, line, col, source_name)
     p = _Parser(toks, source_name)
     if p.tok.kind == "EOF":
-        raise p.error("empty section: expected 'SOURCE => TARGET'")
+        raise p.error("empty section: expected 'SOURCE [=> TARGET]'")
     source = p.pattern(stop=("=>",))
+    if p.tok.kind == "EOF":
+        return RulePart(source, None)  # no target: the rule's codemod says what it becomes
     if not p.is_punct("=>"):
         raise p.error("expected ';' between nodes or '=>' before the target pattern")
     p.i += 1
@@ -511,7 +514,8 @@ def format_rule(rule: RuleText) -> str:
             continue
         out.append(f"{name}:")
         out.append("    " + format_pattern(part.source, sep=";\n    "))
-        out.append("    => " + format_pattern(part.target, sep=";\n       "))
+        if part.target is not None:
+            out.append("    => " + format_pattern(part.target, sep=";\n       "))
     return "\n".join(out) + "\n"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from adopter.core.structures import Match
 
-__all__ = ["ScanError", "ScanReport", "collect_files", "scan_file", "scan_paths", "scan_source"]
+__all__ = ["ScanError", "ScanReport", "collect_files", "default_jobs", "scan_file", "scan_paths", "scan_source"]
 
 SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".tox", ".mypy_cache", ".pytest_cache", "node_modules"}
 
@@ -109,20 +109,112 @@ def scan_file(path: str | os.PathLike, rules: Iterable) -> list[Match]:
     return scan_source(text, str(p), rules)
 
 
+def _scan_one(name: str, rules: list) -> tuple[list[Match], ScanError | None]:
+    """Matches and error (``None`` when none) of one file; never raises but ``ImportError``."""
+    from adopter.core.match import match_structures
+
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        return [], ScanError(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}")
+    except OSError as exc:
+        return [], ScanError(name, f"cannot read: {exc.strerror or exc}")
+    try:
+        structures = _extract(text, name)
+    except SyntaxError as exc:
+        return [], ScanError(name, _one_line(exc))
+    except RecursionError:
+        return [], ScanError(name, "too deeply nested to analyse")
+    except ImportError:
+        raise
+    except Exception as exc:  # an extraction bug must not stop the scan
+        return [], ScanError(name, "extraction failed: " + _one_line(exc))
+    try:
+        return match_structures(structures, rules, source=text), None
+    except Exception as exc:
+        return [], ScanError(name, "matching failed: " + _one_line(exc))
+
+
+def default_jobs() -> int:
+    """Worker processes used when none are asked for: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# Worker-process state: the rules, set once per process (inherited when forked).
+_WORKER_RULES: list | None = None
+
+
+def _init_worker(rules: list) -> None:
+    global _WORKER_RULES
+    import gc
+
+    _WORKER_RULES = rules
+    # Import the analysis once per process (a no-op when forked from a parent that has it).
+    import adopter.core.extract  # noqa: F401
+    import adopter.core.match  # noqa: F401
+
+    # Objects inherited from the parent are never garbage: keep the collector off them, and
+    # collect less often (extraction allocates many short-lived objects, few cycles).
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
+def _scan_chunk(chunk: list[tuple[int, str]]) -> list[tuple[int, list[Match], ScanError | None]]:
+    rules = _WORKER_RULES if _WORKER_RULES is not None else []
+    return [(index, *_scan_one(name, rules)) for index, name in chunk]
+
+
+def _pool_context(rules: list):
+    """A multiprocessing context whose workers can get ``rules``, or None (scan in process).
+
+    Forked workers inherit the rules (rule objects may hold closures that do not pickle);
+    elsewhere the rules must pickle."""
+    import multiprocessing as mp
+
+    if "fork" in mp.get_all_start_methods():
+        return mp.get_context("fork")
+    import pickle
+
+    try:
+        pickle.dumps(rules)
+    except Exception:
+        return None
+    return mp.get_context()
+
+
+def _chunks(files: list[Path], jobs: int) -> list[list[tuple[int, str]]]:
+    """Files as ``(index, name)`` chunks, largest files first (the long ones start early and
+    the small ones fill in at the end), chunks small enough to keep every worker busy."""
+    def size(item):
+        try:
+            return item[1].stat().st_size
+        except OSError:
+            return 0
+
+    order = sorted(enumerate(files), key=lambda item: (-size(item), item[0]))
+    per_chunk = max(1, min(8, len(order) // (jobs * 8)))
+    items = [(i, str(f)) for i, f in order]
+    return [items[k:k + per_chunk] for k in range(0, len(items), per_chunk)]
+
+
 def scan_paths(
     paths: Sequence[str | os.PathLike],
     rules: Iterable | None = None,
     *,
     progress: Callable[[int, int, str], None] | None = None,
+    jobs: int | None = None,
 ) -> ScanReport:
     """Scan files and directories with ``rules`` (all built-in rules when None).
 
+    ``jobs``: worker processes (``None`` or 0: one per CPU; 1: in this process). Results
+    do not depend on it: matches and errors come in file order.
     ``progress(done, total, file)`` is called after each file. Raises what
     :func:`collect_files` raises for missing/unreadable top-level paths; problems with
     individual files end up in ``ScanReport.errors``.
     """
-    from adopter.core.match import match_structures
-
     if rules is None:
         from adopter.core.rules import all_rules
 
@@ -131,32 +223,33 @@ def scan_paths(
     start = time.perf_counter()
     files = collect_files(paths)
     report = ScanReport(files_scanned=0, seconds=0.0)
-    for i, f in enumerate(files):
-        name = str(f)
-        try:
-            text = f.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            report.errors.append(ScanError(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}"))
-        except OSError as exc:
-            report.errors.append(ScanError(name, f"cannot read: {exc.strerror or exc}"))
-        else:
-            try:
-                structures = _extract(text, name)
-            except SyntaxError as exc:
-                report.errors.append(ScanError(name, _one_line(exc)))
-            except RecursionError:
-                report.errors.append(ScanError(name, "too deeply nested to analyse"))
-            except ImportError:
-                raise
-            except Exception as exc:  # an extraction bug must not stop the scan
-                report.errors.append(ScanError(name, "extraction failed: " + _one_line(exc)))
-            else:
-                try:
-                    report.matches.extend(match_structures(structures, rules, source=text))
-                except Exception as exc:
-                    report.errors.append(ScanError(name, "matching failed: " + _one_line(exc)))
+    if jobs is not None and jobs < 0:
+        raise ValueError("jobs must be >= 0")
+    jobs = min(jobs or default_jobs(), len(files))
+    context = _pool_context(rules) if jobs > 1 else None
+    results: list[tuple[list[Match], ScanError | None] | None] = [None] * len(files)
+    if context is None:
+        for i, f in enumerate(files):
+            results[i] = _scan_one(str(f), rules)
+            if progress is not None:
+                progress(i + 1, len(files), str(f))
+    else:
+        # Import the analysis before forking: workers then start with it loaded.
+        import adopter.core.extract  # noqa: F401
+        import adopter.core.match  # noqa: F401
+
+        done = 0
+        with context.Pool(jobs, initializer=_init_worker, initargs=(rules,)) as pool:
+            for chunk in pool.imap_unordered(_scan_chunk, _chunks(files, jobs)):
+                for index, matches, error in chunk:
+                    results[index] = (matches, error)
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(files), str(files[index]))
+    for matches, error in results:
+        if error is not None:
+            report.errors.append(error)
+        report.matches.extend(matches)
         report.files_scanned += 1
-        if progress is not None:
-            progress(i + 1, len(files), name)
     report.seconds = time.perf_counter() - start
     return report

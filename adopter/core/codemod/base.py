@@ -27,17 +27,10 @@ from adopter.core.codemod.context import (
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, Pos
 from adopter.core.structures import InitBinding, Match
 
-REGISTRY: dict[str, Codemod] = {}
-
-
-def register(cls):
-    instance = cls()
-    REGISTRY[cls.rule] = instance
-    return cls
-
 
 class Codemod:
-    """One rule's edit synthesis. Subclasses set ``rule`` and implement :meth:`analyze`."""
+    """One rule's edit synthesis. Subclasses set ``rule`` (the name used in messages) and
+    implement :meth:`analyze`; the rule module declares an instance as ``Rule.codemod``."""
 
     rule: ClassVar[str] = ""
 

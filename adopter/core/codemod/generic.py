@@ -24,15 +24,13 @@ a local ``from <module> import <Name>`` in front of the synthesized statement (t
 only writes module-level imports for ``adopter.kernels``).
 
 Which variant of the rule matched: ``Match.variant`` when the matcher records it, else the
-variants of a rule registered with :func:`register_rules` are re-matched against the
-matched nodes and the one that reproduces ``Match.bindings`` is used.
+variants of the match's rule are re-matched against the matched nodes and the one that reproduces ``Match.bindings`` is used.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
 from dataclasses import replace
 
 from adopter.core.codemod.base import (
@@ -49,33 +47,19 @@ from adopter.core.codemod.base import (
 from adopter.core.codemod.context import FileContext, Skip, stores
 from adopter.core.codemod.edits import Edit, InitEdit
 from adopter.core.dsl import Const, Layer, RuleText, TensorOp, Value, Var, Wildcard
+from adopter.core.match import match_node, same_value
 from adopter.core.structures import Match
 
-__all__ = ["GenericCodemod", "generic_codemod", "register_rules", "registered_rule"]
+__all__ = ["GenericCodemod", "generic_codemod"]
 
 KERNELS_MODULE = "adopter.kernels"
 
-# Rules whose variants the generic codemod may use, by name (see module docstring).
-_RULES: dict[str, object] = {}
 
-
-def register_rules(rules: Iterable) -> None:
-    """Make the DSL of ``rules`` (objects with ``name`` and ``variants``) available to the
-    generic codemod. Registering again under the same name replaces the earlier rule."""
-    for rule in rules:
-        variants = getattr(rule, "variants", ())
-        if getattr(rule, "name", None) and variants:
-            _RULES[rule.name] = rule
-
-
-def registered_rule(name: str):
-    return _RULES.get(name)
-
-
-def generic_codemod(match: Match) -> GenericCodemod | None:
-    """The generic codemod when this match's rule DSL is known, else None."""
-    if getattr(match, "variant", None) is not None or match.rule in _RULES:
-        return GenericCodemod()
+def generic_codemod(match: Match, rule=None) -> GenericCodemod | None:
+    """The generic codemod when the DSL of this match's rule (``rule``: an object with
+    ``name`` and ``variants``) is known, else None."""
+    if getattr(match, "variant", None) is not None or (rule is not None and getattr(rule, "variants", ())):
+        return GenericCodemod(rule)
     return None
 
 
@@ -92,21 +76,16 @@ def snake_case(name: str) -> str:
 
 
 def _same(a: Value, b: Value) -> bool:
-    from adopter.core.match import same_value
-
     return same_value(a, b)
 
 
-def find_variant(match: Match) -> RuleText:
+def find_variant(match: Match, rule=None) -> RuleText:
     """The rule variant that produced ``match`` (see the module docstring)."""
     variant = getattr(match, "variant", None)
     if variant is not None:
         return variant
-    rule = _RULES.get(match.rule)
     if rule is None:
         raise Skip(f"no codemod for rule {match.rule}")
-    from adopter.core.match import match_node
-
     for candidate in rule.variants:
         pattern = candidate.forward.source.nodes
         if len(pattern) != len(match.nodes):
@@ -159,8 +138,13 @@ class GenericCodemod(Codemod):
 
     rule = ""
 
+    def __init__(self, rule_object=None):
+        self.rule_object = rule_object  # the Rule whose variants may have produced the match
+
     def analyze(self, match: Match, ctx: FileContext) -> Edit:
-        variant = find_variant(match)
+        variant = find_variant(match, self.rule_object)
+        if variant.forward.target is None:
+            raise Skip(f"rule {match.rule} has neither a codemod nor a DSL target")
         target = variant.forward.target.nodes
         if len(target) != 1 or not isinstance(target[0], Layer):
             kinds = ", ".join(type(n).__name__ for n in target)

@@ -1,26 +1,32 @@
-"""Rule registry: one module per rule, each exposing ``RULE`` (a :class:`Rule`).
+"""Rule registry: one module per built-in rule, each exposing ``RULE`` (a :class:`Rule`).
 
-A rule is its DSL text (one or more ``rule NAME`` blocks with the same name, the
-*variants*, see :mod:`adopter.core.dsl_text`), the kernel it targets, preconditions
-(functions ``MatchContext -> str | None`` returning a reason when violated) and a
-doc paragraph that says exactly what counts as a match.
+A rule module holds the whole rule (see :mod:`adopter.core.rule`): DSL text (one or more
+``rule NAME`` blocks with the same name, the *variants*), static preconditions (functions
+``MatchContext -> str | None`` returning a reason when violated), its codemod, its runtime
+checks and sequence, the kernel it targets and a doc paragraph that says exactly what
+counts as a match. Modules named ``_*.py`` hold helpers shared by several rules.
 
-    all_rules()            every built-in rule, in Table 1 order
-    get_rules(names)       built-in rules by name (unknown name: UnknownRuleError)
+    all_rules()            every built-in rule (Table 1 order), then registered ones
+    get_rules(names)       rules by name (unknown name: UnknownRuleError)
+    find_rule(name, rules) a rule by name: from ``rules`` first, else the registry; or None
+    register_rule(rule)    add a rule defined elsewhere (a plug-in, a test); by name
     load_rules_file(path)  user rules from a DSL file (``adopter scan --rules-file``)
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 
-from adopter.core.dsl import Layer, RuleText
+from adopter.core.dsl import RuleText
 from adopter.core.dsl_text import DSLSyntaxError, parse_rules
+from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep, kernel_of
 
-__all__ = ["RULE_MODULES", "Rule", "UnknownRuleError", "all_rules", "get_rules", "load_rules_file", "rule_names"]
+__all__ = [
+    "RULE_MODULES", "Rule", "Runtime", "RuntimeSite", "RuntimeStep", "UnknownRuleError", "all_rules",
+    "find_rule", "get_rules", "load_rules_file", "register_rule", "rule_names", "unregister_rule",
+]  # fmt: skip
 
 # name -> module under adopter.core.rules (Table 1 order)
 RULE_MODULES: dict[str, str] = {
@@ -40,96 +46,64 @@ class UnknownRuleError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A transformation rule: DSL variants + kernel + preconditions + documentation."""
-
-    name: str
-    kernel: str
-    doc: str
-    dsl: str
-    preconditions: tuple[Callable, ...] = ()
-    # "lines": one match per distinct set of statements; "class": at most one per class
-    # function (a whole attention computation reached through several paths).
-    dedup: str = "lines"
-    # Report a match whose nodes all lie in an inlined helper under that helper (once for
-    # all callers). Off for rules whose match is about the calling class (attention).
-    rehome: bool = True
-    # A precondition violated on one path through the matched statements vetoes the
-    # match on every path (the fused code would run on all of them).
-    veto_across_paths: bool = True
-    # A layer class defined in the scanned file that derives from a ``torch.nn`` layer named in
-    # the patterns and defines no method but ``__init__`` (so its forward is the parent's) is
-    # matched as that parent (EfficientNet's ``EfficientNetDepthwiseConv2d(nn.Conv2d)``).
-    # Its constructor arguments are not matched: its own signature differs from the parent's.
-    match_subclasses: bool = False
-    # ``(structures, source) -> {layer type: torch layer type}``: layer classes defined in the
-    # scanned file that the rule treats as the named torch layer (biased_GeLU: same-file modules
-    # whose forward is a GeLU of their input, e.g. BLOOM's ``BloomGelu``). Their call arguments
-    # are matched as the torch layer's.
-    layer_aliases: Callable | None = field(default=None, compare=False)
-    # ``(structures, source) -> {function name: layer type}``: module-level functions of the
-    # scanned file whose inlined body the rule sees as one call of that layer type (biased_GeLU:
-    # ESM's ``def gelu(x)`` written-out erf GeLU -> ``torch.nn.functional.gelu``).
-    inlined_functions: Callable | None = field(default=None, compare=False)
-    variants: tuple[RuleText, ...] = field(default=(), compare=False)
-
-    def __post_init__(self):
-        if not self.variants:
-            variants = tuple(parse_rules(self.dsl, source_name=f"<rule {self.name}>"))
-            if not variants:
-                raise ValueError(f"rule {self.name}: DSL text holds no rule block")
-            for v in variants:
-                if v.name != self.name:
-                    raise ValueError(f"rule {self.name}: DSL block named {v.name!r}")
-            object.__setattr__(self, "variants", variants)
-
-    @property
-    def summary(self) -> str:
-        """First sentence of the doc."""
-        text = " ".join(self.doc.split())
-        end = text.find(". ")
-        return text if end < 0 else text[: end + 1]
-
-
 _CACHE: dict[str, Rule] = {}
+# Rules defined outside this package (plug-ins, tests), by name.
+_REGISTERED: dict[str, Rule] = {}
 
 
 def _load(name: str) -> Rule:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if name not in _CACHE:
         module = importlib.import_module(f"adopter.core.rules.{RULE_MODULES[name]}")
         _CACHE[name] = module.RULE
     return _CACHE[name]
 
 
+def register_rule(rule: Rule) -> Rule:
+    """Make ``rule`` known by name to every layer (scan, trace, rewrite, verify, CLI).
+    A registered rule of a built-in's name shadows the built-in until unregistered."""
+    if not isinstance(rule, Rule):
+        raise TypeError(f"register_rule expects a Rule, got {type(rule).__name__}")
+    _REGISTERED[rule.name] = rule
+    return rule
+
+
+def unregister_rule(name: str) -> None:
+    _REGISTERED.pop(name, None)
+
+
 def rule_names() -> list[str]:
-    return list(RULE_MODULES)
+    return list(RULE_MODULES) + [n for n in _REGISTERED if n not in RULE_MODULES]
 
 
 def all_rules() -> list[Rule]:
-    return [_load(n) for n in RULE_MODULES]
+    return [_load(n) for n in rule_names()]
+
+
+def find_rule(name: str, rules: Iterable[Rule] = ()) -> Rule | None:
+    """The rule called ``name``: from ``rules`` (the ones in use) first, else the registry."""
+    for rule in rules:
+        if getattr(rule, "name", None) == name:
+            return rule
+    if name in _REGISTERED or name in RULE_MODULES:
+        return _load(name)
+    return None
 
 
 def get_rules(names: Iterable[str]) -> list[Rule]:
-    """Built-in rules by name, in the order given; duplicates removed."""
+    """Rules by name, in the order given; duplicates removed."""
     out: list[Rule] = []
     for raw in names:
         name = raw.strip()
         if not name:
             continue
-        if name not in RULE_MODULES:
-            raise UnknownRuleError(f"unknown rule {name!r}; known rules: {', '.join(RULE_MODULES)}")
+        if name not in RULE_MODULES and name not in _REGISTERED:
+            raise UnknownRuleError(f"unknown rule {name!r}; known rules: {', '.join(rule_names())}")
         rule = _load(name)
         if rule not in out:
             out.append(rule)
     return out
-
-
-def _kernel_of(variant: RuleText) -> str:
-    for node in variant.forward.target.nodes:
-        if isinstance(node, Layer):
-            return node.type
-    return ""
 
 
 def load_rules_file(path: str | Path) -> list[Rule]:
@@ -145,13 +119,17 @@ def load_rules_file(path: str | Path) -> list[Rule]:
         raise DSLSyntaxError("no 'rule NAME' block in file", 1, 1, str(path))
     grouped: dict[str, list[RuleText]] = {}
     for v in variants:
+        # A rule file has no Python codemod: its DSL targets are what the rewrite synthesizes.
+        for part_name, part in (("init", v.init), ("forward", v.forward)):
+            if part is not None and part.target is None:
+                raise DSLSyntaxError(f"rule {v.name}: the {part_name} section needs '=> TARGET'", 1, 1, str(path))
         grouped.setdefault(v.name, []).append(v)
     rules = []
     for name, vs in grouped.items():
         rules.append(
             Rule(
                 name=name,
-                kernel=_kernel_of(vs[0]),
+                kernel=kernel_of(vs[0]),
                 doc=f"User rule from {path.name}.",
                 dsl="",
                 variants=tuple(vs),

@@ -40,7 +40,6 @@ def attention_dsl(name: str) -> str:
         for b in second:
             blocks.append(
                 f"rule {name}\nforward:\n    {a};\n    {sm}($logits) -> $weights;\n    {b}\n"
-                f"    => adopter.kernels.attention($q, $k, $v) -> $out\n"
             )
     return "\n".join(blocks)
 

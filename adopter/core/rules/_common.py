@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from adopter.core.dsl import Const, Layer, Node, TensorOp, Value, Var
 from adopter.core.match import MatchContext, reads, same_value, uses_outside
-from adopter.core.rules._source_uses import escaping_read
+from adopter.core.match.source_uses import escaping_read
 
 Precondition = Callable[[MatchContext], "str | None"]
 
@@ -130,3 +130,46 @@ def is_layer(node: Node, *types: str) -> bool:
 
 def is_op(node: Node, *ops: str) -> bool:
     return isinstance(node, TensorOp) and node.op in ops
+
+
+# ---------------------------------------------------------------- runtime (trace) helpers
+
+# Qualified names of the torch layer classes the rules' runtime parts talk about.
+DROPOUT = "torch.nn.modules.dropout.Dropout"
+LAYER_NORM = "torch.nn.modules.normalization.LayerNorm"
+LINEAR = "torch.nn.modules.linear.Linear"
+CONV2D = "torch.nn.modules.conv.Conv2d"
+BATCH_NORM_1D = "torch.nn.modules.batchnorm.BatchNorm1d"
+BATCH_NORM_2D = "torch.nn.modules.batchnorm.BatchNorm2d"
+
+
+def self_attr_path(var) -> str | None:
+    """``self.encoder.layers[2]`` -> ``encoder.layers.2``; None if not an attribute of self."""
+    name = getattr(var, "name", None)
+    if not isinstance(name, str) or not name.startswith("self."):
+        return None
+    return name[len("self."):].replace("[", ".").replace("]", "")
+
+
+def first_of(modules, cls):
+    return next((m for m in modules if isinstance(m, cls)), None)
+
+
+def layer_pair_check(first_cls, second_cls, features: str) -> object:
+    """Runtime check for ``second(first(x))`` layer pairs (Conv2d+BatchNorm2d, Linear+BatchNorm1d):
+    both layers are what the pattern names and the norm's ``num_features`` equals
+    ``first.<features>``."""
+
+    def check(site):
+        first_type, second_type = first_cls(), second_cls()
+        first = first_of(site.modules, first_type)
+        second = first_of(site.modules, second_type)
+        if first is None or second is None:
+            return f"the layers that run are not nn.{first_type.__name__} and nn.{second_type.__name__}", ""
+        width = getattr(first, features)
+        first_desc = f"{first_type.__name__}({getattr(first, 'in_' + features.split('_', 1)[1])}->{width})"
+        if second.num_features != width:
+            return f"{second_type.__name__}({second.num_features}) does not fit {first_type.__name__} {features}={width}", ""
+        return None, f"{first_desc} + {second_type.__name__}({second.num_features})"
+
+    return check

@@ -10,7 +10,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from adopter.core.rules._source import class_init_ast, function_ast, parse_file
+from adopter.core.match.source import class_init_ast, function_ast, parse_file
 
 
 @lru_cache(maxsize=256)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from adopter.core.rules import Rule
-from adopter.core.rules._common import distinct_modules, intermediates_unused
+from adopter.core.rule import Rule, Runtime, RuntimeStep
+from adopter.core.rules._batchnorm_codemod import ConvBatchNorm
+from adopter.core.rules._common import (
+    BATCH_NORM_2D,
+    CONV2D,
+    distinct_modules,
+    intermediates_unused,
+    layer_pair_check,
+)
 
 DSL = """
 rule Conv_BatchNorm
 init:
     torch.nn.Conv2d($cin, $cout) -> $conv; torch.nn.BatchNorm2d($nf) -> $bn
-    => adopter.kernels.FusedConv2dBatchNorm2d($cin, $cout) -> $conv
 forward:
     torch.nn.Conv2d@$conv($x) -> $c; torch.nn.BatchNorm2d@$bn($c) -> $out
-    => adopter.kernels.FusedConv2dBatchNorm2d@$conv($x) -> $out
 """
 
 DOC = """\
@@ -32,11 +37,34 @@ SyncBatchNorm or other norms; any op (activation, padding, reshape) between the 
 convolution output that is also read elsewhere; layers inside ``nn.Sequential``
 containers (not extracted as separate calls)."""
 
+
+
+def _conv2d():
+    from torch import nn
+
+    return nn.Conv2d
+
+
+def _batch_norm_2d():
+    from torch import nn
+
+    return nn.BatchNorm2d
+
+
+RUNTIME = Runtime(
+    check=layer_pair_check(_conv2d, _batch_norm_2d, "out_channels"),
+    sequence=(RuntimeStep("torch.nn.Conv2d", module_types=(CONV2D,)), RuntimeStep("torch.nn.BatchNorm2d", module_types=(BATCH_NORM_2D,))),
+    leaf_modules=(CONV2D, BATCH_NORM_2D),
+)
+
 RULE = Rule(
     name="Conv_BatchNorm",
     kernel="adopter.kernels.FusedConv2dBatchNorm2d",
     doc=DOC,
     dsl=DSL,
+    codemod=ConvBatchNorm(),
+    runtime=RUNTIME,
+    fixtures="Conv_BatchNorm",
     preconditions=(intermediates_unused("$c"), distinct_modules("$conv", "$bn")),
     # Same-file Conv2d subclasses (EfficientNetDepthwiseConv2d): rewrite/codemod_batchnorm.py
     # maps their constructor to Conv2d's arguments (conv2d_subclass_args) or skips the match.

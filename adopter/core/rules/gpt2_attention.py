@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from adopter.core.dsl import Layer
 from adopter.core.match import MatchContext, same_value
-from adopter.core.rules import Rule
+from adopter.core.rule import Rule
 from adopter.core.rules._attention import attention_dsl, describe, is_projection, namesake_facts
+from adopter.core.rules._attention_codemod import GPT2AttentionCodemod
 
 DSL = attention_dsl("GPT2Attention")
 
@@ -77,6 +78,8 @@ RULE = Rule(
     kernel="adopter.kernels.attention",
     doc=DOC,
     dsl=DSL,
+    codemod=GPT2AttentionCodemod(),
+    fixtures="attention",
     preconditions=(_is_gpt2_attention,),
     dedup="class",
     rehome=False,

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
-from adopter.core.rules import Rule
-from adopter.core.rules._common import const_text, distinct_modules, intermediates_unused, kwarg
+from adopter.core.rule import Rule, Runtime, RuntimeStep
+from adopter.core.rules._batchnorm_codemod import LinearBatchNorm
+from adopter.core.rules._common import (
+    BATCH_NORM_1D,
+    LINEAR,
+    const_text,
+    distinct_modules,
+    intermediates_unused,
+    kwarg,
+    layer_pair_check,
+)
 
 DSL = """
 rule Linear_BatchNorm
 init:
     torch.nn.Linear($in, $out_features) -> $lin; torch.nn.BatchNorm1d($nf) -> $bn
-    => adopter.kernels.FusedLinearBatchNorm1d($in, $out_features) -> $lin
 forward:
     torch.nn.Linear@$lin($x) -> $h; torch.nn.BatchNorm1d@$bn($h) -> $out
-    => adopter.kernels.FusedLinearBatchNorm1d@$lin($x) -> $out
 
 # LeViT MLPLayerWithBN: BatchNorm1d over the flattened leading dims
 rule Linear_BatchNorm
 init:
     torch.nn.Linear($in, $out_features) -> $lin; torch.nn.BatchNorm1d($nf) -> $bn
-    => adopter.kernels.FusedLinearBatchNorm1d($in, $out_features) -> $lin
 forward:
     torch.nn.Linear@$lin($x) -> $h; torch.Tensor.flatten($h) -> $flat; torch.nn.BatchNorm1d@$bn($flat) -> $out
-    => adopter.kernels.FusedLinearBatchNorm1d@$lin($x) -> $out
 """
 
 DOC = """\
@@ -46,10 +51,31 @@ def _flatten_keeps_features(ctx) -> str | None:
     return None
 
 
+def _linear():
+    from torch import nn
+
+    return nn.Linear
+
+
+def _batch_norm_1d():
+    from torch import nn
+
+    return nn.BatchNorm1d
+
+
+RUNTIME = Runtime(
+    check=layer_pair_check(_linear, _batch_norm_1d, "out_features"),
+    sequence=(RuntimeStep("torch.nn.Linear", module_types=(LINEAR,)), RuntimeStep("torch.nn.BatchNorm1d", module_types=(BATCH_NORM_1D,))),
+    leaf_modules=(LINEAR, BATCH_NORM_1D),
+)
+
 RULE = Rule(
     name="Linear_BatchNorm",
     kernel="adopter.kernels.FusedLinearBatchNorm1d",
     doc=DOC,
     dsl=DSL,
+    codemod=LinearBatchNorm(),
+    runtime=RUNTIME,
+    fixtures="Linear_BatchNorm",
     preconditions=(intermediates_unused("$h", "$flat"), distinct_modules("$lin", "$bn"), _flatten_keeps_features),
 )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from adopter.core.match import MatchContext
-from adopter.core.rules import Rule
+from adopter.core.rule import Rule
 from adopter.core.rules._attention import attention_dsl, namesake_facts, separate_projections_reason
+from adopter.core.rules._attention_codemod import T5AttentionCodemod
 
 DSL = attention_dsl("T5Attention")
 
@@ -46,6 +47,8 @@ RULE = Rule(
     kernel="adopter.kernels.attention",
     doc=DOC,
     dsl=DSL,
+    codemod=T5AttentionCodemod(),
+    fixtures="attention",
     preconditions=(_is_t5_attention,),
     dedup="class",
     rehome=False,

@@ -28,7 +28,6 @@ from adopter.core.codemod.base import (
     matched_exprs,
     place_construction,
     pos,
-    register,
 )
 from adopter.core.codemod.context import (
     FileContext,
@@ -119,7 +118,6 @@ class _LayerBatchNorm(Codemod):
         return Edit(rule=self.rule, forward=forward, init=(init,), imports=(self.kernel,))
 
 
-@register
 class ConvBatchNorm(_LayerBatchNorm):
     rule = "Conv_BatchNorm"
     kernel = "FusedConv2dBatchNorm2d"
@@ -366,7 +364,6 @@ def conv2d_subclass_args(ctx: FileContext, call: ast.Call, cls: ast.ClassDef) ->
     return [], out
 
 
-@register
 class LinearBatchNorm(_LayerBatchNorm):
     rule = "Linear_BatchNorm"
     kernel = "FusedLinearBatchNorm1d"

@@ -13,7 +13,7 @@ import ast
 from functools import lru_cache
 
 from adopter.core.dsl import Node, Var
-from adopter.core.rules._source import function_ast
+from adopter.core.match.source import function_ast, parse_file
 
 # Reading only metadata is harmless: the fused kernel's input and output share it.
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"}
@@ -98,8 +98,6 @@ def class_attribute_reads(source: str) -> dict[str, tuple[tuple[str, ...], dict[
     From the ``ast`` (comments and strings do not count, unlike ``ClassInfo.attr_uses``);
     stores count as well as loads (a method rebinding the attribute also depends on it).
     """
-    from adopter.core.rules._source import parse_file
-
     tree = parse_file(source)
     if tree is None:
         return {}

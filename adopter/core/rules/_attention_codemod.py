@@ -28,7 +28,6 @@ from adopter.core.codemod.base import (
     kernel_name,
     matched_exprs,
     pos,
-    register,
 )
 from adopter.core.codemod.context import (
     FileContext,
@@ -349,16 +348,13 @@ class _AttentionCodemod(Codemod):
         return True
 
 
-@register
 class BertSelfAttentionCodemod(_AttentionCodemod):
     rule = "BertSelfAttention"
 
 
-@register
 class T5AttentionCodemod(_AttentionCodemod):
     rule = "T5Attention"
 
 
-@register
 class GPT2AttentionCodemod(_AttentionCodemod):
     rule = "GPT2Attention"

@@ -1,0 +1,273 @@
+"""Expression evaluation: ast expressions to abstract values (:class:`_V`), adding
+``TensorOp`` nodes for operators on tensors. Every evaluator returns
+``[(state, value)]`` (several when a conditional expression forks the state)."""
+
+from __future__ import annotations
+
+import ast
+
+from adopter.core.dsl import Arg, TensorOp, Var
+from adopter.core.extract import tables as T
+from adopter.core.extract.symbols import _activation_type, _dotted
+from adopter.core.extract.values import _SELF, _V, ATTENTION_TABLE_TYPE, _St
+
+_OPS = {
+    ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
+    ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^",
+    ast.LShift: "<<", ast.RShift: ">>",
+}
+_UNARY = {ast.USub: "-", ast.Invert: "~", ast.UAdd: "+"}
+_TENSOR_HOLDERS = ("torch.nn.Parameter", "torch.nn.Buffer", "torch.nn.parameter.Parameter")
+_SIMPLE = (ast.Name, ast.Constant, ast.Attribute)
+
+
+class _Expressions:
+    """Expression evaluation of :class:`adopter.core.extract.interp._Interp`."""
+
+    # -- expressions: every evaluator returns [(state, value)], usually one
+    def ev(self, e, st: _St, dest: Var | None = None) -> list:
+        t = type(e)
+        if t is ast.Name:
+            return [(st, self.name(e.id, st))]
+        if t is ast.Constant:
+            return [(st, _V(expr=e))]
+        if t is ast.Call:
+            return self.call(e, st, dest)
+        if t is ast.Attribute:
+            return self.attribute(e, st)
+        if t is ast.BinOp:
+            return self.binop(e, st, dest)
+        if t is ast.Subscript:
+            return self.subscript(e, st)
+        if t is ast.UnaryOp:
+            op = _UNARY.get(type(e.op))
+            out = []
+            for st2, v in self.ev(e.operand, st):
+                if op is not None and v.tensor:
+                    var = dest or self.tmp(e)
+                    st2.nodes = (TensorOp(op, (Arg(v.value()),), var, self.span(e)), st2.nodes)
+                    out.append((st2, _V(var=var, tensor=True)))
+                else:
+                    out.append((st2, _V(expr=e)))
+            return out
+        if t is ast.Tuple or t is ast.List:
+            res = [(st, [])]
+            for el in e.elts:
+                if type(el) is ast.Starred:
+                    res = [(s2, acc + [_V(expr=el, tensor=True)]) for s2, acc in res]
+                    continue
+                nres = []
+                for s2, acc in res:
+                    for s3, v in self.ev(el, s2):
+                        nres.append((s3, acc + [v]))
+                res = nres
+            # a tuple/list display is never itself a tensor (its elements may be)
+            return [(s2, _V(elts=acc)) for s2, acc in res]
+        if t is ast.IfExp:
+            return self.ifexp(e, st, dest)
+        if t is ast.Await:
+            return self.ev(e.value, st, dest)
+        if t is ast.NamedExpr:
+            out = []
+            for st2, v in self.ev(e.value, st):
+                self.bind(e.target, v, st2, e, None)
+                out.append((st2, v))
+            return out
+        if t is ast.Starred:
+            return [(st, _V(expr=e, tensor=True))]
+        if t is ast.Compare or t is ast.BoolOp:
+            return [(st, _V(expr=e, tensor=False))]
+        if t is ast.ListComp or t is ast.GeneratorExp or t is ast.SetComp:
+            return self.comprehension(e, st)
+        return [(st, _V(expr=e))]
+
+    def comprehension(self, e, st: _St) -> list:
+        """``[layer(h) for layer in self.layers]``: the element expression once, like a loop body."""
+        if len(e.generators) != 1 or e.generators[0].is_async:
+            return [(st, _V(expr=e))]
+        gen = e.generators[0]
+        names = [n.id for n in ast.walk(gen.target) if type(n) is ast.Name]
+        saved = {n: st.env.get(n) for n in names}
+        self.bind(gen.target, self.element(gen.iter, st), st, e, None)
+        out = []
+        for st2, _v in self.ev(e.elt, st):
+            for n, old in saved.items():  # comprehension variables do not leak
+                if old is None:
+                    st2.env.pop(n, None)
+                else:
+                    st2.env[n] = old
+            out.append((st2, _V(expr=e)))
+        return out
+
+    def name(self, ident: str, st: _St) -> _V:
+        v = st.env.get(ident)
+        if v is not None:
+            return v
+        cache = self.fc._name_cache
+        v = cache.get(ident)
+        if v is None:
+            fc = self.fc
+            if ident in fc.functions:
+                v = _V(alias=("local", ident), text=ident)
+            elif ident in fc.classes:
+                v = _V(alias=("class", ident), text=ident)
+            elif ident in fc.local_class_alias:
+                v = _V(alias=("class", fc.local_class_alias[ident]), text=ident)
+            elif ident in fc.imports:
+                v = _V(alias=("fn", fc.imports[ident]), text=ident)
+            else:
+                v = _V(text=ident)
+            cache[ident] = v
+        return v
+
+    def self_attr(self, attr: str, st: _St, e) -> _V:
+        key = "self." + attr
+        v = st.env.get(key)
+        if v is not None:
+            return v
+        cls = self.cls
+        if cls is not None:
+            types = cls.types_of(key)
+            if types:
+                if all(ty in _TENSOR_HOLDERS for ty in types):
+                    return _V(var=Var(key), tensor=True)
+                return _V(alias=("mod", key), expr=e)
+            if cls.find_method(attr)[0] is not None:
+                return _V(alias=("method", attr), expr=e)
+        return _V(expr=e, tensor=False)
+
+    def attribute(self, e: ast.Attribute, st: _St) -> list:
+        base = e.value
+        if type(base) is ast.Name:
+            bv = self.name(base.id, st)
+            a = bv.alias
+            if a is not None:
+                if a[0] == "self":
+                    return [(st, self.self_attr(e.attr, st, e))]
+                if a[0] == "fn":
+                    return [(st, _V(alias=("fn", f"{a[1]}.{e.attr}"), expr=e))]
+                if a[0] == "mod":
+                    return [(st, _V(expr=e, tensor=e.attr in ("weight", "bias")))]
+                return [(st, _V(expr=e))]
+            return [(st, _V(expr=e, tensor=self.attr_tensor(bv, e.attr)))]
+        out = []
+        for st2, bv in self.ev(base, st):
+            a = bv.alias
+            if a is not None:
+                if a[0] == "fn":
+                    out.append((st2, _V(alias=("fn", f"{a[1]}.{e.attr}"), expr=e)))
+                elif a[0] == "mod":
+                    out.append((st2, _V(expr=e, tensor=e.attr in ("weight", "bias"))))
+                else:
+                    out.append((st2, _V(expr=e)))
+            else:
+                out.append((st2, _V(expr=e, tensor=self.attr_tensor(bv, e.attr))))
+        return out
+
+    @staticmethod
+    def attr_tensor(bv: _V, attr: str) -> bool:
+        if attr in T.META_ATTRS:
+            return False
+        if attr in T.TENSOR_ATTRS:
+            return True
+        return bv.tensor and bv.var is not None
+
+    def subscript(self, e: ast.Subscript, st: _St) -> list:
+        out = []
+        for st2, bv in self.ev(e.value, st):
+            a = bv.alias
+            if a is None:
+                if bv.elts is not None and type(e.slice) is ast.Constant and isinstance(e.slice.value, int):
+                    i = e.slice.value
+                    if -len(bv.elts) <= i < len(bv.elts):
+                        out.append((st2, bv.elts[i]))
+                        continue
+                out.append((st2, _V(expr=e, tensor=bv.tensor)))
+                continue
+            kind = a[0]
+            if kind == "mod":
+                name = a[1]
+                sl = e.slice
+                if type(sl) is ast.Constant and isinstance(sl.value, int) and self.cls is not None:
+                    cand = f"{name}[{sl.value}]"
+                    if self.cls.types_of(cand):
+                        out.append((st2, _V(alias=("mod", cand), expr=e)))
+                        continue
+                if type(sl) is ast.Slice:
+                    out.append((st2, bv))
+                else:
+                    out.append((st2, _V(alias=("mod", name + "[*]"), expr=e)))
+            elif kind == "fn":
+                last = a[1].rsplit(".", 1)[-1]
+                if last == "ACT2FN":
+                    ty, _args, key = _activation_type(e.slice)
+                    out.append((st2, _V(alias=("act", ty, key), expr=e)))
+                elif "ALL_ATTENTION_FUNCTIONS" in a[1]:
+                    out.append((st2, _V(alias=("table", ATTENTION_TABLE_TYPE), expr=e)))
+                else:
+                    out.append((st2, _V(expr=e, tensor=True)))
+            else:
+                out.append((st2, _V(expr=e)))
+        return out
+
+    def binop(self, e: ast.BinOp, st: _St, dest) -> list:
+        out = []
+        for st1, lv in self.ev(e.left, st):
+            for st2, rv in self.ev(e.right, st1):
+                if lv.tensor or rv.tensor:
+                    var = dest or self.tmp(e)
+                    node = TensorOp(_OPS[type(e.op)], (Arg(lv.value()), Arg(rv.value())), var, self.span(e))
+                    st2.nodes = (node, st2.nodes)
+                    out.append((st2, _V(var=var, tensor=True)))
+                else:
+                    out.append((st2, _V(expr=e)))
+        return out
+
+    def ifexp(self, e: ast.IfExp, st: _St, dest) -> list:
+        if type(e.body) in _SIMPLE and type(e.orelse) in _SIMPLE:
+            # plain values: no node can come out, no state to fork
+            both = self.ev(e.body, st) + self.ev(e.orelse, st)
+            if all(v.alias is None for _, v in both):
+                return [(st, _V(expr=e, tensor=any(v.tensor for _, v in both)))]
+        a = self.ev(e.body, st.fork(), dest)
+        b = self.ev(e.orelse, st.fork(), dest)
+        both = a + b
+        if all(s.nodes is st.nodes and v.alias is None for s, v in both):
+            return [(st, _V(expr=e, tensor=any(v.tensor for _, v in both)))]
+        if self.no_fork:
+            return a[:1]
+        if all(s.nodes is st.nodes for s, _ in both) and len({v.alias for _, v in both}) == 1:
+            return [(st, both[0][1])]
+        return both
+
+    def element(self, it, st: _St) -> _V:
+        """Abstract value of one element of iterable ``it`` (``enumerate``/``zip`` give tuples)."""
+        t = type(it)
+        if t is ast.Call:
+            fname = _dotted(it.func)
+            if fname == "range":
+                return _V(text="i")
+            if fname in ("enumerate", "zip") and it.args and not any(type(a) is ast.Starred for a in it.args):
+                elts = [self.element(a, st) for a in it.args]
+                if fname == "enumerate":
+                    elts = [_V(text="i"), elts[0]]
+                return _V(elts=elts)
+            if fname in ("reversed", "list", "tuple", "iter") and len(it.args) == 1:
+                return self.element(it.args[0], st)
+            if type(it.func) is ast.Attribute and it.func.attr in ("values", "children"):
+                return self.element(it.func.value, st)
+            return _V(text="item", tensor=True)
+        if t is ast.Subscript and type(it.slice) is ast.Slice:  # self.layers[:n]
+            it = it.value
+        base = None
+        if type(it) is ast.Attribute and type(it.value) is ast.Name:
+            bv = st.env.get(it.value.id)
+            if bv is _SELF:
+                base = self.self_attr(it.attr, st, it)
+        elif type(it) is ast.Name:
+            base = st.env.get(it.id)
+        if base is not None and base.alias is not None and base.alias[0] == "mod":
+            return _V(alias=("mod", base.alias[1] + "[*]"), text=ast.unparse(it) + "[i]")
+        if base is not None and base.elts:
+            return base.elts[0]
+        return _V(text="item", tensor=True)

@@ -1,0 +1,246 @@
+"""Symbol tables of one source file: imports and their aliases, module-level functions,
+dicts and name aliases (:class:`_File`), and the class table (:class:`_ClassCtx`: methods,
+same-file bases, ``__init__`` bindings, whether a class is a module). Also the small AST
+helpers every step uses: dotted names, spans, activation keys."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterable
+
+from adopter.core.dsl import Arg, Const, Span
+from adopter.core.extract import tables as T
+from adopter.core.extract.values import _V
+from adopter.core.structures import InitBinding
+
+_OPAQUE_CLASS_SUFFIXES = ("Output", "Config", "Cache", "Mixin", "Kwargs", "Dict")
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def _dotted(expr) -> str | None:
+    parts = []
+    while type(expr) is ast.Attribute:
+        parts.append(expr.attr)
+        expr = expr.value
+    if type(expr) is ast.Name:
+        parts.append(expr.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _module_info(filename: str) -> tuple[str, str | None]:
+    """(module name for classes of this file, package for relative imports or None)."""
+    if filename.startswith("<"):
+        return "module", None
+    path = os.path.abspath(filename)
+    parts = path.split(os.sep)
+    stem = os.path.splitext(parts[-1])[0]
+    module = stem if stem.isidentifier() else "module"
+    package = None
+    if "transformers" in parts[:-1]:
+        i = len(parts) - 2 - parts[:-1][::-1].index("transformers")
+        package = ".".join(parts[i:-1])
+    return module, package
+
+
+def _resolve_from(module: str | None, level: int, package: str | None) -> str:
+    if level == 0:
+        return module or ""
+    if package:
+        pkg = package.split(".")
+        base = pkg[: len(pkg) - (level - 1)] if level > 1 else pkg
+        return ".".join(base + ([module] if module else []))
+    return "." * level + (module or "")
+
+
+def _join(base: str, name: str) -> str:
+    if not base:
+        return name
+    return base + name if base.endswith(".") else f"{base}.{name}"
+
+
+def _is_module_base(fqn: str) -> bool:
+    last = fqn.rsplit(".", 1)[-1]
+    if fqn in ("torch.nn.Module", "torch.nn.modules.module.Module", "nn.Module"):
+        return True
+    if last.endswith("PreTrainedModel") or last in ("GradientCheckpointingLayer", "Module"):
+        return True
+    if fqn.startswith("torch.nn.") and last[:1].isupper() and last not in ("Parameter", "Buffer"):
+        return True
+    if ".modeling_" in fqn and last[:1].isupper() and not last.endswith(_OPAQUE_CLASS_SUFFIXES):
+        return True
+    return fqn.endswith("pytorch_utils.Conv1D")
+
+
+class _ClassCtx:
+    def __init__(self, node: ast.ClassDef):
+        self.node = node
+        self.name = node.name
+        self.methods: dict[str, ast.FunctionDef] = {}
+        for st in node.body:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.methods[st.name] = st
+        self.bases: tuple[str, ...] = ()
+        self.local_bases: list[_ClassCtx] = []
+        self.bindings: list[InitBinding] = []
+        self.is_module = False
+        self._types: dict[str, list[str]] = {}
+        # Sequential container name -> alternatives, each ((element name, type), ...) in order
+        self.seq_variants: dict[str, list[tuple]] = {}
+        self._method_cache: dict[str, tuple] = {}
+
+    def mro(self) -> Iterable["_ClassCtx"]:
+        seen = set()
+        todo = [self]
+        while todo:
+            c = todo.pop(0)
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            yield c
+            todo.extend(c.local_bases)
+
+    def find_method(self, name: str):
+        """(FunctionDef, defining class) of ``self.<name>`` in this class or same-file bases."""
+        r = self._method_cache.get(name)
+        if r is None:
+            r = (None, None)
+            for c in self.mro():
+                if name in c.methods:
+                    r = (c.methods[name], c)
+                    break
+            self._method_cache[name] = r
+        return r
+
+    def types_of(self, var: str) -> list[str]:
+        """Distinct layer types bound to ``self.x`` (or a container element ``self.x[*]``)."""
+        r = self._types.get(var)
+        if r is None:
+            r = []
+            for c in self.mro():
+                for b in c.bindings:
+                    name = b.container if b.container is not None else b.attr
+                    if (name == var or (b.container is not None and _INDEX.sub("[*]", name) == var)) and (
+                        b.layer.type not in r
+                    ):
+                        r.append(b.layer.type)
+                if r:
+                    break
+            self._types[var] = r
+        return r
+
+    def has_binding_prefix(self, prefix: str) -> bool:
+        for c in self.mro():
+            for b in c.bindings:
+                if b.container is not None and b.container.startswith(prefix):
+                    return True
+        return False
+
+
+class _File:
+    def __init__(self, tree: ast.Module, filename: str):
+        self.filename = filename
+        self.module, self.package = _module_info(filename)
+        self.imports: dict[str, str] = {}
+        self.functions: dict[str, ast.FunctionDef] = {}
+        self.classes: dict[str, _ClassCtx] = {}
+        self.dicts: dict[str, ast.Dict] = {}
+        self.local_class_alias: dict[str, str] = {}
+        self._name_cache: dict[str, _V] = {}
+        self._collect(tree.body)
+
+    def _collect(self, body):
+        for st in body:
+            t = type(st)
+            if t is ast.Import:
+                for a in st.names:
+                    if a.asname:
+                        self.imports[a.asname] = a.name
+                    else:
+                        top = a.name.split(".")[0]
+                        self.imports[top] = top
+            elif t is ast.ImportFrom:
+                base = _resolve_from(st.module, st.level, self.package)
+                for a in st.names:
+                    if a.name != "*":
+                        self.imports[a.asname or a.name] = _join(base, a.name)
+            elif t in (ast.FunctionDef, ast.AsyncFunctionDef):
+                self.functions[st.name] = st
+            elif t is ast.ClassDef:
+                self.classes[st.name] = _ClassCtx(st)
+            elif t in (ast.If, ast.Try):
+                self._collect(st.body)
+                for h in getattr(st, "handlers", ()):
+                    self._collect(h.body)
+                self._collect(st.orelse)
+            elif t is ast.Assign and len(st.targets) == 1 and type(st.targets[0]) is ast.Name:
+                name = st.targets[0].id
+                v = st.value
+                if type(v) is ast.Dict:
+                    self.dicts[name] = v
+                else:
+                    d = _dotted(v)
+                    if d is not None:
+                        if d in self.classes:
+                            self.local_class_alias[name] = d
+                        else:
+                            fq = self.fqn(d)
+                            if fq is not None:
+                                self.imports[name] = fq
+
+    def fqn(self, dotted: str) -> str | None:
+        head, _, rest = dotted.partition(".")
+        base = self.imports.get(head)
+        if base is None:
+            return None
+        return f"{base}.{rest}" if rest else base
+
+    def class_type(self, name: str) -> str:
+        return f"{self.module}.{name}"
+
+
+def _is_module(fc: _File, cls: _ClassCtx, seen=()) -> bool:
+    for b in cls.node.bases:
+        d = _dotted(b)
+        if d is None:
+            continue
+        if d in fc.classes:
+            base = fc.classes[d]
+            if base is not cls and base.name not in seen and _is_module(fc, base, seen + (cls.name,)):
+                return True
+            continue
+        fq = fc.fqn(d) or d
+        if _is_module_base(fq):
+            return True
+    return False
+
+
+def _activation_type(key: ast.AST) -> tuple[str, tuple[Arg, ...], str]:
+    """Type, constructor args and key text of ``ACT2FN[key]`` / ``get_activation(key)``."""
+    text = ast.unparse(key)
+    if type(key) is ast.Constant and isinstance(key.value, str) and key.value in T.ACTIVATIONS:
+        return T.ACTIVATIONS[key.value], (), text
+    return T.ACT2FN_TYPE, (Arg(Const(text)),), text
+
+
+def _activation_instance(fq: str) -> str | None:
+    """Type of a module-level activation instance of ``transformers.activations``
+    (``gelu = get_activation("gelu")``, imported as ``from ...activations import gelu``)."""
+    module, _, name = fq.rpartition(".")
+    if not module.endswith("activations"):
+        return None
+    if name == "linear_act":
+        name = "linear"
+    return T.ACTIVATIONS.get(name)
+
+
+def _span(node, function: str, stmt, inlined_at: tuple[int, ...] = ()) -> Span:
+    return Span(
+        node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, function,
+        stmt.lineno if stmt is not None else node.lineno,
+        stmt.end_lineno if stmt is not None else node.end_lineno,
+        inlined_at,
+    )
+

@@ -1,0 +1,121 @@
+"""Abstract values and interpreter states of the forward interpretation, and the extraction limits."""
+
+from __future__ import annotations
+
+import ast
+
+from adopter.core.dsl import Const
+
+MAX_PATHS = 128
+MAX_INLINE_DEPTH = 6
+# Budget of statement executions per entry; past it, branches no longer fork
+# (their nodes are kept on the first branch only) so pathological files stay fast.
+MAX_STEPS = 5_000
+# Type of a call whose callee cannot be resolved statically (``self.foo(x)`` with no
+# binding of ``foo``, calling a parameter).
+UNKNOWN_TYPE = "?"
+# Calls through transformers' runtime attention dispatch table.
+ATTENTION_TABLE_TYPE = "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS"
+
+LIVE, RET, DEAD, BRK, CONT = range(5)
+
+
+class _V:
+    """Abstract value of an expression.
+
+    ``var`` set: a data value (node output, parameter, assigned name). ``alias`` set:
+    a callable or module reference (``("mod", "self.LayerNorm")``, ``("fn", fqn)``,
+    ``("local", name)``, ``("method", name)``, ``("def", id)``, ``("class", name)``,
+    ``("act", type, key)``, ``("table", fqn)``, ``("self",)``). Otherwise a constant /
+    other expression kept as text (``expr`` unparsed lazily, or ``text``).
+    ``tensor`` says whether the value may be a tensor (decides whether ``a + b`` is a
+    TensorOp). ``elts`` holds element values of a tuple/list display.
+    """
+
+    __slots__ = ("var", "expr", "text", "tensor", "alias", "elts")
+
+    def __init__(self, var=None, expr=None, text=None, tensor=False, alias=None, elts=None):
+        self.var = var
+        self.expr = expr
+        self.text = text
+        self.tensor = tensor
+        self.alias = alias
+        self.elts = elts
+
+    def value(self):
+        if self.var is not None:
+            return self.var
+        if self.text is None:
+            if self.elts is not None:
+                inner = ", ".join(str(e.value()) for e in self.elts)
+                self.text = f"({inner},)" if len(self.elts) == 1 else f"({inner})"
+            elif self.expr is not None:
+                key = id(self.expr)
+                text = _UNPARSED.get(key)
+                if text is None:
+                    text = _UNPARSED[key] = ast.unparse(self.expr)
+                self.text = text
+            else:
+                self.text = "None"
+        return Const(self.text)
+
+
+# id(ast expr) -> ast.unparse(expr) for the tree being extracted (cleared per file):
+# the same expression is written into nodes on many paths.
+_UNPARSED: dict[int, str] = {}
+
+_NONE = _V(text="None")
+_TRUE = _V(text="True")
+_FALSE = _V(text="False")
+# id(if test) -> names it reads (cleared per file with _UNPARSED)
+_TEST_NAMES: dict[int, list[str]] = {}
+_SELF = _V(alias=("self",), text="self")
+
+
+class _St:
+    __slots__ = ("nodes", "env", "flow", "ret")
+
+    def __init__(self, nodes, env, flow=LIVE, ret=None):
+        self.nodes = nodes  # cons list: (node, previous) or None
+        self.env = env
+        self.flow = flow
+        self.ret = ret
+
+    def fork(self) -> "_St":
+        return _St(self.nodes, dict(self.env), self.flow, self.ret)
+
+
+def _cons_to_tuple(cell) -> tuple:
+    out = []
+    while cell is not None:
+        out.append(cell[0])
+        cell = cell[1]
+    out.reverse()
+    return tuple(out)
+
+
+def _has_module(v: _V) -> bool:
+    if v.alias is not None:
+        return v.alias[0] == "mod"
+    return v.elts is not None and any(_has_module(e) for e in v.elts)
+
+
+def _sig(v: _V):
+    """Hashable identity of an abstract value (equal signatures behave the same)."""
+    if v.var is not None:
+        return (v.var, v.tensor, None if v.elts is None else tuple(_sig(x) for x in v.elts))
+    if v.alias is not None:
+        return v.alias
+    if v.elts is not None:
+        return ("elts",) + tuple(_sig(x) for x in v.elts)
+    return (v.text, id(v.expr), v.tensor)
+
+
+def _annotation_is_tensor(ann) -> bool:
+    if ann is None:
+        return True
+    text = ast.unparse(ann) if not isinstance(ann, str) else ann
+    if "Tensor" in text or "tensor" in text:
+        return True
+    return False
+

@@ -1,0 +1,118 @@
+"""What rule preconditions see: :class:`MatchContext` and the data-flow helpers over it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from adopter.core.dsl import Layer, Node, RuleText, Value, Var
+from adopter.core.match.core import same_value
+from adopter.core.structures import ClassInfo, FileStructures, FunctionStructures, InitBinding, Match, PathStructure
+
+
+class RuleLike(Protocol):
+    name: str
+    variants: tuple[RuleText, ...]
+    preconditions: tuple[Callable[[MatchContext], str | None], ...]
+    dedup: str  # "lines" or "class"
+
+
+@dataclass
+class MatchContext:
+    """Everything a precondition may look at."""
+
+    match: Match
+    structures: FileStructures
+    function: FunctionStructures
+    path: PathStructure
+    cls: ClassInfo | None
+    init_bindings: tuple[InitBinding, ...]
+    node_indices: tuple[int, ...]  # positions in path.nodes of the matched nodes
+    variant: RuleText | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # shared by every match on the same path (e.g. the path's producer map)
+    path_cache: dict[str, Any] = field(default_factory=dict)
+    # the file's source text when the caller has it (source-level checks)
+    source: str | None = None
+
+    def producers(self) -> dict[tuple[str, int], Node]:
+        """(name, version) -> the node of the path whose output it is."""
+        prod = self.path_cache.get("producers")
+        if prod is None:
+            prod = {}
+            for n in self.path.nodes:
+                out = getattr(n, "output", None)
+                if isinstance(out, Var):
+                    prod.setdefault((out.name, out.version), n)
+            self.path_cache["producers"] = prod
+        return prod
+
+    def readers(self) -> dict[tuple[str, int], list[int]]:
+        """(name, version) -> positions of the path's nodes that read it."""
+        rd = self.path_cache.get("readers")
+        if rd is None:
+            rd = {}
+            for i, n in enumerate(self.path.nodes):
+                for v in _arg_vars(n):
+                    rd.setdefault((v.name, v.version), []).append(i)
+            self.path_cache["readers"] = rd
+        return rd
+
+    def binding(self, name: str) -> Value | None:
+        return self.match.bindings.get(name)
+
+    def init_binding_for(self, attr: Value | None) -> InitBinding | None:
+        """The ``__init__`` binding of ``self.<attr>`` (the last one when several)."""
+        if not isinstance(attr, Var):
+            return None
+        found = None
+        for ib in self.init_bindings:
+            if ib.attr == attr.name:
+                found = ib
+        return found
+
+
+# ---------------------------------------------------------------- data-flow helpers
+
+
+def _arg_vars(n: Node) -> Iterator[Var]:
+    for a in getattr(n, "args", ()):
+        if isinstance(a.value, Var):
+            yield a.value
+    mod = getattr(n, "module", None)
+    if isinstance(mod, Var):
+        yield mod
+
+
+def reads(n: Node, v: Value) -> bool:
+    """Whether node ``n`` reads value ``v`` (as an argument or the module it calls)."""
+    if not isinstance(v, Var):
+        return False
+    return any(same_value(a, v) for a in _arg_vars(n))
+
+
+# Tensor methods whose second argument only contributes its shape/dtype.
+_METADATA_ARG_METHODS = {"torch.Tensor.reshape_as", "torch.Tensor.view_as", "torch.Tensor.expand_as",
+                         "torch.Tensor.type_as"}
+
+
+def _reads_data(n: Node, v: Var) -> bool:
+    if isinstance(n, Layer) and n.type in _METADATA_ARG_METHODS:
+        args = [a.value for a in n.args if isinstance(a.value, Var)]
+        return bool(args) and same_value(args[0], v)
+    return True
+
+
+def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
+    """Nodes of the matched path, other than the matched ones, that read the data of ``v``
+    (``y.reshape_as(v)`` reads only its shape and does not count)."""
+    if not isinstance(v, Var):
+        return []
+    inside = set(ctx.node_indices)
+    if v.name.startswith("self.") or v.version == 0:
+        positions = [i for (name, _), lst in ctx.readers().items() if name == v.name for i in lst]
+    else:
+        positions = ctx.readers().get((v.name, v.version), [])
+    nodes = ctx.path.nodes
+    return [nodes[i] for i in sorted(set(positions)) if i not in inside and _reads_data(nodes[i], v)]

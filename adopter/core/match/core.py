@@ -1,0 +1,295 @@
+"""Core matcher: a rule pattern as a sub-sequence of one path's nodes.
+
+Values bind consistently (:func:`same_value`), nodes match by type, normalized arguments and
+operator (:func:`match_node`), and :func:`match_pattern` lists every sub-sequence match, using
+a per-path index of node positions by type (``_PathIndex``) to find candidates.
+"""
+
+from __future__ import annotations
+
+import ast
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from adopter.core.dsl import Arg, Const, Layer, Node, Pattern, TensorOp, Value, Var, Wildcard
+
+# Parameter names of layer constructors / functions whose arguments rules bind.
+SIGNATURES: dict[str, tuple[str, ...]] = {
+    "torch.nn.Dropout": ("p", "inplace"),
+    "torch.nn.LayerNorm": ("normalized_shape", "eps", "elementwise_affine", "bias"),
+    "torch.nn.Linear": ("in_features", "out_features", "bias"),
+    "torch.nn.Conv2d": (
+        "in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias",
+        "padding_mode",
+    ),
+    "torch.nn.BatchNorm1d": ("num_features", "eps", "momentum", "affine", "track_running_stats"),
+    "torch.nn.BatchNorm2d": ("num_features", "eps", "momentum", "affine", "track_running_stats"),
+    "torch.nn.GELU": ("approximate",),
+    "torch.nn.Softmax": ("dim",),
+    "torch.nn.functional.softmax": ("input", "dim", "_stacklevel", "dtype"),
+    "torch.softmax": ("input", "dim", "dtype"),
+    "torch.Tensor.softmax": ("self", "dim", "dtype"),
+    "torch.nn.functional.dropout": ("input", "p", "training", "inplace"),
+    "torch.nn.functional.gelu": ("input", "approximate"),
+    "torch.matmul": ("input", "other"),
+    "torch.Tensor.matmul": ("self", "other"),
+    "torch.bmm": ("input", "mat2"),
+    "torch.Tensor.transpose": ("self", "dim0", "dim1"),
+}
+
+Bindings = dict  # str -> Value
+
+
+# ---------------------------------------------------------------- values
+
+
+def _const_key(text: str) -> Any:
+    try:
+        return ("lit", repr(ast.literal_eval(text)))
+    except Exception:
+        return ("text", text.replace(" ", ""))
+
+
+def same_value(a: Value, b: Value) -> bool:
+    if isinstance(a, Var) and isinstance(b, Var):
+        if a.name != b.name:
+            return False
+        if a.name.startswith("self.") or a.version == 0 and b.version == 0:
+            return True
+        return a.version == b.version
+    if isinstance(a, Const) and isinstance(b, Const):
+        return a.text == b.text or _const_key(a.text) == _const_key(b.text)
+    return False
+
+
+def _bind(pv: Value, cv: Value | None, b: Bindings) -> Bindings | None:
+    if cv is None:
+        return None
+    if isinstance(pv, Var):
+        if pv.name[:1] == "$":  # pv.is_abstract, without the property call (hot path)
+            bound = b.get(pv.name)
+            if bound is None:
+                nb = dict(b)
+                nb[pv.name] = cv
+                return nb
+            return b if same_value(bound, cv) else None
+        if isinstance(cv, Var):
+            return b if cv.name == pv.name and (pv.version == 0 or pv.version == cv.version) else None
+        return b if cv.text == pv.name else None
+    # pattern constant
+    if isinstance(cv, Const):
+        return b if same_value(pv, cv) else None
+    return None
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def _normalize_args(type_: str, args: Sequence[Arg]) -> tuple[list[Value], dict[str, Value], set[str]]:
+    """(positional beyond the signature, keyword -> value, keywords that came from positions)."""
+    sig = SIGNATURES.get(type_)
+    positional: list[Value] = []
+    keywords: dict[str, Value] = {}
+    from_pos: set[str] = set()
+    i = 0
+    for a in args:
+        if a.keyword is not None:
+            keywords[a.keyword] = a.value
+            continue
+        if sig is not None and i < len(sig):
+            keywords[sig[i]] = a.value
+            from_pos.add(sig[i])
+        else:
+            positional.append(a.value)
+        i += 1
+    return positional, keywords, from_pos
+
+
+def _match_args(p_args: Sequence[Arg], c_args: Sequence[Arg], c_type: str, b: Bindings) -> Bindings | None:
+    """``c_type`` selects the signature: a constructor's for a layer constructed in ``__init__``
+    or called as a function, none (positions as written) for a call through a module."""
+    p_pos, p_kw, p_req = _normalize_args(c_type, p_args)
+    c_pos, c_kw, _ = _normalize_args(c_type, c_args)
+    if len(p_pos) > len(c_pos):
+        return None
+    for pv, cv in zip(p_pos, c_pos):
+        b = _bind(pv, cv, b)
+        if b is None:
+            return None
+    for kw, pv in p_kw.items():
+        cv = c_kw.get(kw)
+        if cv is None:
+            if kw in p_req:
+                return None
+            continue  # optional keyword: default applies
+        b = _bind(pv, cv, b)
+        if b is None:
+            return None
+    return b
+
+
+def _type_alternatives(t: str) -> tuple[str, ...]:
+    return tuple(t.split("|"))
+
+
+_COMMUTATIVE = {"+", "*"}
+
+
+def match_node(pn: Node, cn: Node, b: Bindings, aliases: dict[str, str] | None = None) -> Bindings | None:
+    """Bindings extended so that pattern node ``pn`` matches concrete node ``cn``, or None.
+    ``aliases`` maps same-file layer subclasses to the ``torch.nn`` type they behave as."""
+    if isinstance(pn, Wildcard):
+        return b
+    if isinstance(pn, Layer):
+        if not isinstance(cn, Layer):
+            return None
+        alternatives = _type_alternatives(pn.type)
+        aliased = False
+        if cn.type not in alternatives:
+            if not aliases or aliases.get(cn.type) not in alternatives:
+                return None
+            aliased = True
+        if pn.module is not None:
+            b = _bind(pn.module, cn.module, b)
+            if b is None:
+                return None
+        if not (aliased and cn.module is None):
+            # a subclass's construction has its own signature: its arguments are not compared
+            b = _match_args(pn.args, cn.args, cn.type if cn.module is None else "", b)
+        if b is None:
+            return None
+        if pn.output is not None:
+            b = _bind(pn.output, cn.output, b)
+        return b
+    if isinstance(pn, TensorOp):
+        if not isinstance(cn, TensorOp) or cn.op != pn.op or len(cn.args) != len(pn.args):
+            return None
+        orders = [cn.args]
+        if pn.op in _COMMUTATIVE and len(cn.args) == 2:
+            orders.append((cn.args[1], cn.args[0]))
+        for c_args in orders:
+            nb: Bindings | None = b
+            for pa, ca in zip(pn.args, c_args):
+                nb = _bind(pa.value, ca.value, nb)
+                if nb is None:
+                    break
+            if nb is not None and pn.output is not None:
+                nb = _bind(pn.output, cn.output, nb)
+            if nb is not None:
+                return nb
+        return None
+    return None
+
+
+def _node_key(n: Node) -> str | None:
+    if isinstance(n, Layer):
+        return "L:" + n.type
+    if isinstance(n, TensorOp):
+        return "T:" + n.op
+    return None
+
+
+_PATTERN_KEYS: dict[int, tuple[Node, tuple[str, ...] | None]] = {}
+
+
+def _pattern_keys(pn: Node) -> tuple[str, ...] | None:
+    hit = _PATTERN_KEYS.get(id(pn))
+    if hit is not None and hit[0] is pn:
+        return hit[1]
+    keys = _compute_pattern_keys(pn)
+    _PATTERN_KEYS[id(pn)] = (pn, keys)
+    return keys
+
+
+def _compute_pattern_keys(pn: Node) -> tuple[str, ...] | None:
+    if isinstance(pn, Layer):
+        return tuple("L:" + t for t in _type_alternatives(pn.type))
+    if isinstance(pn, TensorOp):
+        return ("T:" + pn.op,)
+    return None  # wildcard
+
+
+class _PathIndex:
+    """Positions of the nodes of one path by type, for fast candidate lookup."""
+
+    def __init__(self, nodes: Sequence[Node], key_cache: dict | None = None, aliases: dict[str, str] | None = None):
+        self.nodes = nodes
+        self.aliases = aliases or None
+        by_key: dict[str, list[int]] = {}
+        cache = key_cache if key_cache is not None else {}
+        for i, n in enumerate(nodes):
+            nid = id(n)
+            k = cache.get(nid, 0)
+            if k == 0:
+                k = cache[nid] = _node_key(n)
+            if aliases and isinstance(n, Layer) and n.type in aliases:
+                k = "L:" + aliases[n.type]
+            if k is not None:
+                lst = by_key.get(k)
+                if lst is None:
+                    by_key[k] = [i]
+                else:
+                    lst.append(i)
+        self.by_key = by_key
+
+    def candidates(self, pn: Node, start: int) -> Iterable[int]:
+        keys = _pattern_keys(pn)
+        if keys is None:
+            return range(start, len(self.nodes))
+        if len(keys) == 1:
+            lst = self.by_key.get(keys[0], ())
+            return lst[bisect_left(lst, start):] if lst else ()
+        merged: list[int] = []
+        for k in keys:
+            lst = self.by_key.get(k)
+            if lst:
+                merged.extend(lst[bisect_left(lst, start):])
+        merged.sort()
+        return merged
+
+    def has_all(self, pattern: Pattern) -> bool:
+        by_key = self.by_key
+        for pn in pattern.nodes:
+            keys = _pattern_keys(pn)
+            if keys is None:
+                continue
+            for k in keys:
+                if k in by_key:
+                    break
+            else:
+                return False
+        return True
+
+
+MAX_MATCHES_PER_PATH = 200
+
+
+def _search(pattern: Pattern, index: _PathIndex, b: Bindings) -> Iterator[tuple[tuple[int, ...], Bindings]]:
+    pnodes = pattern.nodes
+    n_p = len(pnodes)
+
+    def rec(pi: int, start: int, b: Bindings, acc: tuple[int, ...]):
+        if pi == n_p:
+            yield acc, b
+            return
+        pn = pnodes[pi]
+        for ni in index.candidates(pn, start):
+            nb = match_node(pn, index.nodes[ni], b, index.aliases)
+            if nb is not None:
+                yield from rec(pi + 1, ni + 1, nb, acc + (ni,))
+
+    for count, result in enumerate(rec(0, 0, b, ()), start=1):
+        yield result
+        if count >= MAX_MATCHES_PER_PATH:
+            return
+
+
+def match_pattern(
+    pattern: Pattern, nodes: Sequence[Node], bindings: Bindings | None = None
+) -> list[tuple[tuple[int, ...], Bindings]]:
+    """All sub-sequence matches of ``pattern`` in ``nodes``: (node positions, bindings)."""
+    index = _PathIndex(nodes)
+    if not index.has_all(pattern):
+        return []
+    return list(_search(pattern, index, dict(bindings or {})))

@@ -1,0 +1,187 @@
+"""The driver: every rule on every path of every function of one file (:func:`match_structures`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from adopter.core.dsl import Layer
+from adopter.core.match.context import MatchContext, RuleLike
+from adopter.core.match.core import _PathIndex, _search
+from adopter.core.match.init_match import class_init_bindings, match_init
+from adopter.core.match.local_layers import fold_inlined_calls, layer_subclass_aliases
+from adopter.core.match.post import (
+    _dedup_key,
+    _rehome,
+    _resolve_overlaps,
+    _VariantRanker,
+    _veto_inconsistent_paths,
+)
+from adopter.core.structures import (
+    ClassInfo,
+    FileStructures,
+    FunctionStructures,
+    InitBinding,
+    Match,
+    MatchedNode,
+    PathStructure,
+)
+
+
+def _pattern_layer_types(rules: Sequence[RuleLike]) -> set[str]:
+    """Every layer type the rules' forward and init patterns name (``a|b`` split)."""
+    out: set[str] = set()
+    for rule in rules:
+        for variant in rule.variants:
+            for part in (variant.forward, variant.init):
+                if part is None:
+                    continue
+                for n in part.source.nodes:
+                    if isinstance(n, Layer):
+                        out.update(n.type.split("|"))
+    return out
+
+
+def _match_path(
+    rule: RuleLike,
+    structures: FileStructures,
+    fs: FunctionStructures,
+    cls: ClassInfo | None,
+    init_list: tuple[InitBinding, ...],
+    path: PathStructure,
+    index: _PathIndex,
+    accepted: dict,
+    rejected: dict,
+    path_cache: dict,
+    source: str | None = None,
+    found_on: dict | None = None,
+    path_id: tuple = (),
+    ranker: _VariantRanker | None = None,
+) -> None:
+    """Match ``rule`` on one path into ``accepted``/``rejected`` (keyed by :func:`_dedup_key`).
+
+    With a ``ranker``, a key accepted on an earlier path is replaced by a later path's variant
+    with other nodes that ranks better (see :func:`variant_rank`)."""
+    veto = getattr(rule, "veto_across_paths", True)
+    rehome = getattr(rule, "rehome", True)
+    for variant in rule.variants:
+        if not index.has_all(variant.forward.source):
+            continue
+        for positions, b in _search(variant.forward.source, index, {}):
+            nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
+            m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
+                      function=fs.function, nodes=nodes, bindings=b, variant=variant)
+            if variant.init is not None:
+                r = match_init(variant.init.source, init_list, b, index.aliases)
+                if r is None:
+                    continue
+                init_nodes, ib = r
+                init_only = {k: v for k, v in ib.items() if k not in b}
+                m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
+            homed = _rehome(m, structures) if rehome else m
+            key = _dedup_key(homed)
+            if found_on is not None:
+                found_on.setdefault(key, set()).add(path_id)
+            if veto and key in rejected:
+                continue
+            if not veto and key in accepted and ranker is None:
+                continue
+            ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant, path_cache=path_cache,
+                               source=source)
+            reason = None
+            for pre in rule.preconditions:
+                reason = pre(ctx)
+                if reason:
+                    break
+            extra = ctx.extra.get("extra_nodes")
+            if not reason and extra:
+                # nodes a precondition found part of the match (attention projections)
+                more = tuple(MatchedNode(-1, n) for n in extra if all(n is not mn.node for mn in m.nodes))
+                both = sorted(m.nodes + more, key=lambda mn: (mn.node.span.line, mn.node.span.col)
+                              if mn.node.span is not None else (0, 0))
+                m = replace(m, nodes=tuple(both))
+                homed = _rehome(m, structures) if rehome else m
+            if reason:
+                # The fused code would run on every path through these statements:
+                # a violation on any of them vetoes the match.
+                rejected.setdefault(key, replace(homed, reason=reason))
+                if veto:
+                    accepted.pop(key, None)
+                continue
+            kept = accepted.get(key)
+            if kept is None or (
+                ranker is not None and kept.nodes != homed.nodes and ranker.rank(homed) < ranker.rank(kept)
+            ):
+                accepted[key] = homed
+
+
+def match_structures(
+    structures: FileStructures,
+    rules: Iterable[RuleLike],
+    rejected: list[Match] | None = None,
+    *,
+    source: str | None = None,
+) -> list[Match]:
+    """All matches of ``rules`` in one file's structures, de-duplicated, in source order.
+
+    Matches dropped by a precondition are appended to ``rejected`` (with ``reason`` set)
+    when a list is given. ``source`` (the file's text) enables source-level checks such
+    as intermediates escaping through plain assignments or ``return``.
+    """
+    rules = list(rules)
+    classes = {c.name: c for c in structures.classes}
+    accepted: list[dict] = [{} for _ in rules]
+    rejected_by_rule: list[dict] = [{} for _ in rules]
+    found_on: list[dict] = [{} for _ in rules]
+    key_cache: dict[int, str | None] = {}
+    optional_by_class: dict[str | None, frozenset] = {}
+    opted_in = [r for r in rules if getattr(r, "match_subclasses", False)]
+    aliases = layer_subclass_aliases(structures, source, _pattern_layer_types(opted_in)) if opted_in else {}
+    # per rule: same-file subclasses (opted in) plus the rule's own same-file layer aliases
+    rule_aliases: list[dict[str, str]] = []
+    for rule in rules:
+        own = dict(aliases) if getattr(rule, "match_subclasses", False) else {}
+        hook = getattr(rule, "layer_aliases", None)
+        if hook is not None:
+            own.update(hook(structures, source))
+        rule_aliases.append(own)
+    # per rule: the structures it sees (same-file helper functions folded back into one call)
+    rule_structures: list[FileStructures] = []
+    for rule in rules:
+        hook = getattr(rule, "inlined_functions", None)
+        fold = hook(structures, source) if hook is not None and source else {}
+        rule_structures.append(fold_inlined_calls(structures, fold, source) if fold else structures)
+    for seen in dict.fromkeys(id(st) for st in rule_structures):
+        st_rules = [i for i, st in enumerate(rule_structures) if id(st) == seen]
+        st = rule_structures[st_rules[0]]
+        own_cache = key_cache if st is structures else {}
+        for f_index, fs in enumerate(st.functions):
+            cls = classes.get(fs.class_name) if fs.class_name else None
+            init_list = class_init_bindings(st, cls)
+            ranker = _VariantRanker(st, cls, fs, source, optional_by_class)
+            for p_index, path in enumerate(fs.paths):
+                index = _PathIndex(path.nodes, own_cache)
+                aliased_indexes: dict[int, _PathIndex] = {}
+                path_cache: dict = {}
+                for i in st_rules:
+                    rule = rules[i]
+                    use = index
+                    if rule_aliases[i]:
+                        key = id(rule_aliases[i]) if rule_aliases[i] != aliases else -1
+                        use = aliased_indexes.get(key)
+                        if use is None:
+                            use = aliased_indexes[key] = _PathIndex(path.nodes, {}, rule_aliases[i])
+                    _match_path(rule, st, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
+                                path_cache, source, found_on[i], (f_index, p_index), ranker)
+    span_sets_by: dict[int, dict] = {}
+    for i, rule in enumerate(rules):
+        if getattr(rule, "veto_across_paths", True):
+            span_sets = span_sets_by.setdefault(id(rule_structures[i]), {})
+            _veto_inconsistent_paths(rule_structures[i], accepted[i], rejected_by_rule[i], found_on[i], span_sets)
+    results: list[Match] = []
+    for i, rule in enumerate(rules):
+        results.extend(_resolve_overlaps(rule, list(accepted[i].values())))
+        if rejected is not None:
+            rejected.extend(m for k, m in rejected_by_rule[i].items() if k not in accepted[i])
+    results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
+    return results

@@ -1,0 +1,19 @@
+"""Errors meant for the user, shared by the CLI, the command modules and the orchestration
+(``adopter.verify_run``) without either depending on the other."""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_ERROR", "EXIT_FINDING", "EXIT_OK", "UserError"]
+
+# The exit-status convention of every `adopter` command (see `adopter --help`):
+EXIT_OK = 0  # done, nothing to report
+EXIT_FINDING = 1  # done, and the answer is "no": --check found changes, not equivalent, gate failed
+EXIT_ERROR = 2  # bad input, or some file/model could not be analysed (the rest still was)
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
