@@ -177,7 +177,7 @@ def rewrite_source(
             continue
         planned.append((index, match, edit))
 
-    # Bigger matches first (an attention core beats the softmax inside it), then by position.
+    # Bigger matches first (a whole attention core beats a single op inside it), then by position.
     planned.sort(key=lambda item: (-len(item[1].nodes), min(item[1].lines or [0]), item[0]))
     claimed: dict[tuple[int, int], str] = {}
     applied_edits: list[Edit] = []
@@ -300,6 +300,16 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
 
     The file keeps its encoding, newline style and final-newline state; it is replaced
     atomically and only when the rewritten text compiles."""
+    from adopter.core.scan import relaxed_gc
+
+    try:
+        with relaxed_gc():
+            return _rewrite_file(path, rules, write)
+    finally:
+        _PARSED.clear()  # a kept tree is for this file's next pass only
+
+
+def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) -> FileRewrite:
     from adopter.core.scan import scan_source
 
     name = str(path)

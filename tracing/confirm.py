@@ -1,21 +1,23 @@
 """Confirm static matches against what the instantiated model actually executes.
 
-For every static :class:`Match`:
+Rule-agnostic: what is specific to a rule (its runtime check, the layer sequence to look for,
+the layers to keep whole) comes from the rule's :class:`~adopter.core.rule.Runtime`, looked up
+by the match's rule name. For every static :class:`Match`:
 
 * ``confirmed`` — in at least one module instance of the match's class, every matched node's
   source line produced graph nodes, in the matched order, with the matched data flow between
-  them (``Dropout -> + -> LayerNorm``: the dropout's output reaches the add, the add's output the
-  layer norm; ``fused_QKV``: the three Linears read the same tensor); and the runtime-only
-  preconditions hold (the activation is a GeLU the kernel implements; shapes and biases fit).
+  them (a dropout's output reaches the add, the add's output the layer norm; three projections
+  read the same tensor); and the rule's runtime check passes (e.g. the activation is a GeLU the
+  kernel implements; shapes and biases fit).
 * ``not-executed`` — the class runs in this model but the matched lines never execute under
   this configuration (``eager_attention_forward`` when the model uses SDPA; DPT's BatchNorm
   branch with ``use_batch_norm=False``), or they run without the matched data flow.
-* ``rejected`` — the sequence executes, but a runtime precondition fails (ReLU behind
+* ``rejected`` — the sequence executes, but the rule's runtime check fails (ReLU behind
   ``ACT2FN[config.hidden_act]``, q/k/v projections with different in_features...).
 * ``untraced`` — no trace is available, or the class is not part of this model.
 
-Runtime sequences matching a rule that no static match covers come back as ``runtime-only``
-matches (Dropout->add->LayerNorm, Linear->GeLU, Conv2d->BatchNorm2d, Linear->BatchNorm1d).
+Runtime sequences of a rule (``Runtime.sequence``) that no static match covers come back as
+``runtime-only`` matches.
 """
 
 from __future__ import annotations
@@ -533,7 +535,7 @@ def _step_group(index: TraceIndex, step: RuntimeStep, src: NodeSource) -> tuple[
         for path, cls in reversed(src.module_stack):
             if cls.rsplit(".", 1)[-1] in step.module_class_names:
                 return _module_group(index, path)
-    if src.op_name in step.ops and src.module_path is not None and not _in_leaf(src):
+    if src.op_name in step.ops and not _in_leaf(src):
         return src.node_name, {src.node_name}
     return None
 

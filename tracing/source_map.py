@@ -79,7 +79,7 @@ class NodeSource:
     module_path: str | None
     module_class: str | None
     index: int = 0
-    op_name: str = ""  # normalized op: "linear", "add", "softmax", "dropout", module class for call_module
+    op_name: str = ""  # normalized op: "linear", "add", "dropout", module class for call_module
     frames: tuple[Frame, ...] = field(default=(), repr=False)
     module_stack: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 

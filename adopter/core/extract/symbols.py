@@ -19,6 +19,9 @@ _OPAQUE_CLASS_SUFFIXES = ("Output", "Config", "Cache", "Mixin", "Kwargs", "Dict"
 _INDEX = re.compile(r"\[\d+\]")
 
 
+# ---------------------------------------------------------------- names and imports
+
+
 def _dotted(expr) -> str | None:
     parts = []
     while type(expr) is ast.Attribute:
@@ -72,6 +75,9 @@ def _is_module_base(fqn: str) -> bool:
     if ".modeling_" in fqn and last[:1].isupper() and not last.endswith(_OPAQUE_CLASS_SUFFIXES):
         return True
     return fqn.endswith("pytorch_utils.Conv1D")
+
+
+# ---------------------------------------------------------------- class and file tables
 
 
 class _ClassCtx:
@@ -215,6 +221,9 @@ def _is_module(fc: _File, cls: _ClassCtx, seen=()) -> bool:
         if _is_module_base(fq):
             return True
     return False
+
+
+# ---------------------------------------------------------------- AST helpers
 
 
 def _activation_type(key: ast.AST) -> tuple[str, tuple[Arg, ...], str]:

@@ -17,6 +17,7 @@ UNKNOWN_TYPE = "?"
 # Calls through transformers' runtime attention dispatch table.
 ATTENTION_TABLE_TYPE = "transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS"
 
+# ``_St.flow``: running, returned, killed (``raise``), after ``break`` / ``continue``
 LIVE, RET, DEAD, BRK, CONT = range(5)
 
 

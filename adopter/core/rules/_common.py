@@ -7,6 +7,7 @@ from collections.abc import Callable
 from adopter.core.dsl import Const, Layer, Node, TensorOp, Value, Var
 from adopter.core.match import MatchContext, reads, same_value, uses_outside
 from adopter.core.match.source_uses import escaping_read
+from adopter.core.rule import Runtime, RuntimeStep
 
 Precondition = Callable[[MatchContext], "str | None"]
 
@@ -155,21 +156,31 @@ def first_of(modules, cls):
     return next((m for m in modules if isinstance(m, cls)), None)
 
 
-def layer_pair_check(first_cls, second_cls, features: str) -> object:
-    """Runtime check for ``second(first(x))`` layer pairs (Conv2d+BatchNorm2d, Linear+BatchNorm1d):
-    both layers are what the pattern names and the norm's ``num_features`` equals
-    ``first.<features>``."""
+def layer_pair_runtime(first: str, second: str, features: str):
+    """Runtime part of a ``second(first(x))`` layer-pair rule (Conv2d+BatchNorm2d,
+    Linear+BatchNorm1d), from the two layers' qualified class names: both layers that run are
+    of those classes and the norm's ``num_features`` equals ``first.<features>``; the pair is the
+    runtime sequence; both layers stay whole in a symbolic trace."""
+    first_name, second_name = first.rsplit(".", 1)[-1], second.rsplit(".", 1)[-1]
 
     def check(site):
-        first_type, second_type = first_cls(), second_cls()
-        first = first_of(site.modules, first_type)
-        second = first_of(site.modules, second_type)
-        if first is None or second is None:
-            return f"the layers that run are not nn.{first_type.__name__} and nn.{second_type.__name__}", ""
-        width = getattr(first, features)
-        first_desc = f"{first_type.__name__}({getattr(first, 'in_' + features.split('_', 1)[1])}->{width})"
-        if second.num_features != width:
-            return f"{second_type.__name__}({second.num_features}) does not fit {first_type.__name__} {features}={width}", ""
-        return None, f"{first_desc} + {second_type.__name__}({second.num_features})"
+        from torch import nn
 
-    return check
+        first_mod = first_of(site.modules, getattr(nn, first_name))
+        second_mod = first_of(site.modules, getattr(nn, second_name))
+        if first_mod is None or second_mod is None:
+            return f"the layers that run are not nn.{first_name} and nn.{second_name}", ""
+        width = getattr(first_mod, features)
+        in_width = getattr(first_mod, "in_" + features.split("_", 1)[1])
+        if second_mod.num_features != width:
+            return f"{second_name}({second_mod.num_features}) does not fit {first_name} {features}={width}", ""
+        return None, f"{first_name}({in_width}->{width}) + {second_name}({second_mod.num_features})"
+
+    return Runtime(
+        check=check,
+        sequence=(
+            RuntimeStep(f"torch.nn.{first_name}", module_types=(first,)),
+            RuntimeStep(f"torch.nn.{second_name}", module_types=(second,)),
+        ),
+        leaf_modules=(first, second),
+    )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from adopter.core.rule import Rule, Runtime, RuntimeStep
+from adopter.core.rule import Rule
 from adopter.core.rules._batchnorm_codemod import ConvBatchNorm
 from adopter.core.rules._common import (
     BATCH_NORM_2D,
     CONV2D,
     distinct_modules,
     intermediates_unused,
-    layer_pair_check,
+    layer_pair_runtime,
 )
 
 DSL = """
@@ -38,24 +38,7 @@ convolution output that is also read elsewhere; layers inside ``nn.Sequential``
 containers (not extracted as separate calls)."""
 
 
-
-def _conv2d():
-    from torch import nn
-
-    return nn.Conv2d
-
-
-def _batch_norm_2d():
-    from torch import nn
-
-    return nn.BatchNorm2d
-
-
-RUNTIME = Runtime(
-    check=layer_pair_check(_conv2d, _batch_norm_2d, "out_channels"),
-    sequence=(RuntimeStep("torch.nn.Conv2d", module_types=(CONV2D,)), RuntimeStep("torch.nn.BatchNorm2d", module_types=(BATCH_NORM_2D,))),
-    leaf_modules=(CONV2D, BATCH_NORM_2D),
-)
+RUNTIME = layer_pair_runtime(CONV2D, BATCH_NORM_2D, "out_channels")
 
 RULE = Rule(
     name="Conv_BatchNorm",

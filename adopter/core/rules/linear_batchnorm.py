@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adopter.core.rule import Rule, Runtime, RuntimeStep
+from adopter.core.rule import Rule
 from adopter.core.rules._batchnorm_codemod import LinearBatchNorm
 from adopter.core.rules._common import (
     BATCH_NORM_1D,
@@ -11,7 +11,7 @@ from adopter.core.rules._common import (
     distinct_modules,
     intermediates_unused,
     kwarg,
-    layer_pair_check,
+    layer_pair_runtime,
 )
 
 DSL = """
@@ -51,23 +51,7 @@ def _flatten_keeps_features(ctx) -> str | None:
     return None
 
 
-def _linear():
-    from torch import nn
-
-    return nn.Linear
-
-
-def _batch_norm_1d():
-    from torch import nn
-
-    return nn.BatchNorm1d
-
-
-RUNTIME = Runtime(
-    check=layer_pair_check(_linear, _batch_norm_1d, "out_features"),
-    sequence=(RuntimeStep("torch.nn.Linear", module_types=(LINEAR,)), RuntimeStep("torch.nn.BatchNorm1d", module_types=(BATCH_NORM_1D,))),
-    leaf_modules=(LINEAR, BATCH_NORM_1D),
-)
+RUNTIME = layer_pair_runtime(LINEAR, BATCH_NORM_1D, "out_features")
 
 RULE = Rule(
     name="Linear_BatchNorm",
