@@ -10,8 +10,9 @@ Importing this package imports torch; `adopter scan` imports it only with ``--mo
 """
 
 from .capture import Capture, CaptureError, LayerTracer, capture_model
-from .confirm import confirm_matches, confirm_model_id, find_runtime_only
+from .confirm import confirm_matches, confirm_model_id
 from .models import BuiltModel, TracingError, build_model, known_model_ids, make_example_inputs
+from .runtime_only import find_runtime_only
 from .source_map import NodeSource, map_nodes
 
 __all__ = [

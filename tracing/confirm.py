@@ -36,116 +36,14 @@ from torch import nn
 
 from adopter.core.dsl import Layer, Span, TensorOp, Var
 from adopter.core.ops import FUNCTION_OP_NAMES, TENSOR_OP_NAMES
-from adopter.core.rule import GraphOp, Rule, RuntimeSite, RuntimeStep
+from adopter.core.rule import GraphOp, Rule, RuntimeSite
 from adopter.core.rules import all_rules, find_rule
 from adopter.core.structures import Match, MatchedNode
 
 from .capture import Capture, CaptureError, capture_model, leaf_modules_of
-from .source_map import NodeSource, enclosing_condition, enclosing_scope, map_nodes
-
-# ------------------------------------------------------------------ op vocabulary
-
-# Graph ops that only move/reshape data: data flow passes through them.
-TRANSPARENT_OPS = {
-    "view", "reshape", "_unsafe_view", "transpose", "permute", "contiguous", "to", "_to_copy",
-    "clone", "expand", "unsqueeze", "squeeze", "flatten", "getitem", "alias", "type_as", "detach",
-    "t", "float", "half", "bfloat16", "type", "lift_fresh_copy", "_assert_tensor_metadata",
-    "dropout_identity",
-}
-
-# ------------------------------------------------------------------ graph access
-
-
-@dataclass
-class TraceIndex:
-    """A capture plus per-node sources and lookups used by confirmation."""
-
-    capture: Capture
-    sources: list[NodeSource]
-    by_name: dict[str, NodeSource]
-    nodes: dict[str, torch.fx.Node]
-    by_file: dict[str, list[NodeSource]]
-    by_line: dict[tuple[str, int], list[NodeSource]]  # (file, line) of any frame -> nodes
-
-    @classmethod
-    def build(cls, capture: Capture) -> TraceIndex:
-        sources = map_nodes(capture.graph_module)
-        nodes = {n.name: n for n in capture.graph_module.graph.nodes}
-        by_file: dict[str, list[NodeSource]] = defaultdict(list)
-        by_line: dict[tuple[str, int], list[NodeSource]] = defaultdict(list)
-        for s in sources:
-            for f in {fr.file for fr in s.frames}:
-                by_file[f].append(s)
-            for key in {(fr.file, fr.line) for fr in s.frames}:
-                by_line[key].append(s)
-        return cls(capture, sources, {s.node_name: s for s in sources}, nodes, by_file, by_line)
-
-    def at_lines(self, file: str, lines: range) -> list[NodeSource]:
-        """Nodes with a frame at one of ``lines`` of ``file``, in graph order."""
-        found = {}
-        for line in lines:
-            for s in self.by_line.get((file, line), ()):
-                found[s.node_name] = s
-        return sorted(found.values(), key=lambda s: s.index)
-
-    def users(self, name: str) -> list[str]:
-        return [u.name for u in self.nodes[name].users]
-
-    def inputs(self, name: str) -> list[str]:
-        return [a.name for a in self.nodes[name].all_input_nodes]
-
-    def is_transparent(self, name: str) -> bool:
-        src = self.by_name.get(name)
-        if src is None:
-            return False
-        op = src.op_name
-        if op in TRANSPARENT_OPS:
-            return True
-        # eval-mode dropout and identity-like modules pass data through in a symbolic trace
-        return src.op == "call_module" and op in ("identity", "flatten")
-
-    def flows(self, sources: set[str], targets: set[str]) -> bool:
-        """Some target is reachable from some source through source/transparent nodes only."""
-        seen = set()
-        stack = list(sources)
-        while stack:
-            name = stack.pop()
-            for user in self.users(name):
-                if user in targets:
-                    return True
-                if user in seen:
-                    continue
-                seen.add(user)
-                if user in sources or self.is_transparent(user):
-                    stack.append(user)
-        return False
-
-    def roots(self, names: Iterable[str], exclude: set[str]) -> set[str]:
-        """Data inputs of ``names`` from outside the group, followed back through transparent ops."""
-        out = set()
-        for name in names:
-            for inp in self.inputs(name):
-                if inp in exclude:
-                    continue
-                node = self.nodes[inp]
-                if node.op in ("get_attr",) or (node.op == "placeholder" and _is_param(node)):
-                    continue
-                out |= self._root(inp)
-        return out
-
-    def _root(self, name: str) -> set[str]:
-        while self.is_transparent(name):
-            ins = [i for i in self.inputs(name) if self.nodes[i].op != "get_attr"]
-            if len(ins) != 1:
-                break
-            name = ins[0]
-        return {name}
-
-
-def _is_param(node: torch.fx.Node) -> bool:
-    # torch.export lifts parameters/buffers to placeholders named p_*/b_*/c_*
-    return node.name.startswith(("p_", "b_", "c_"))
-
+from .runtime_only import find_runtime_only
+from .source_map import enclosing_condition, enclosing_scope
+from .trace_index import TraceIndex, realpath
 
 # ------------------------------------------------------------------ helpers on matches
 
@@ -175,10 +73,6 @@ def _op_names_for(node) -> set[str] | None:
         last = node.type.rsplit(".", 1)[-1]
         return FUNCTION_OP_NAMES.get(last)
     return None
-
-
-def _realpath(p: str) -> str:
-    return os.path.realpath(p) if p else p
 
 
 @functools.cache
@@ -384,7 +278,7 @@ def _check_preconditions(
 
 
 def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule | None) -> Match:
-    file = _realpath(match.file)
+    file = realpath(match.file)
     match_r = replace(match, file=file) if file != match.file else match
     if match.class_name:
         instances = [p for p, _ in _instances(model, match.class_name, file)]
@@ -489,170 +383,10 @@ def confirm_matches(
         files = scanned_files if scanned_files is not None else {m.file for m in matches} or None
         extra = find_runtime_only(index, model, matches, rules or all_rules())
         if files is not None:
-            wanted = {_realpath(str(f)) for f in files}
+            wanted = {realpath(str(f)) for f in files}
             extra = [m for m in extra if m.file in wanted]
         out += extra
     return out
-
-
-# ------------------------------------------------------------------ runtime-only sequences
-
-
-def _in_module_of(src: NodeSource, classes: tuple[str, ...]) -> str | None:
-    """Path of the innermost module of one of ``classes`` (qualified names) the node ran in."""
-    for path, cls in reversed(src.module_stack):
-        if cls in classes:
-            return path
-    return None
-
-
-def _in_leaf(src: NodeSource) -> bool:
-    return bool(src.module_stack) and src.module_stack[-1][1].startswith("torch.nn.modules.")
-
-
-def _module_nodes(index: TraceIndex, path: str) -> list[NodeSource]:
-    """Nodes that ran inside the module instance at ``path`` (built once per trace)."""
-    by_path = index.__dict__.get("_by_module_path")
-    if by_path is None:
-        by_path = defaultdict(list)
-        for s in index.sources:
-            for p in {p for p, _ in s.module_stack}:
-                by_path[p].append(s)
-        index.__dict__["_by_module_path"] = by_path
-    return by_path.get(path, [])
-
-
-def _module_group(index: TraceIndex, path: str) -> tuple[str, set[str]]:
-    return path, {s.node_name for s in _module_nodes(index, path)}
-
-
-def _step_group(index: TraceIndex, step: RuntimeStep, src: NodeSource) -> tuple[str, set[str]] | None:
-    """``(key, nodes)`` of the step this node belongs to (all nodes of one module call), or None."""
-    if step.module_types:
-        path = _in_module_of(src, step.module_types)
-        return None if path is None else _module_group(index, path)
-    if step.module_class_names:
-        for path, cls in reversed(src.module_stack):
-            if cls.rsplit(".", 1)[-1] in step.module_class_names:
-                return _module_group(index, path)
-    if src.op_name in step.ops and not _in_leaf(src):
-        return src.node_name, {src.node_name}
-    return None
-
-
-def _call_site(index: TraceIndex, nodes: set[str]) -> NodeSource:
-    first = min((index.by_name[n] for n in nodes), key=lambda s: s.index)
-    return first
-
-
-def find_runtime_only(
-    index: TraceIndex, model: nn.Module, matches: Sequence[Match], rules: Iterable[Rule] = ()
-) -> list[Match]:
-    covered: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for m in matches:
-        covered[(m.rule, _realpath(m.file))].update(m.lines)
-    found: dict[tuple, list] = {}
-    sequences = {r.name: r.runtime.sequence for r in rules if getattr(getattr(r, "runtime", None), "sequence", ())}
-    for rule, steps in sequences.items():
-        for src in index.sources:
-            first = _step_group(index, steps[0], src)
-            if first is None or src.node_name != min(first[1], key=lambda n: index.by_name[n].index):
-                continue
-            chain = [first]
-            for step in steps[1:]:
-                nxt = None
-                prev_nodes = chain[-1][1]
-                for user in _direct_users(index, prev_nodes):
-                    g = _step_group(index, step, index.by_name[user])
-                    if g is not None and g[0] != chain[-1][0]:
-                        nxt = g
-                        break
-                if nxt is None:
-                    break
-                chain.append(nxt)
-            if len(chain) != len(steps):
-                continue
-            # as the static rules require: no intermediate value is read outside the chain
-            # (ViT's ``hidden_states + residual`` also feeds the next residual: not fusable)
-            if any(not set(_direct_users(index, a[1])) <= b[1] for a, b in zip(chain, chain[1:])):
-                continue
-            sites = [_call_site(index, g[1]) for g in chain]
-            # Only sequences written in one function of one class instance are rewritable
-            # at the source; chains across module boundaries (ViT's dropout in ViTSelfOutput,
-            # residual add in ViTLayer) are runtime facts, not source matches.
-            if any(s.file is None for s in sites) or len({(s.file, s.function) for s in sites}) != 1:
-                continue
-            owners = {_owner_path(s, s.class_name) for s in sites}
-            if len(owners) != 1:
-                continue
-            file = sites[0].file
-            lines = tuple(s.line for s in sites)
-            if covered[(rule, file)] & set(lines):
-                continue
-            key = (rule, file, lines)
-            found.setdefault(key, []).append((chain, sites, owners.pop()))
-    out = []
-    for (rule, file, lines), occurrences in found.items():
-        chain, sites, owner_path = occurrences[0]
-        owner_class = sites[-1].class_name
-        nodes = []
-        for i, ((path, _group), site, step) in enumerate(zip(chain, sites, sequences[rule])):
-            span = Span(site.line, 0, site.line, 0, function=site.function or "")
-            if step.is_operator:
-                nodes.append(MatchedNode(i, TensorOp(step.kind, span=span)))
-            else:
-                kind = step.kind
-                owner = _owner_path(site, owner_class)
-                module = None
-                rel = path[len(owner) + 1:] if owner and path.startswith(owner + ".") else (path if not owner else "")
-                if rel and path in _module_paths(site):
-                    module = Var("self." + rel)
-                nodes.append(MatchedNode(i, Layer(kind, module=module, span=span)))
-        function = (sites[-1].function or "").rsplit(".", 1)[-1]
-        n = len(occurrences)
-        out.append(
-            Match(
-                rule=rule,
-                file=file,
-                class_name=owner_class,
-                function=function,
-                nodes=tuple(nodes),
-                status="runtime-only",
-                reason=(
-                    f"executes at lines {', '.join(map(str, lines))} in {n} instance{'s' if n != 1 else ''} "
-                    f"(e.g. {owner_path or 'the model'}) but no static match covers it"
-                ),
-            )
-        )
-    return out
-
-
-def _module_paths(site: NodeSource) -> set[str]:
-    return {p for p, _ in site.module_stack}
-
-
-def _owner_path(site: NodeSource, class_name: str | None) -> str:
-    if class_name:
-        for path, cls in reversed(site.module_stack):
-            if cls.rsplit(".", 1)[-1] == class_name:
-                return path
-    return ""
-
-
-def _direct_users(index: TraceIndex, names: set[str]) -> list[str]:
-    """Nodes outside ``names`` fed by them, through transparent ops; in graph order."""
-    out, seen, stack = [], set(), list(names)
-    while stack:
-        name = stack.pop()
-        for user in index.users(name):
-            if user in names or user in seen:
-                continue
-            seen.add(user)
-            if index.is_transparent(user):
-                stack.append(user)
-            elif user in index.by_name:
-                out.append(user)
-    return sorted(out, key=lambda n: index.by_name[n].index)
 
 
 # ------------------------------------------------------------------ model ids
