@@ -146,7 +146,7 @@ class OptimizeReport:
         if eq is not None:
             checked = "; equivalent to the original" if eq.equivalent else "; NOT equivalent to the original"
             if getattr(eq, "max_abs_diff", None) is not None:
-                checked += f" (max |diff| {eq.max_abs_diff:.2g})"
+                checked += f", max |diff| {eq.max_abs_diff:.2g}"
         lines = [
             f"adopter: {self.model_class}: {len(self.applied)} rewrite(s) applied, "
             f"{len(self.skipped)} match(es) not applied ({'traced' if self.traced else 'not traced: static matches'}"

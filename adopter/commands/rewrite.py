@@ -36,6 +36,23 @@ def add_arguments(parser):
                              "link (the link's target is written; the link stays)")
 
 
+_RULES: dict = {}  # (rule names, rule files) -> rules, built once per process
+
+
+def _rewrite_indexed(item):
+    index, task = item
+    return index, _rewrite_one(task)
+
+
+def _init_worker() -> None:
+    import gc
+
+    from adopter.core.scan import GC_THRESHOLDS
+
+    gc.freeze()  # what a forked worker inherits is never garbage
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
     """Worker: rules travel as their names and rule files (rule objects hold closures that do
     not pickle) and are rebuilt here exactly as the parent validated them."""
@@ -45,7 +62,10 @@ def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
     from adopter.rewrite import FileRewrite, rewrite_file
 
     path, rule_names, rule_files, write = task
-    rules = select_rules(argparse.Namespace(rules=rule_names, rules_file=list(rule_files)))
+    key = (rule_names, tuple(rule_files))
+    rules = _RULES.get(key)
+    if rules is None:  # once per process
+        rules = _RULES[key] = select_rules(argparse.Namespace(rules=rule_names, rules_file=list(rule_files)))
     try:
         return rewrite_file(path, rules, write=write)
     except Exception as exc:  # one bad file must not stop the run
@@ -76,15 +96,31 @@ def run(args) -> int:
         files = [os.path.realpath(f) if protected.get(f) else f for f in files]
         protected = {}
     tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write) and not protected.get(f)) for f in files]
-    jobs = args.jobs or min(os.cpu_count() or 1, max(len(tasks), 1))
+    from adopter.core.scan import default_jobs
+
+    jobs = min(args.jobs or default_jobs(), max(len(tasks), 1))
     if jobs <= 1 or len(tasks) <= 1:
         results = [_rewrite_one(t) for t in tasks]
     else:
-        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            # map keeps input order: output is deterministic whatever finishes first.
-            results = list(pool.map(_rewrite_one, tasks, chunksize=4))
+        import adopter.rewrite  # noqa: F401  (loaded before forking: workers start with it)
+
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
+
+        def size(path: str) -> int:
+            try:
+                return os.path.getsize(path)
+            except OSError:
+                return 0
+
+        # Largest files first (the long ones start early, small ones fill in at the end);
+        # results go back to input order: output is deterministic whatever finishes first.
+        order = sorted(range(len(tasks)), key=lambda i: (-size(tasks[i][0]), i))
+        results = [None] * len(tasks)
+        with ctx.Pool(jobs, initializer=_init_worker) as pool:
+            for index, result in pool.imap_unordered(_rewrite_indexed, [(i, tasks[i]) for i in order]):
+                results[index] = result
 
     for r in results:
         why = protected.get(r.path)

@@ -55,7 +55,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per block (default %(default)s)")
     parser.add_argument("--attn-implementation", default=None, metavar="NAME",
                         help="transformers attention implementation of the original (eager, sdpa, ...; default: "
-                             "the model's). The attention and softmax rules match the eager code path.")
+                             "the model's). Rules that match eager attention code need the eager path.")
     parser.add_argument("--no-benchmark", action="store_true", help="equivalence check only")
     parser.add_argument("--json", metavar="FILE", help="write the result as JSON")
     parser.add_argument("--benchmark-json", metavar="FILE", help="where pytest-benchmark's JSON goes "
