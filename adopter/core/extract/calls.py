@@ -24,6 +24,7 @@ from adopter.core.extract.values import (
     _cons_to_tuple,
     _sig,
     _St,
+    _unparse,
 )
 
 _BUILTINS = frozenset(dir(builtins))
@@ -49,8 +50,10 @@ class _Calls:
             while type(root) is ast.Attribute:
                 root = root.value
             if type(root) is ast.Name and root.id not in st.env:
-                d = _dotted(f)
-                fq = self.fc.fqn(d) if d else None
+                fq = self.fq_cache.get(id(f), 0)
+                if fq == 0:
+                    d = _dotted(f)
+                    fq = self.fq_cache[id(f)] = self.fc.fqn(d) if d else None
                 if fq is not None:
                     return self.call_fqn(fq, e, st, dest)
                 if root.id in T.LOGGER_NAMES:
@@ -293,14 +296,30 @@ class _Calls:
         """[(state, positional values, [(keyword, value)])] for the call's arguments."""
         res = [(st, [], [])]
         for a in e.args:
-            if type(a) is ast.Starred:
-                v = _V(text="*" + ast.unparse(a.value), tensor=True)
+            ta = type(a)
+            if ta is ast.Starred:
+                v = _V(text="*" + _unparse(a.value), tensor=True)
                 for _s, pos, _kw in res:
                     pos.append(v)
                 continue
-            if type(a) is ast.Name or type(a) is ast.Constant:
+            if ta is ast.Name:
                 for s, pos, _kw in res:
-                    pos.append(self.name(a.id, s) if type(a) is ast.Name else _V(expr=a))
+                    pos.append(self.name(a.id, s))
+                continue
+            if ta is ast.Constant:
+                for _s, pos, _kw in res:
+                    pos.append(_V(expr=a))
+                continue
+            if len(res) == 1:
+                s, pos, kw = res[0]
+                r = self.ev(a, s)
+                if len(r) == 1:  # no fork: extend the one state's lists in place
+                    s2, v = r[0]
+                    pos.append(v)
+                    if s2 is not s:
+                        res[0] = (s2, pos, kw)
+                else:
+                    res = [(s2, pos + [v], list(kw)) for s2, v in r]
                 continue
             nres = []
             for s, pos, kw in res:
@@ -309,9 +328,20 @@ class _Calls:
             res = nres
         for k in e.keywords:
             if k.arg is None:
-                v = _V(text="**" + ast.unparse(k.value))
+                v = _V(text="**" + _unparse(k.value))
                 for _s, _pos, kw in res:
                     kw.append((None, v))
+                continue
+            if len(res) == 1:
+                s, pos, kw = res[0]
+                r = self.ev(k.value, s)
+                if len(r) == 1:  # no fork: extend the one state's lists in place
+                    s2, v = r[0]
+                    kw.append((k.arg, v))
+                    if s2 is not s:
+                        res[0] = (s2, pos, kw)
+                else:
+                    res = [(s2, list(pos), kw + [(k.arg, v)]) for s2, v in r]
                 continue
             nres = []
             for s, pos, kw in res:

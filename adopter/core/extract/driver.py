@@ -41,7 +41,9 @@ def extract_source(text: str, filename: str = "<string>") -> FileStructures:
 
     Raises ``SyntaxError`` unchanged when ``text`` does not parse.
     """
+    _LAST_PARSE[:] = [None, None]  # the previous file's tree is not kept alive meanwhile
     tree = ast.parse(text, filename=filename)
+    _LAST_PARSE[:] = [text, tree]
     _UNPARSED.clear()
     _TEST_NAMES.clear()
     try:
@@ -49,6 +51,20 @@ def extract_source(text: str, filename: str = "<string>") -> FileStructures:
     finally:
         _UNPARSED.clear()
         _TEST_NAMES.clear()
+
+
+# The text and syntax tree of the file extracted last: matching reads the same file's tree
+# (:func:`parsed_tree`) instead of parsing it again. Extraction never changes the tree.
+_LAST_PARSE: list = [None, None]
+
+
+def parsed_tree(text: str) -> ast.Module | None:
+    """The tree :func:`extract_source` parsed for ``text`` when it was the last file it
+    extracted, else None. Callers must not change it."""
+    last = _LAST_PARSE[0]
+    if last is not None and (last is text or last == text):
+        return _LAST_PARSE[1]
+    return None
 
 
 def _extract_tree(tree: ast.Module, filename: str, lines: list[str]) -> FileStructures:

@@ -9,7 +9,7 @@ import ast
 from adopter.core.dsl import Arg, TensorOp, Var
 from adopter.core.extract import tables as T
 from adopter.core.extract.symbols import _activation_type, _dotted
-from adopter.core.extract.values import _SELF, _V, ATTENTION_TABLE_TYPE, _St
+from adopter.core.extract.values import _SELF, _V, ATTENTION_TABLE_TYPE, _St, _unparse
 
 _OPS = {
     ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
@@ -267,7 +267,7 @@ class _Expressions:
         elif type(it) is ast.Name:
             base = st.env.get(it.id)
         if base is not None and base.alias is not None and base.alias[0] == "mod":
-            return _V(alias=("mod", base.alias[1] + "[*]"), text=ast.unparse(it) + "[i]")
+            return _V(alias=("mod", base.alias[1] + "[*]"), text=_unparse(it) + "[i]")
         if base is not None and base.elts:
             return base.elts[0]
         return _V(text="item", tensor=True)

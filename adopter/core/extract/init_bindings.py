@@ -8,6 +8,7 @@ import ast
 
 from adopter.core.dsl import Arg, Const, Layer, Var
 from adopter.core.extract.symbols import _activation_instance, _activation_type, _ClassCtx, _dotted, _File, _span
+from adopter.core.extract.values import _unparse
 from adopter.core.structures import InitBinding
 
 _CONTAINERS = ("torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ModuleDict")
@@ -17,14 +18,14 @@ def _const_args(call: ast.Call) -> tuple[Arg, ...]:
     out = []
     for a in call.args:
         if type(a) is ast.Starred:
-            out.append(Arg(Const("*" + ast.unparse(a.value))))
+            out.append(Arg(Const("*" + _unparse(a.value))))
         else:
-            out.append(Arg(Const(ast.unparse(a))))
+            out.append(Arg(Const(_unparse(a))))
     for k in call.keywords:
         if k.arg is None:
-            out.append(Arg(Const("**" + ast.unparse(k.value))))
+            out.append(Arg(Const("**" + _unparse(k.value))))
         else:
-            out.append(Arg(Const(ast.unparse(k.value)), k.arg))
+            out.append(Arg(Const(_unparse(k.value)), k.arg))
     return tuple(out)
 
 

@@ -29,6 +29,9 @@ class _Interp(_Paths, _Ssa, _Expressions, _Calls):
         self.fc = fc
         self.defs: dict[int, tuple[ast.FunctionDef, str]] = {}
         self.synthetic: dict[int, ast.Call] = {}
+        # per file, by ast node id: ``self.fc.fqn`` of a called dotted name, ``extraneous(call)``
+        self.fq_cache: dict[int, str | None] = {}
+        self.extraneous_cache: dict[int, bool] = {}
 
     # -- entry
     def entry(self, cls: _ClassCtx | None, fdef: ast.FunctionDef, qual: str) -> FunctionStructures:

@@ -13,7 +13,6 @@ from adopter.core.extract.values import (
     _NONE,
     _TEST_NAMES,
     _TRUE,
-    _UNPARSED,
     _V,
     BRK,
     CONT,
@@ -25,6 +24,7 @@ from adopter.core.extract.values import (
     _cons_to_tuple,
     _has_module,
     _St,
+    _unparse,
 )
 from adopter.core.structures import PathStructure
 
@@ -155,6 +155,12 @@ class _Paths:
         return live  # pass, assert, import, global, delete, ...
 
     def extraneous(self, call: ast.Call) -> bool:
+        r = self.extraneous_cache.get(id(call))
+        if r is None:
+            r = self.extraneous_cache[id(call)] = self._extraneous(call)
+        return r
+
+    def _extraneous(self, call: ast.Call) -> bool:
         d = _dotted(call.func)
         if d is None:
             return False
@@ -198,14 +204,15 @@ class _Paths:
     def decision_key(self, test, st: _St) -> str:
         names = _TEST_NAMES.get(id(test))
         if names is None:
-            names = _TEST_NAMES[id(test)] = sorted(
-                {n.id for n in ast.walk(test) if type(n) is ast.Name}
-                | {"self." + n.attr for n in ast.walk(test) if type(n) is ast.Attribute and type(n.value) is ast.Name}
-            )
-        text = _UNPARSED.get(id(test))
-        if text is None:
-            text = _UNPARSED[id(test)] = ast.unparse(test)
-        parts = [text]
+            found = set()
+            for n in ast.walk(test):
+                tn = type(n)
+                if tn is ast.Name:
+                    found.add(n.id)
+                elif tn is ast.Attribute and type(n.value) is ast.Name:
+                    found.add("self." + n.attr)
+            names = _TEST_NAMES[id(test)] = sorted(found)
+        parts = [_unparse(test)]
         env = st.env
         for n in names:
             v = env.get(n)

@@ -63,14 +63,26 @@ class _Ssa:
                     keys.update(s.env)
             diff = []
             alias_keys = []
-            for k in keys:
-                v0 = fenv.get(k)
-                vals = [s.env.get(k) for s in g0]
-                if all(v is v0 for v in vals):
-                    continue
-                diff.append(k)
-                if any(v is not None and v.alias is not None for v in vals):
-                    alias_keys.append(k)
+            if len(g0) == 2:  # the usual join of two branches, without per-key lists
+                oenv = g0[1].env
+                for k in keys:
+                    v0 = fenv.get(k)
+                    v1 = oenv.get(k)
+                    if v0 is v1:
+                        continue
+                    diff.append(k)
+                    if (v0 is not None and v0.alias is not None) or (v1 is not None and v1.alias is not None):
+                        alias_keys.append(k)
+            else:
+                envs = [s.env for s in g0]
+                for k in keys:
+                    v0 = fenv.get(k)
+                    vals = [e.get(k) for e in envs]
+                    if all(v is v0 for v in vals):
+                        continue
+                    diff.append(k)
+                    if any(v is not None and v.alias is not None for v in vals):
+                        alias_keys.append(k)
             ret_alias = first.flow == RET and any(s.ret is not None and s.ret.alias is not None for s in g0)
             if alias_keys or ret_alias:
                 # states whose callables differ stay apart: they lead to different nodes

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from adopter.core.dsl import Arg, Const, Span
 from adopter.core.extract import tables as T
-from adopter.core.extract.values import _V
+from adopter.core.extract.values import _V, _unparse
 from adopter.core.structures import InitBinding
 
 _OPAQUE_CLASS_SUFFIXES = ("Output", "Config", "Cache", "Mixin", "Kwargs", "Dict")
@@ -228,7 +228,7 @@ def _is_module(fc: _File, cls: _ClassCtx, seen=()) -> bool:
 
 def _activation_type(key: ast.AST) -> tuple[str, tuple[Arg, ...], str]:
     """Type, constructor args and key text of ``ACT2FN[key]`` / ``get_activation(key)``."""
-    text = ast.unparse(key)
+    text = _unparse(key)
     if type(key) is ast.Constant and isinstance(key.value, str) and key.value in T.ACTIVATIONS:
         return T.ACTIVATIONS[key.value], (), text
     return T.ACT2FN_TYPE, (Arg(Const(text)),), text

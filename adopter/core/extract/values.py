@@ -33,7 +33,7 @@ class _V:
     TensorOp). ``elts`` holds element values of a tuple/list display.
     """
 
-    __slots__ = ("var", "expr", "text", "tensor", "alias", "elts")
+    __slots__ = ("var", "expr", "text", "tensor", "alias", "elts", "_const")
 
     def __init__(self, var=None, expr=None, text=None, tensor=False, alias=None, elts=None):
         self.var = var
@@ -42,28 +42,37 @@ class _V:
         self.tensor = tensor
         self.alias = alias
         self.elts = elts
+        self._const = None
 
     def value(self):
         if self.var is not None:
             return self.var
+        c = self._const
+        if c is not None:
+            return c  # values never change after construction: the same Const every time
         if self.text is None:
             if self.elts is not None:
                 inner = ", ".join(str(e.value()) for e in self.elts)
                 self.text = f"({inner},)" if len(self.elts) == 1 else f"({inner})"
             elif self.expr is not None:
-                key = id(self.expr)
-                text = _UNPARSED.get(key)
-                if text is None:
-                    text = _UNPARSED[key] = ast.unparse(self.expr)
-                self.text = text
+                self.text = _unparse(self.expr)
             else:
                 self.text = "None"
-        return Const(self.text)
+        c = self._const = Const(self.text)
+        return c
 
 
 # id(ast expr) -> ast.unparse(expr) for the tree being extracted (cleared per file):
 # the same expression is written into nodes on many paths.
 _UNPARSED: dict[int, str] = {}
+
+
+def _unparse(node) -> str:
+    """``ast.unparse(node)``, once per node of the tree being extracted."""
+    text = _UNPARSED.get(id(node))
+    if text is None:
+        text = _UNPARSED[id(node)] = ast.unparse(node)
+    return text
 
 _NONE = _V(text="None")
 _TRUE = _V(text="True")
@@ -115,7 +124,7 @@ def _sig(v: _V):
 def _annotation_is_tensor(ann) -> bool:
     if ann is None:
         return True
-    text = ast.unparse(ann) if not isinstance(ann, str) else ann
+    text = ann if isinstance(ann, str) else _unparse(ann)
     if "Tensor" in text or "tensor" in text:
         return True
     return False

@@ -129,8 +129,16 @@ def _match_args(p_args: Sequence[Arg], c_args: Sequence[Arg], c_type: str, b: Bi
     return b
 
 
+_ALTERNATIVES: dict[str, tuple[str, ...]] = {}
+
+
 def _type_alternatives(t: str) -> tuple[str, ...]:
-    return tuple(t.split("|"))
+    alts = _ALTERNATIVES.get(t)
+    if alts is None:
+        if len(_ALTERNATIVES) > 4096:
+            _ALTERNATIVES.clear()
+        alts = _ALTERNATIVES[t] = tuple(t.split("|"))
+    return alts
 
 
 _COMMUTATIVE = {"+", "*"}
@@ -210,6 +218,11 @@ def _compute_pattern_keys(pn: Node) -> tuple[str, ...] | None:
     return None  # wildcard
 
 
+# id(pattern) -> (pattern, key alternatives of each of its non-wildcard nodes)
+_PATTERN_NEEDS: dict[int, tuple[Pattern, tuple[tuple[str, ...], ...]]] = {}
+_MISSING = object()
+
+
 class _PathIndex:
     """Positions of the nodes of one path by type, for fast candidate lookup."""
 
@@ -218,11 +231,11 @@ class _PathIndex:
         self.aliases = aliases or None
         by_key: dict[str, list[int]] = {}
         cache = key_cache if key_cache is not None else {}
+        get = cache.get
         for i, n in enumerate(nodes):
-            nid = id(n)
-            k = cache.get(nid, 0)
-            if k == 0:
-                k = cache[nid] = _node_key(n)
+            k = get(id(n), _MISSING)
+            if k is _MISSING:
+                k = cache[id(n)] = _node_key(n)
             if aliases and isinstance(n, Layer) and n.type in aliases:
                 k = "L:" + aliases[n.type]
             if k is not None:
@@ -250,10 +263,11 @@ class _PathIndex:
 
     def has_all(self, pattern: Pattern) -> bool:
         by_key = self.by_key
-        for pn in pattern.nodes:
-            keys = _pattern_keys(pn)
-            if keys is None:
-                continue
+        hit = _PATTERN_NEEDS.get(id(pattern))
+        if hit is None or hit[0] is not pattern:
+            needs = tuple(keys for keys in map(_pattern_keys, pattern.nodes) if keys is not None)
+            hit = _PATTERN_NEEDS[id(pattern)] = (pattern, needs)
+        for keys in hit[1]:
             for k in keys:
                 if k in by_key:
                     break

@@ -155,9 +155,12 @@ def match_structures(
         st_rules = [i for i, st in enumerate(rule_structures) if id(st) == seen]
         st = rule_structures[st_rules[0]]
         own_cache = key_cache if st is structures else {}
+        init_lists: dict = {}  # class name -> its init bindings (the same for all its functions)
         for f_index, fs in enumerate(st.functions):
             cls = classes.get(fs.class_name) if fs.class_name else None
-            init_list = class_init_bindings(st, cls)
+            init_list = init_lists.get(fs.class_name if cls is not None else None)
+            if init_list is None:
+                init_list = init_lists[fs.class_name if cls is not None else None] = class_init_bindings(st, cls)
             ranker = _VariantRanker(st, cls, fs, source, optional_by_class)
             for p_index, path in enumerate(fs.paths):
                 index = _PathIndex(path.nodes, own_cache)

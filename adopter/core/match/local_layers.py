@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from adopter.core.dsl import Arg, Layer, Node, Span, TensorOp, Var
+from adopter.core.match.source import parse_file
 from adopter.core.match.source_uses import class_attribute_reads
 from adopter.core.structures import FileStructures
 
@@ -80,10 +81,12 @@ def _call_sites(source: str, names: Iterable[str]) -> dict[tuple[int, str], list
     ``name(...)`` in the file's functions (``Cls.method`` or ``func``)."""
     wanted = set(names)
     out: dict[tuple[int, str], list] = {}
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return out
+    tree = parse_file(source)
+    if tree is None:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return out
 
     def visit_function(fn, qual: str) -> None:
         simple = [st for st in ast.walk(fn) if isinstance(st, ast.stmt) and st is not fn

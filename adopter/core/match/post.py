@@ -157,6 +157,10 @@ class _VariantRanker:
 # ---------------------------------------------------------------- de-duplication
 
 
+# (structures, names of its classes) of the structures :func:`_rehome` saw last
+_CLASS_NAMES: list = [None, frozenset()]
+
+
 def _rehome(m: Match, structures: FileStructures) -> Match:
     """Report a match whose nodes all lie in one other function under that function."""
     funcs = {mn.node.span.function for mn in m.nodes if mn.node.span is not None and mn.node.span.function}
@@ -166,7 +170,9 @@ def _rehome(m: Match, structures: FileStructures) -> Match:
     entry = f"{m.class_name}.{m.function}" if m.class_name else m.function
     if qual == entry:
         return m
-    class_names = {c.name for c in structures.classes}
+    if _CLASS_NAMES[0] is not structures:
+        _CLASS_NAMES[:] = [structures, frozenset(c.name for c in structures.classes)]
+    class_names = _CLASS_NAMES[1]
     head, _, tail = qual.rpartition(".")
     if head and head in class_names:
         return replace(m, class_name=head, function=tail)

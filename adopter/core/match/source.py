@@ -12,9 +12,20 @@ import ast
 import re
 from functools import lru_cache
 
+from adopter.core.extract.driver import parsed_tree
+
+
+def parse_file(source: str) -> ast.Module | None:
+    """The syntax tree of ``source`` (None when it does not parse); the tree extraction made
+    of the same text when there is one. Shared: callers must not change it."""
+    tree = parsed_tree(source)
+    if tree is not None:
+        return tree
+    return _parse_file(source)
+
 
 @lru_cache(maxsize=16)
-def parse_file(source: str) -> ast.Module | None:
+def _parse_file(source: str) -> ast.Module | None:
     try:
         return ast.parse(source)
     except (SyntaxError, ValueError):
@@ -73,14 +84,14 @@ def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
             if body_started and not stripped.startswith((")", "]", "}")):
                 end = j
                 break
-        # decorators do not matter; strip the common indentation of the header
+        # decorators do not matter; strip the common indentation of the header. Blank lines
+        # in front give the file's line numbers (no ``ast.increment_lineno`` pass).
         segment = [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[start:end]]
         try:
-            tree = ast.parse("\n".join(segment))
+            tree = ast.parse("\n" * start + "\n".join(segment))
         except (SyntaxError, ValueError):
             tree = None
         if tree is not None and tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
-            ast.increment_lineno(tree, start)
             fn = tree.body[0]
             if fn.lineno <= hint_line <= (fn.end_lineno or hint_line) or hint_line <= fn.lineno:
                 return fn
@@ -88,6 +99,7 @@ def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
     return _find_in_tree(tree, qualname) if tree is not None else None
 
 
+@lru_cache(maxsize=256)
 def class_init_ast(source: str, class_name: str) -> ast.AST | None:
     """``__init__`` of ``class_name`` (top-level class)."""
     lines = _lines(source)

@@ -150,6 +150,12 @@ def attribute_uses_in_class_family(source: str | None, class_name: str, attr: st
     source cannot be parsed."""
     if source is None:
         return None
+    found = _attribute_uses_in_class_family(source, class_name, attr)
+    return None if found is None else list(found)
+
+
+@lru_cache(maxsize=256)
+def _attribute_uses_in_class_family(source: str, class_name: str, attr: str) -> tuple[tuple[int, int, str], ...] | None:
     classes = class_attribute_reads(source)
     if class_name not in classes:
         return None
@@ -181,4 +187,4 @@ def attribute_uses_in_class_family(source: str | None, class_name: str, attr: st
     for name in family - {class_name}:
         for method, reads in classes[name][1].items():
             found.extend((line, col, f"{name}.{method}") for line, col in reads.get(attr, ()))
-    return sorted(set(found))
+    return tuple(sorted(set(found)))
