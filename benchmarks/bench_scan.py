@@ -1,10 +1,16 @@
-"""Scan benchmark: all nine rules over the installed transformers ``models/`` (every
-``modeling_*.py``), static only (nothing imported or executed).
+"""Scan benchmark: ``adopter scan`` (all built-in rules, static only) over every installed
+transformers ``models/*/modeling_*.py``, timed as a user runs it: wall time of the CLI
+(parallel by default), start-up included.
 
-Writes counts per rule, files/second, wall time and the split between extraction and
-matching to ``benchmarks/results/scan_transformers.json``:
+    python benchmarks/bench_scan.py [--jobs N] [--reference SCAN.json] [--baseline-cmd CMD]
+                                    [--out benchmarks/results/scan_transformers.json]
 
-    python benchmarks/bench_scan.py [--out benchmarks/results/scan_transformers.json]
+``--reference``: a saved ``adopter scan ... --format json`` (e.g. of the whole ``models/``
+dir by an older version); its matches and errors for the benchmarked files are compared
+with this run's. ``--baseline-cmd``: another ``adopter`` executable (e.g. an older
+version's venv) run on the same files right before this one, for a back-to-back timing
+and, without ``--reference``, as the reference. Writes wall time, CPU time of the scan
+processes, counts per rule, and the comparison.
 
 pytest-benchmark variant (one representative file, cheap):
 
@@ -16,11 +22,14 @@ import argparse
 import json
 import os
 import platform
+import resource
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-TARGET_SECONDS = 60.0
+TARGET_SECONDS = 15.0  # 2 cores
 
 
 def transformers_models_dir() -> Path:
@@ -36,81 +45,109 @@ def modeling_files() -> list[Path]:
     return sorted(transformers_models_dir().glob("*/modeling_*.py"))
 
 
-def run_benchmark() -> dict:
-    from adopter.core.extract import extract_source
-    from adopter.core.match import match_structures
-    from adopter.core.rules import all_rules
-    from adopter.core.scan import ScanError, ScanReport
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
-    rules = all_rules()
-    files = modeling_files()
-    report = ScanReport(files_scanned=0, seconds=0.0)
-    extract_s = match_s = 0.0
-    slowest: list[tuple[float, str]] = []
-    per_file: dict[str, dict[str, int]] = {}
-    start = time.perf_counter()
-    for f in files:
-        t0 = time.perf_counter()
-        try:
-            text = f.read_text(encoding="utf-8")
-            structures = extract_source(text, str(f))
-        except Exception as exc:  # recorded, never fatal
-            report.errors.append(ScanError(str(f), f"{type(exc).__name__}: {exc}"))
-            report.files_scanned += 1
-            continue
-        t1 = time.perf_counter()
-        try:
-            matches = match_structures(structures, rules, source=text)
-        except Exception as exc:
-            report.errors.append(ScanError(str(f), f"matching: {type(exc).__name__}: {exc}"))
-            matches = []
-        t2 = time.perf_counter()
-        extract_s += t1 - t0
-        match_s += t2 - t1
-        slowest.append((t2 - t0, f.parent.name + "/" + f.name))
-        report.matches.extend(matches)
-        report.files_scanned += 1
-        for m in matches:
-            per_file.setdefault(f.parent.name, {}).setdefault(m.rule, 0)
-            per_file[f.parent.name][m.rule] += 1
-    wall = time.perf_counter() - start
-    counts = {r.name: 0 for r in rules}
-    counts.update(report.counts())
-    slowest.sort(reverse=True)
+
+def run_scan(cmd: list[str], files: list[Path], extra: list[str]) -> dict:
+    """One ``adopter scan`` run: its JSON report plus wall and CPU seconds."""
+    full = [*cmd, "scan", *map(str, files), "--format", "json", *extra]
+    cpu0, start = _children_cpu(), time.perf_counter()
+    proc = subprocess.run(full, capture_output=True, text=True)
+    wall, cpu = time.perf_counter() - start, _children_cpu() - cpu0
+    if not proc.stdout.strip():
+        raise SystemExit(f"{shlex.join(full[:2])} ... failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return {"report": json.loads(proc.stdout), "wall": wall, "cpu": cpu, "returncode": proc.returncode}
+
+
+def _key(m: dict) -> tuple:
+    return (m["file"], m["rule"], m["class"], m["function"], tuple(m["lines"]), m["status"])
+
+
+def compare(report: dict, reference: dict, files: list[Path]) -> dict:
+    """Matches and errors of ``report`` vs ``reference`` restricted to ``files`` (in order)."""
+    wanted = {str(f) for f in files}
+    ref_matches = [m for m in reference["matches"] if m["file"] in wanted]
+    ref_errors = [e for e in reference["errors"] if e["file"] in wanted]
+    got, ref = [_key(m) for m in report["matches"]], [_key(m) for m in ref_matches]
+    missing = sorted(set(ref) - set(got))
+    extra = sorted(set(got) - set(ref))
     return {
-        "what": "adopter scan, 9 rules, transformers models/*/modeling_*.py",
+        "reference_matches": len(ref),
+        "matches": len(got),
+        "identical_matches": got == ref,
+        "same_match_set": not missing and not extra,
+        "missing": [list(k) for k in missing[:50]],
+        "extra": [list(k) for k in extra[:50]],
+        "identical_errors": report["errors"] == ref_errors,
+    }
+
+
+def run_benchmark(jobs: int, reference_path: str | None, baseline_cmd: str | None) -> dict:
+    files = modeling_files()
+    result: dict = {
+        "what": "adopter scan --format json, all built-in rules, transformers models/*/modeling_*.py (wall time "
+                "of the CLI process, start-up included)",
         "transformers_dir": str(transformers_models_dir()),
         "files": len(files),
-        "files_scanned": report.files_scanned,
-        "errors": [e.to_json() for e in report.errors],
-        "matches_total": len(report.matches),
-        "counts_per_rule": counts,
-        "wall_seconds": round(wall, 2),
-        "extract_seconds": round(extract_s, 2),
-        "match_seconds": round(match_s, 2),
-        "files_per_second": round(len(files) / wall, 2) if wall else None,
+        "jobs": jobs or os.cpu_count(),
         "target_seconds": TARGET_SECONDS,
-        "within_target": wall <= TARGET_SECONDS,
-        "slowest_files": [{"file": n, "seconds": round(s, 3)} for s, n in slowest[:10]],
-        "per_model": per_file,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    reference = json.loads(Path(reference_path).read_text()) if reference_path else None
+    if baseline_cmd:
+        base = run_scan(shlex.split(baseline_cmd), files, ["--no-progress"])
+        result["baseline"] = {"cmd": baseline_cmd, "wall_seconds": round(base["wall"], 2),
+                              "cpu_seconds": round(base["cpu"], 2), "matches": len(base["report"]["matches"])}
+        if reference is None:
+            reference, reference_path = base["report"], f"baseline run ({baseline_cmd})"
+    new = run_scan([sys.executable, "-m", "adopter"], files, ["--no-progress", "--jobs", str(jobs)])
+    report = new["report"]
+    counts: dict[str, int] = {}
+    for m in report["matches"]:
+        counts[m["rule"]] = counts.get(m["rule"], 0) + 1
+    result.update({
+        "wall_seconds": round(new["wall"], 2),
+        "cpu_seconds": round(new["cpu"], 2),
+        "scan_seconds_reported": report["seconds"],
+        "within_target": new["wall"] <= TARGET_SECONDS,
+        "files_scanned": report["files_scanned"],
+        "errors": report["errors"],
+        "matches_total": len(report["matches"]),
+        "counts_per_rule": dict(sorted(counts.items())),
+    })
+    if "baseline" in result:
+        result["speedup_vs_baseline"] = round(result["baseline"]["wall_seconds"] / max(new["wall"], 1e-9), 2)
+    if reference is not None:
+        result["comparison"] = {"reference": reference_path, **compare(report, reference, files)}
+    result["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                         "platform": platform.platform(), "load_average_after": os.getloadavg()}
+    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return result
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", "-j", type=int, default=0, help="adopter scan --jobs (default 0: one per CPU)")
+    ap.add_argument("--reference", metavar="SCAN.json", help="saved adopter scan --format json to compare with")
+    ap.add_argument("--baseline-cmd", metavar="CMD", help="another adopter executable to time first (e.g. an "
+                                                          "older version's venv/bin/adopter)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "scan_transformers.json"))
     args = ap.parse_args(argv)
-    result = run_benchmark()
+    result = run_benchmark(args.jobs, args.reference, args.baseline_cmd)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    summary = {k: result[k] for k in ("files", "wall_seconds", "extract_seconds", "match_seconds",
-                                      "files_per_second", "within_target", "counts_per_rule")}
+    summary = {k: result[k] for k in ("files", "jobs", "wall_seconds", "cpu_seconds", "within_target",
+                                      "matches_total") if k in result}
     summary["errors"] = len(result["errors"])
+    for k in ("baseline", "speedup_vs_baseline", "comparison"):
+        if k in result:
+            summary[k] = {kk: v for kk, v in result[k].items() if kk not in ("missing", "extra")} \
+                if isinstance(result[k], dict) else result[k]
     print(json.dumps(summary, indent=2))
-    return 0
+    comparison = result.get("comparison")
+    return 0 if comparison is None or (comparison["identical_matches"] and comparison["identical_errors"]) else 1
 
 
 # ---------------------------------------------------------------- pytest-benchmark variant
@@ -122,7 +159,7 @@ def test_scan_bert_file(benchmark):
 
     path = transformers_models_dir() / "bert" / "modeling_bert.py"
     rules = all_rules()
-    report = benchmark(scan_paths, [path], rules)
+    report = benchmark(scan_paths, [path], rules, jobs=1)
     assert report.errors == [] and report.matches
 
 
