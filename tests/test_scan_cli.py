@@ -146,3 +146,21 @@ def test_scan_never_imports_torch_or_the_scanned_code(tmp_path):
     r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["files_scanned"] == 1
+
+
+def test_parallel_scan_gives_the_in_process_result(tmp_path, capsys):
+    """-j 2 forks workers (largest files first, results back in file order): same JSON as -j 1."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    for i in range(10):
+        (pkg / f"m{i}.py").write_text(FIG1.read_text() * (1 + i % 3))
+    (pkg / "broken.py").write_text("def f(:\n    pass\n")
+    outputs = []
+    for jobs in ("1", "2"):
+        rc = main(["scan", str(pkg), "-j", jobs, "--format", "json"])
+        assert rc == 2  # broken.py
+        data = json.loads(capsys.readouterr().out)
+        data.pop("seconds")
+        outputs.append(data)
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]["matches"]) >= 10 and len(outputs[0]["errors"]) == 1

@@ -142,7 +142,7 @@ def _scan_one(name: str, rules: list) -> tuple[list[Match], ScanError | None]:
 # Analysis allocates many objects and few reference cycles: with the default thresholds
 # the cyclic collector runs (over every live object, syntax trees included) so often that
 # it costs about a quarter of scan and rewrite time.
-GC_THRESHOLDS = (50_000, 20, 20)
+GC_THRESHOLDS = (1_000_000, 20, 20)
 
 
 @contextlib.contextmanager

@@ -8,11 +8,17 @@ using only this module; :mod:`adopter.rewrite.apply` then performs the edit on t
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from adopter.core.dsl import Span
+
+
+def _split_lines_no_ff(text: str) -> list[str]:
+    """Lines with their ends, split at \\r\\n, \\r and \\n only (what ast.get_source_segment uses)."""
+    return re.split(r"(?<=\r\n)|(?<=\r)(?!\n)|(?<=\n)", text)
 
 
 class Skip(Exception):
@@ -75,10 +81,24 @@ class FileContext:
         return exprs[0]
 
     def segment(self, node: ast.AST) -> str:
-        text = ast.get_source_segment(self.text, node)
-        if text is None:
-            raise Skip(f"cannot read the source of the expression at line {node.lineno}")
-        return text
+        """``ast.get_source_segment(self.text, node)``, without re-splitting the file per call
+        (codemods ask for many segments of one file)."""
+        end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+        if end_line is None or end_col is None:
+            raise Skip(f"cannot read the source of the expression at line {getattr(node, 'lineno', '?')}")
+        lines = self._segment_lines
+        first, last = node.lineno - 1, end_line - 1
+        if first == last:
+            return lines[first][node.col_offset:end_col].decode()
+        head = lines[first][node.col_offset:].decode()
+        tail = lines[last][:end_col].decode()
+        return head + "".join(line.decode() for line in lines[first + 1:last]) + tail
+
+    @cached_property
+    def _segment_lines(self) -> list[bytes]:
+        # the same line split as ast.get_source_segment (no split at form feeds), UTF-8 encoded
+        # because ast columns are byte offsets
+        return [line.encode() for line in _split_lines_no_ff(self.text)]
 
     def char_col(self, line: int, byte_col: int) -> int:
         """ast columns are UTF-8 byte offsets; fissix counts characters."""
@@ -243,6 +263,10 @@ class FileContext:
 
     def module_names(self) -> set[str]:
         """Every name bound or read anywhere in the module (to avoid import collisions)."""
+        return set(self._module_names)
+
+    @cached_property
+    def _module_names(self) -> frozenset[str]:
         names = set()
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Name):
@@ -253,7 +277,7 @@ class FileContext:
                 names.add((node.asname or node.name).split(".")[0])
             elif isinstance(node, ast.arg):
                 names.add(node.arg)
-        return names
+        return frozenset(names)
 
 
 def stores(node: ast.AST) -> set[str]:
