@@ -46,6 +46,9 @@ class RewriteResult:
     outcomes: list[MatchOutcome] = field(default_factory=list)
     diff: str = ""
     error: str = ""  # set when the file as a whole could not be handled
+    # The fissix tree of ``new_text`` (parsed by the compile check) when it changed: the next
+    # pass of rewrite_file starts from exactly that text and takes it instead of re-parsing.
+    new_tree: object = field(default=None, compare=False, repr=False)
 
     @property
     def changed(self) -> bool:
@@ -133,12 +136,14 @@ def rewrite_source(
     filename: str = "<string>",
     config: object | None = None,
     rules: Sequence = (),
+    tree=None,
 ) -> RewriteResult:
     """Rewrite ``text`` (``\\n`` newlines) for ``matches``. Never raises for bad input:
     problems come back as outcomes (per match) or ``error`` (whole file).
 
     ``config`` (a model config) lets a codemod resolve ``ACT2FN[config.x]``; ``rules``: the
-    rules in use (a match's rule is looked up there first, then in the registry)."""
+    rules in use (a match's rule is looked up there first, then in the registry); ``tree``: the
+    fissix tree of ``text`` when the caller has it (consumed: edits change it)."""
     matches = list(matches)
     try:
         ctx = FileContext(text, filename=filename, config=config)
@@ -147,7 +152,7 @@ def rewrite_source(
     except (ValueError, RecursionError) as exc:  # null bytes; absurdly deep nesting
         return _all_skipped(text, matches, f"cannot analyze: {exc}", filename)
     try:
-        tree = _parse(text)
+        tree = tree if tree is not None else cst.parse(text)
     except cst.ParseFailure as exc:
         return _all_skipped(text, matches, str(exc), filename)
     if str(tree) != (text if text.endswith("\n") or not text else text + "\n"):
@@ -210,8 +215,9 @@ def rewrite_source(
     if imports:
         add_kernel_imports(tree, imports)
     new_text = cst.unparse(tree, text)
+    new_tree = None
     if new_text != text:
-        problem = _check_compiles(new_text, filename)
+        problem, new_tree = _compiled_tree(new_text, filename)
         if problem:
             reason = f"rewritten code does not compile ({problem}); file left unchanged"
             return RewriteResult(
@@ -223,40 +229,26 @@ def rewrite_source(
                 error=reason,
             )
     ordered = [outcomes[i] for i in range(len(matches))]
-    return RewriteResult(new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename))
+    return RewriteResult(
+        new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename), new_tree=new_tree
+    )
 
 
 def _check_compiles(text: str, filename: str) -> str:
+    """What keeps ``text`` from compiling or from parsing with fissix ("" when nothing)."""
+    return _compiled_tree(text, filename)[0]
+
+
+def _compiled_tree(text: str, filename: str) -> tuple[str, object]:
+    """``(problem, fissix tree)``: the problem is "" when ``text`` compiles and fissix parses it."""
     try:
         compile(text, filename, "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return f"{exc.msg} at line {exc.lineno}"
+        return f"{exc.msg} at line {exc.lineno}", None
     try:
-        tree = cst.parse(text)
+        return "", cst.parse(text)
     except cst.ParseFailure as exc:
-        return str(exc)
-    _remember_tree(text, tree)
-    return ""
-
-
-# The fissix tree of the last text that passed _check_compiles: rewrite_file's next pass
-# starts from exactly that text, so it need not parse it again (fissix parsing is the
-# costliest step of a rewrite).
-_PARSED: list = []
-
-
-def _remember_tree(text: str, tree) -> None:
-    _PARSED[:] = [(text, tree)]
-
-
-def _parse(text: str):
-    """``cst.parse(text)``, taking the tree :func:`_check_compiles` kept when it is for ``text``
-    (each kept tree is handed out once: the caller edits it)."""
-    if _PARSED:
-        kept_text, tree = _PARSED.pop()
-        if kept_text == text:
-            return tree
-    return cst.parse(text)
+        return str(exc), None
 
 
 def _replay(text: str, edits: Sequence[Edit], filename: str):
@@ -302,11 +294,8 @@ def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: 
     atomically and only when the rewritten text compiles."""
     from adopter.core.scan import relaxed_gc
 
-    try:
-        with relaxed_gc():
-            return _rewrite_file(path, rules, write)
-    finally:
-        _PARSED.clear()  # a kept tree is for this file's next pass only
+    with relaxed_gc():
+        return _rewrite_file(path, rules, write)
 
 
 def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) -> FileRewrite:
@@ -327,6 +316,7 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
     # fixed point and running it again changes nothing.
     text = source.text
     outcomes: list[MatchOutcome] = []
+    tree = None  # fissix tree of ``text`` carried over from the previous pass
     for _ in range(MAX_PASSES):
         try:
             matches = scan_source(text, name, rules)
@@ -336,7 +326,7 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
             return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
         if not matches:
             break
-        result = rewrite_source(text, matches, filename=name, rules=rules)
+        result = rewrite_source(text, matches, filename=name, rules=rules, tree=tree)
         if result.error:
             if text != source.text:
                 break  # keep what earlier passes achieved
@@ -346,7 +336,7 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
         outcomes.extend(result.applied if outcomes else result.outcomes)
         if not result.changed:
             break
-        text = result.new_text
+        text, tree = result.new_text, result.new_tree
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
     diff = unified_diff(source.text, text, name)

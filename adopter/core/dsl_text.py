@@ -31,7 +31,7 @@ start of a line and holds an optional ``init:`` section and a ``forward:`` secti
 each ``SOURCE => TARGET`` (two patterns), or just ``SOURCE`` for a rule whose codemod is
 written in Python (the codemod alone says what the source becomes, so nothing can drift)::
 
-    rule Dropout_LayerNorm
+    rule My_Dropout_Add_LayerNorm
     init:
         torch.nn.Dropout($p) -> $drop; torch.nn.LayerNorm($shape, eps=$eps) -> $ln
         => adopter.kernels.FusedDropoutAddLayerNorm($shape, $p, eps=$eps) -> $ln

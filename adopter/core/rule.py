@@ -134,12 +134,12 @@ class Rule:
     # Its constructor arguments are not matched: its own signature differs from the parent's.
     match_subclasses: bool = False
     # ``(structures, source) -> {layer type: torch layer type}``: layer classes defined in the
-    # scanned file that the rule treats as the named torch layer (biased_GeLU: same-file modules
+    # scanned file that the rule treats as the named torch layer (a GeLU rule: same-file modules
     # whose forward is a GeLU of their input, e.g. BLOOM's ``BloomGelu``). Their call arguments
     # are matched as the torch layer's.
     layer_aliases: Callable | None = field(default=None, compare=False)
     # ``(structures, source) -> {function name: layer type}``: module-level functions of the
-    # scanned file whose inlined body the rule sees as one call of that layer type (biased_GeLU:
+    # scanned file whose inlined body the rule sees as one call of that layer type (a GeLU rule:
     # ESM's ``def gelu(x)`` written-out erf GeLU -> ``torch.nn.functional.gelu``).
     inlined_functions: Callable | None = field(default=None, compare=False)
     variants: tuple[RuleText, ...] = field(default=(), compare=False)
@@ -160,11 +160,6 @@ class Rule:
         text = " ".join(self.doc.split())
         end = text.find(". ")
         return text if end < 0 else text[: end + 1]
-
-    @property
-    def has_target(self) -> bool:
-        """Every variant has a DSL ``=>`` target for its forward pattern."""
-        return all(v.forward.target is not None for v in self.variants)
 
 
 def kernel_of(variant: RuleText) -> str:

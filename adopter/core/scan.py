@@ -15,6 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adopter.core.extract import extract_source
+from adopter.core.match import match_structures
+from adopter.core.rules import all_rules
 from adopter.core.structures import Match
 
 __all__ = [
@@ -85,18 +88,10 @@ def collect_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return out
 
 
-def _extract(text: str, filename: str):
-    from adopter.core.extract import extract_source  # written in parallel; imported on first use
-
-    return extract_source(text, filename)
-
-
 def scan_source(text: str, filename: str, rules: Iterable, rejected: list[Match] | None = None) -> list[Match]:
     """Matches of ``rules`` in one source text (raises ``SyntaxError`` when it does not parse).
     Matches dropped by a rule precondition are appended to ``rejected`` when given."""
-    from adopter.core.match import match_structures
-
-    return match_structures(_extract(text, filename), list(rules), rejected, source=text)
+    return match_structures(extract_source(text, filename), list(rules), rejected, source=text)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -115,8 +110,6 @@ def scan_file(path: str | os.PathLike, rules: Iterable) -> list[Match]:
 
 def _scan_one(name: str, rules: list) -> tuple[list[Match], ScanError | None]:
     """Matches and error (``None`` when none) of one file; never raises but ``ImportError``."""
-    from adopter.core.match import match_structures
-
     try:
         text = Path(name).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -124,7 +117,7 @@ def _scan_one(name: str, rules: list) -> tuple[list[Match], ScanError | None]:
     except OSError as exc:
         return [], ScanError(name, f"cannot read: {exc.strerror or exc}")
     try:
-        structures = _extract(text, name)
+        structures = extract_source(text, name)
     except SyntaxError as exc:
         return [], ScanError(name, _one_line(exc))
     except RecursionError:
@@ -178,10 +171,6 @@ def _init_worker(rules: list) -> None:
     global _WORKER_RULES
 
     _WORKER_RULES = rules
-    # Import the analysis once per process (a no-op when forked from a parent that has it).
-    import adopter.core.extract  # noqa: F401
-    import adopter.core.match  # noqa: F401
-
     # Objects inherited from the parent are never garbage: keep the collector off them, and
     # collect less often (extraction allocates many short-lived objects, few cycles).
     gc.freeze()
@@ -242,11 +231,7 @@ def scan_paths(
     :func:`collect_files` raises for missing/unreadable top-level paths; problems with
     individual files end up in ``ScanReport.errors``.
     """
-    if rules is None:
-        from adopter.core.rules import all_rules
-
-        rules = all_rules()
-    rules = list(rules)
+    rules = list(all_rules() if rules is None else rules)
     start = time.perf_counter()
     files = collect_files(paths)
     report = ScanReport(files_scanned=0, seconds=0.0)
@@ -264,10 +249,6 @@ def scan_paths(
                 if progress is not None:
                     progress(i + 1, len(files), str(f))
     else:
-        # Import the analysis before forking: workers then start with it loaded.
-        import adopter.core.extract  # noqa: F401
-        import adopter.core.match  # noqa: F401
-
         done = 0
         with context.Pool(jobs, initializer=_init_worker, initargs=(rules,)) as pool:
             for chunk in pool.imap_unordered(_scan_chunk, _chunks(files, jobs)):

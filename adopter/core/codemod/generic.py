@@ -229,7 +229,7 @@ class GenericCodemod(Codemod):
     def _check_one_block(self, ctx: FileContext, exprs) -> None:
         """Matched statements split by an ``if`` would be hoisted (paper Fig. 4): copies of
         the earlier statements stay on the other branch and keep calling modules this
-        rewrite replaces or deletes. The built-in Conv_BatchNorm codemod proves that safe
+        rewrite replaces or deletes. The built-in conv+batch-norm codemod proves that safe
         for its kernel (construction under the same condition); nothing generic does."""
         first = ctx.statement_of(exprs[0][1])
         block = ctx.block_of(first)[2]

@@ -32,7 +32,7 @@ Node matching details (all documented because rules depend on them):
   inherited) matches a pattern naming the parent (:func:`layer_subclass_aliases`); the
   arguments of its construction are not matched (its constructor has its own signature).
 * Rule hooks over the scanned file: ``Rule.layer_aliases`` names more same-file layer classes
-  that match as a torch layer (biased_GeLU: modules whose forward is a GeLU), and
+  that match as a torch layer (a GeLU rule: modules whose forward is a GeLU), and
   ``Rule.inlined_functions`` same-file functions whose inlined body the rule sees as one call
   (:func:`fold_inlined_calls`: ESM's ``gelu(x)`` as ``torch.nn.functional.gelu``).
 

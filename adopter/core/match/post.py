@@ -239,7 +239,7 @@ def _node_ids(m: Match) -> set:
 
 def _resolve_overlaps(rule: RuleLike, found: list[Match]) -> list[Match]:
     """One rule must not claim the same statement twice (e.g. a fourth Linear on the same
-    input for fused_QKV): keep the earliest match; with ``dedup == "class"`` keep one match
+    input for a QKV rule): keep the earliest match; with ``dedup == "class"`` keep one match
     per class and function (several paths through one attention computation)."""
     found = sorted(found, key=lambda m: (m.lines, -len(m.nodes)))
     kept: list[Match] = []
