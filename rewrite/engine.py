@@ -3,7 +3,8 @@
 Pipeline per file: analysis of every match on the original source (codemods, stdlib
 ``ast``) -> edits applied one by one on the fissix tree through a bowler fixer (in place;
 a failing edit leaves nothing half done: the tree is rebuilt without it) -> kernel imports ->
-re-parse and ``compile()`` of the result -> diff. A result that does not compile is
+``compile()`` of the result -> diff. Only the top-level statements that edits touch are
+parsed with fissix (:mod:`adopter.rewrite.partial`). A result that does not compile is
 discarded as a whole: the file stays as it was and every match reports why.
 """
 
@@ -14,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from adopter.rewrite import cst
-from adopter.rewrite.apply import add_kernel_imports, apply_edit
+from adopter.rewrite.apply import KERNELS_MODULE, add_kernel_imports, apply_edit
+from adopter.rewrite.partial import PartialTree
 from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
 
 from adopter.core.codemod.context import FileContext, Skip
@@ -46,9 +48,6 @@ class RewriteResult:
     outcomes: list[MatchOutcome] = field(default_factory=list)
     diff: str = ""
     error: str = ""  # set when the file as a whole could not be handled
-    # The fissix tree of ``new_text`` (parsed by the compile check) when it changed: the next
-    # pass of rewrite_file starts from exactly that text and takes it instead of re-parsing.
-    new_tree: object = field(default=None, compare=False, repr=False)
 
     @property
     def changed(self) -> bool:
@@ -85,6 +84,15 @@ def _edit_lines(edit: Edit) -> set[tuple[int, int]]:
     for init in edit.init:
         out |= {init.replace} | set(init.delete)
     return out
+
+
+def _touched_lines(edit: Edit) -> set[int]:
+    """Every line an edit looks up a statement or expression on."""
+    lines = {line for line, _ in _edit_lines(edit)}
+    if edit.forward is not None:
+        lines |= {at[0] for at in (e.at for e in edit.forward.statement_edits)}
+        lines |= {e.extent[0] for e in edit.forward.expr_edits}
+    return lines
 
 
 _FIXER = None
@@ -136,14 +144,12 @@ def rewrite_source(
     filename: str = "<string>",
     config: object | None = None,
     rules: Sequence = (),
-    tree=None,
 ) -> RewriteResult:
     """Rewrite ``text`` (``\\n`` newlines) for ``matches``. Never raises for bad input:
     problems come back as outcomes (per match) or ``error`` (whole file).
 
     ``config`` (a model config) lets a codemod resolve ``ACT2FN[config.x]``; ``rules``: the
-    rules in use (a match's rule is looked up there first, then in the registry); ``tree``: the
-    fissix tree of ``text`` when the caller has it (consumed: edits change it)."""
+    rules in use (a match's rule is looked up there first, then in the registry)."""
     matches = list(matches)
     try:
         ctx = FileContext(text, filename=filename, config=config)
@@ -151,12 +157,6 @@ def rewrite_source(
         return _all_skipped(text, matches, f"syntax error: {exc.msg} (line {exc.lineno})", filename)
     except (ValueError, RecursionError) as exc:  # null bytes; absurdly deep nesting
         return _all_skipped(text, matches, f"cannot analyze: {exc}", filename)
-    try:
-        tree = tree if tree is not None else cst.parse(text)
-    except cst.ParseFailure as exc:
-        return _all_skipped(text, matches, str(exc), filename)
-    if str(tree) != (text if text.endswith("\n") or not text else text + "\n"):
-        return _all_skipped(text, matches, "fissix does not round-trip this file exactly", filename)
 
     outcomes: dict[int, MatchOutcome] = {}
     planned: list[tuple[int, Match, Edit]] = []
@@ -182,6 +182,17 @@ def rewrite_source(
             continue
         planned.append((index, match, edit))
 
+    if not planned:
+        return RewriteResult(new_text=text, outcomes=[outcomes[i] for i in range(len(matches))])
+    # Only the top-level statements the edits touch are parsed with fissix (plus the header,
+    # where kernel imports go): the rest of the file is copied as it is.
+    edited_lines = {line for _, _, edit in planned for line in _touched_lines(edit)}
+    try:
+        partial = PartialTree.parse(text, ctx.tree, edited_lines, KERNELS_MODULE)
+    except cst.ParseFailure as exc:
+        return _all_skipped(text, matches, str(exc), filename)
+    tree = partial.root
+
     # Bigger matches first (a whole attention core beats a single op inside it), then by position.
     planned.sort(key=lambda item: (-len(item[1].nodes), min(item[1].lines or [0]), item[0]))
     claimed: dict[tuple[int, int], str] = {}
@@ -200,11 +211,13 @@ def rewrite_source(
             _bowler_apply(tree, edit, filename)
         except Skip as exc:
             outcomes[index] = MatchOutcome(match, False, str(exc))
-            tree = _replay(text, applied_edits, filename)
+            partial = _replay(partial, applied_edits, filename)
+            tree = partial.root
             continue
         except Exception as exc:
             outcomes[index] = MatchOutcome(match, False, f"internal error applying {match.rule}: {exc!r}")
-            tree = _replay(text, applied_edits, filename)
+            partial = _replay(partial, applied_edits, filename)
+            tree = partial.root
             continue
         applied_edits.append(edit)
         for p in lines:
@@ -214,10 +227,17 @@ def rewrite_source(
 
     if imports:
         add_kernel_imports(tree, imports)
-    new_text = cst.unparse(tree, text)
-    new_tree = None
+    try:
+        new_text = partial.text_after_edits()
+    except cst.ParseFailure:
+        # An edit replaced or moved a top-level statement, so the cut points between parsed
+        # segments are lost: do it again on a tree of the whole file.
+        partial = _replay(PartialTree.parse(text, ctx.tree, None, KERNELS_MODULE), applied_edits, filename)
+        if imports:
+            add_kernel_imports(partial.root, imports)
+        new_text = partial.text_after_edits()
     if new_text != text:
-        problem, new_tree = _compiled_tree(new_text, filename)
+        problem = _check_compiles(new_text, filename)
         if problem:
             reason = f"rewritten code does not compile ({problem}); file left unchanged"
             return RewriteResult(
@@ -229,34 +249,25 @@ def rewrite_source(
                 error=reason,
             )
     ordered = [outcomes[i] for i in range(len(matches))]
-    return RewriteResult(
-        new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename), new_tree=new_tree
-    )
+    return RewriteResult(new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename))
 
 
 def _check_compiles(text: str, filename: str) -> str:
-    """What keeps ``text`` from compiling or from parsing with fissix ("" when nothing)."""
-    return _compiled_tree(text, filename)[0]
-
-
-def _compiled_tree(text: str, filename: str) -> tuple[str, object]:
-    """``(problem, fissix tree)``: the problem is "" when ``text`` compiles and fissix parses it."""
+    """What keeps ``text`` from compiling ("" when nothing)."""
     try:
         compile(text, filename, "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return f"{exc.msg} at line {exc.lineno}", None
-    try:
-        return "", cst.parse(text)
-    except cst.ParseFailure as exc:
-        return str(exc), None
+        return f"{exc.msg} at line {exc.lineno}"
+    return ""
 
 
-def _replay(text: str, edits: Sequence[Edit], filename: str):
-    """The tree of ``text`` with ``edits`` applied (they all applied before, in this order)."""
-    tree = cst.parse(text)
+def _replay(partial: PartialTree, edits: Sequence[Edit], filename: str) -> PartialTree:
+    """A fresh tree of ``partial``'s segments with ``edits`` applied (they all applied
+    before, in this order)."""
+    fresh = partial.reparse()
     for edit in edits:
-        _bowler_apply(tree, edit, filename)
-    return tree
+        _bowler_apply(fresh.root, edit, filename)
+    return fresh
 
 
 # ---------------------------------------------------------------- files
@@ -316,7 +327,6 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
     # fixed point and running it again changes nothing.
     text = source.text
     outcomes: list[MatchOutcome] = []
-    tree = None  # fissix tree of ``text`` carried over from the previous pass
     for _ in range(MAX_PASSES):
         try:
             matches = scan_source(text, name, rules)
@@ -326,7 +336,7 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
             return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
         if not matches:
             break
-        result = rewrite_source(text, matches, filename=name, rules=rules, tree=tree)
+        result = rewrite_source(text, matches, filename=name, rules=rules)
         if result.error:
             if text != source.text:
                 break  # keep what earlier passes achieved
@@ -336,7 +346,7 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
         outcomes.extend(result.applied if outcomes else result.outcomes)
         if not result.changed:
             break
-        text, tree = result.new_text, result.new_tree
+        text = result.new_text
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
     diff = unified_diff(source.text, text, name)

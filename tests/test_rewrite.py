@@ -231,14 +231,28 @@ def test_syntax_error_file_is_reported_and_untouched(tmp_path):
     assert path.read_bytes() == b"class M(nn.Module:\n    pass\n"
 
 
-def test_fissix_unparsable_file_is_skipped(tmp_path):
-    # Positional-only parameters: valid Python, unknown to fissix.
-    text = (FIXTURES / "linear_batchnorm.before.py").read_text() + "\n\ndef helper(a, /, b):\n    return a\n"
+def test_fissix_unparsable_class_is_skipped(tmp_path):
+    # Positional-only parameters: valid Python, unknown to fissix, in the class to rewrite.
+    text = (FIXTURES / "linear_batchnorm.before.py").read_text() + "\n    def helper(self, a, /, b):\n        return a\n"
     path = _write(tmp_path / "m.py", text.encode())
     result = rewrite_file(path, write=True)
     assert result.status == "skipped" and "fissix cannot parse" in result.reason
     assert result.outcomes and all(not o.applied for o in result.outcomes)
     assert path.read_text() == text
+
+
+def test_fissix_unparsable_code_elsewhere_is_copied_verbatim(tmp_path):
+    # Only the top-level statements that edits touch are parsed with fissix: syntax it does
+    # not know in another function does not stop the rewrite, and that function is kept.
+    helper = "\n\ndef helper(a, /, b):  # positional-only\n    return a\n"
+    text = (FIXTURES / "linear_batchnorm.before.py").read_text() + helper
+    path = _write(tmp_path / "m.py", text.encode())
+    result = rewrite_file(path, write=True)
+    assert result.status == "changed", result.reason
+    new = path.read_text()
+    assert new.endswith(helper) and new != text
+    compile(new, "m.py", "exec")
+    assert rewrite_file(path, write=True).status == "unchanged"
 
 
 def test_rewritten_result_that_does_not_compile_is_discarded():
