@@ -48,6 +48,9 @@ class RewriteResult:
     outcomes: list[MatchOutcome] = field(default_factory=list)
     diff: str = ""
     error: str = ""  # set when the file as a whole could not be handled
+    # Some match was not applied because another one claimed its statements: once that one
+    # is rewritten, the next scan may find it again in a form that applies.
+    deferred: bool = False
 
     @property
     def changed(self) -> bool:
@@ -160,11 +163,13 @@ def rewrite_source(
 
     outcomes: dict[int, MatchOutcome] = {}
     planned: list[tuple[int, Match, Edit]] = []
+    deferred = False
     seen_keys: dict[tuple, int] = {}
     for index, match in enumerate(matches):
         key = match.key()
         if key in seen_keys:
             outcomes[index] = MatchOutcome(match, False, "duplicate of an earlier match")
+            deferred = True
             continue
         seen_keys[key] = index
         # Rules without a hand-written codemod (user rules): synthesized from their DSL target.
@@ -183,7 +188,7 @@ def rewrite_source(
         planned.append((index, match, edit))
 
     if not planned:
-        return RewriteResult(new_text=text, outcomes=[outcomes[i] for i in range(len(matches))])
+        return RewriteResult(new_text=text, outcomes=[outcomes[i] for i in range(len(matches))], deferred=deferred)
     # Only the top-level statements the edits touch are parsed with fissix (plus the header,
     # where kernel imports go): the rest of the file is copied as it is.
     edited_lines = {line for _, _, edit in planned for line in _touched_lines(edit)}
@@ -203,6 +208,7 @@ def rewrite_source(
         clash = next((claimed[p] for p in lines if p in claimed), None)
         if clash is not None:
             outcomes[index] = MatchOutcome(match, False, f"overlaps a {clash} rewrite of the same statements")
+            deferred = True
             continue
         # Edited in place (cloning the whole tree per edit was most of the apply time); an
         # edit that fails may leave the tree half done: it is then rebuilt from the text by
@@ -249,7 +255,9 @@ def rewrite_source(
                 error=reason,
             )
     ordered = [outcomes[i] for i in range(len(matches))]
-    return RewriteResult(new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename))
+    return RewriteResult(
+        new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename), deferred=deferred
+    )
 
 
 def _check_compiles(text: str, filename: str) -> str:
@@ -322,14 +330,19 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
 
         rules = all_rules()
     rules = list(rules)
-    # Scan and rewrite until nothing is left: the matcher reports one match per set of
-    # lines, so two calls on one line need a second pass. A run therefore reaches the
-    # fixed point and running it again changes nothing.
+    # Scan and rewrite until nothing is left: a match set aside for another one on the same
+    # statements (the matcher keeps one match per set of nodes; the engine one rewrite per
+    # statement) may apply once the other is rewritten, so that needs another pass. A run
+    # therefore reaches the fixed point and running it again changes nothing. Without such
+    # a match the next scan would find only what this pass skipped for its own reasons
+    # (measured on the 530 transformers model files: a later pass applied something in
+    # one file, which had such a match), so it is not run.
     text = source.text
     outcomes: list[MatchOutcome] = []
     for _ in range(MAX_PASSES):
+        superseded: list[Match] = []
         try:
-            matches = scan_source(text, name, rules)
+            matches = scan_source(text, name, rules, superseded=superseded)
         except SyntaxError as exc:
             return FileRewrite(name, "failed", reason=f"syntax error: {exc.msg} (line {exc.lineno})")
         except RecursionError:
@@ -347,6 +360,8 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
         if not result.changed:
             break
         text = result.new_text
+        if not (superseded or result.deferred):
+            break
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
     diff = unified_diff(source.text, text, name)

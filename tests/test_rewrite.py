@@ -562,3 +562,21 @@ def test_scanned_bert_attention_is_equivalent():
     mask = torch.zeros(2, 1, 1, 5)
     mask[0, ..., 4] = -1e4
     torch.testing.assert_close(candidate(x, mask), reference(x, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_two_sites_on_one_statement_need_and_get_a_second_pass(tmp_path):
+    # One rewrite per statement per pass: the second softmax on the line is set aside
+    # ("overlaps") and applied by the next pass, so one run reaches the fixed point.
+    text = (
+        "import torch\n"
+        "from torch import nn\n\n\n"
+        "def scores(a, b):\n"
+        "    return nn.functional.softmax(a, dim=-1) * nn.functional.softmax(b, dim=-1)\n"
+    )
+    path = _write(tmp_path / "m.py", text.encode())
+    result = rewrite_file(path, write=True)
+    assert result.status == "changed", result.reason
+    new = path.read_text()
+    assert "nn.functional.softmax" not in new and new.count("softmax(") == 2
+    assert sum(o.applied for o in result.outcomes) == 2
+    assert rewrite_file(path, write=True).status == "unchanged"

@@ -88,10 +88,19 @@ def collect_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return out
 
 
-def scan_source(text: str, filename: str, rules: Iterable, rejected: list[Match] | None = None) -> list[Match]:
+def scan_source(
+    text: str,
+    filename: str,
+    rules: Iterable,
+    rejected: list[Match] | None = None,
+    superseded: list[Match] | None = None,
+) -> list[Match]:
     """Matches of ``rules`` in one source text (raises ``SyntaxError`` when it does not parse).
-    Matches dropped by a rule precondition are appended to ``rejected`` when given."""
-    return match_structures(extract_source(text, filename), list(rules), rejected, source=text)
+    Matches dropped by a rule precondition are appended to ``rejected`` when given, those
+    set aside for an overlapping match of the same rule to ``superseded``."""
+    return match_structures(
+        extract_source(text, filename), list(rules), rejected, source=text, superseded=superseded
+    )
 
 
 def _one_line(exc: BaseException) -> str:

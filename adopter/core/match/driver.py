@@ -121,12 +121,15 @@ def match_structures(
     rejected: list[Match] | None = None,
     *,
     source: str | None = None,
+    superseded: list[Match] | None = None,
 ) -> list[Match]:
     """All matches of ``rules`` in one file's structures, de-duplicated, in source order.
 
     Matches dropped by a precondition are appended to ``rejected`` (with ``reason`` set)
     when a list is given. ``source`` (the file's text) enables source-level checks such
-    as intermediates escaping through plain assignments or ``return``.
+    as intermediates escaping through plain assignments or ``return``. Matches set aside
+    because another match of their rule claims the same nodes are appended to
+    ``superseded`` when a list is given (a rewrite of the kept one may let them match later).
     """
     rules = list(rules)
     classes = {c.name: c for c in structures.classes}
@@ -183,7 +186,12 @@ def match_structures(
             _veto_inconsistent_paths(rule_structures[i], accepted[i], rejected_by_rule[i], found_on[i], span_sets)
     results: list[Match] = []
     for i, rule in enumerate(rules):
-        results.extend(_resolve_overlaps(rule, list(accepted[i].values())))
+        found = list(accepted[i].values())
+        kept = _resolve_overlaps(rule, found)
+        results.extend(kept)
+        if superseded is not None and len(kept) < len(found):
+            kept_ids = {id(m) for m in kept}
+            superseded.extend(m for m in found if id(m) not in kept_ids)
         if rejected is not None:
             rejected.extend(m for k, m in rejected_by_rule[i].items() if k not in accepted[i])
     results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
