@@ -70,6 +70,13 @@ def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
             start, indent = i, len(m.group(1))
             break
     if start is not None:
+        # The tree extraction made of this text, when there is one, holds the same def:
+        # no need to parse it again.
+        tree = parsed_tree(source)
+        fn = _find_in_tree(tree, qualname) if tree is not None else None
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.lineno == start + 1:
+            if fn.lineno <= hint_line <= (fn.end_lineno or hint_line) or hint_line <= fn.lineno:
+                return fn
         end = len(lines)
         body_started = False
         for j in range(start + 1, len(lines)):
