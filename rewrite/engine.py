@@ -243,7 +243,15 @@ def rewrite_source(
             add_kernel_imports(partial.root, imports)
         new_text = partial.text_after_edits()
     if new_text != text:
-        problem = _check_compiles(new_text, filename)
+        # Only what changed is compiled (at its place in the new file, for the line numbers).
+        problem = next(
+            (
+                found
+                for first_line, segment in partial.changed_segments
+                if (found := _check_compiles("\n" * (first_line - 1) + segment, filename))
+            ),
+            "",
+        )
         if problem:
             reason = f"rewritten code does not compile ({problem}); file left unchanged"
             return RewriteResult(
@@ -339,6 +347,7 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
     # one file, which had such a match), so it is not run.
     text = source.text
     outcomes: list[MatchOutcome] = []
+    passes_changed: list[RewriteResult] = []
     for _ in range(MAX_PASSES):
         superseded: list[Match] = []
         try:
@@ -360,11 +369,13 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
         if not result.changed:
             break
         text = result.new_text
+        passes_changed.append(result)
         if not (superseded or result.deferred):
             break
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
-    diff = unified_diff(source.text, text, name)
+    # one changing pass (the usual case): its diff is already the whole file's
+    diff = passes_changed[0].diff if len(passes_changed) == 1 else unified_diff(source.text, text, name)
     result = RewriteResult(new_text=text, outcomes=outcomes, diff=diff)
     written = False
     if write:

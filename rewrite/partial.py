@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from adopter.rewrite import cst
 
@@ -59,6 +59,9 @@ class PartialTree:
     parsed: list[int]  # indices into ``starts`` of the segments in ``root``, ascending
     root: cst.Node
     first_children: list  # per parsed segment but the first: its first top-level node
+    # Set by text_after_edits: (first line in the new text, new text) of every segment that
+    # changed. Each is a sequence of whole top-level statements: it compiles on its own.
+    changed_segments: list = field(default_factory=list)
 
     @classmethod
     def parse(
@@ -133,7 +136,9 @@ class PartialTree:
         Raises :class:`cst.ParseFailure` when an edit moved a segment's first statement (the
         cut points are then unknown)."""
         if len(self.parsed) == len(self.starts):
-            return cst.unparse(self.root, self.text)
+            text = cst.unparse(self.root, self.text)
+            self.changed_segments = [(1, text)] if text != self.text else []
+            return text
         children = self.root.children
         out_parts: list[str] = []
         boundaries = [0]
@@ -151,11 +156,15 @@ class PartialTree:
         edited_segments = {
             index: edited[boundaries[k]:boundaries[k + 1]] for k, index in enumerate(self.parsed)
         }
+        self.changed_segments = []
+        line = 1
         for index in range(len(self.starts)):
-            if index in edited_segments:
-                out_parts.append(edited_segments[index])
-                continue
-            out_parts.append(self._segment_text(index))
+            part = self._segment_text(index)
+            if index in edited_segments and edited_segments[index] != part:
+                part = edited_segments[index]
+                self.changed_segments.append((line, part))
+            out_parts.append(part)
+            line += part.count("\n")
         text = "".join(out_parts)
         # fissix needs a final newline: cst.parse added one that the original did not have
         if not self.text.endswith("\n") and text.endswith("\n"):

@@ -151,3 +151,17 @@ def test_engine_redoes_the_edits_on_a_whole_file_tree_when_cut_points_are_lost(m
     again = rewrite_source(text, scan_source(text, "m.py", rules), filename="m.py", rules=rules)
     assert raised and whole_trees and again.new_text == expected.new_text
     assert [o.applied for o in again.outcomes] == [o.applied for o in expected.outcomes]
+
+
+def test_changed_segments_compile_where_they_sit_in_the_new_file():
+    from adopter.rewrite.engine import _check_compiles
+
+    text = SOURCE.replace("a, /, b", "a, b")
+    tree = _partial(text, [23])
+    stmt = find_statement(tree.root, (22, 4))  # B.forward, replaced by a class-level return
+    cst.replace_statement(stmt, cst.parse_statements("return 1\n", "    "))
+    new = tree.text_after_edits()
+    [(first_line, segment)] = tree.changed_segments
+    assert new.splitlines()[first_line - 1] == "class B(nn.Module):"
+    problem = _check_compiles("\n" * (first_line - 1) + segment, "m.py")
+    assert problem == _check_compiles(new, "m.py") == "'return' outside function at line 22"
