@@ -73,7 +73,7 @@ def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
 
 
 def run(args) -> int:
-    from adopter.commands._inputs import split_python_paths, write_protection
+    from adopter.commands._inputs import split_python_paths, write_protections
     from adopter.commands.scan import select_rules
     from adopter.core.scan import collect_files
     from adopter.errors import UserError
@@ -90,7 +90,7 @@ def run(args) -> int:
         raise UserError("--jobs must be >= 0")
     # A file --write must not replace (read-only; a symbolic link, or outside the paths given)
     # is still rewritten in memory, so the message can say whether it would have changed.
-    protected = {f: write_protection(f, paths) for f in files} if args.write else {}
+    protected = write_protections(files, paths) if args.write else {}
     if args.force:
         # through a link: write its target, so the link stays a link
         files = [os.path.realpath(f) if protected.get(f) else f for f in files]
