@@ -24,10 +24,37 @@ Extensions over the paper, each needed for precision:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Union
 
 
+def _fast_frozen_init(cls):
+    """Give a frozen dataclass an ``__init__`` that fills the instance dict in one call.
+
+    The generated one sets each field through ``object.__setattr__``; extraction builds
+    millions of these nodes, spans and variables, and that was a few percent of a scan.
+    Everything else (eq, hash, repr, frozen assignment) stays the dataclass's own."""
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    namespace: dict = {}
+    params = []
+    for f in fields:
+        if f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: default_factory is not supported here")
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            namespace[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    items = ", ".join(f"{f.name!r}: {f.name}" for f in fields)
+    exec(f"def __init__(self, {', '.join(params)}):\n    self.__dict__.update({{{items}}})\n", namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init
+    return cls
+
+
+@_fast_frozen_init
 @dataclass(frozen=True)
 class Span:
     """Exact source position of a node: ast conventions (1-based lines, 0-based columns).
@@ -51,6 +78,7 @@ class Span:
     inlined_at: tuple[int, ...] = ()
 
 
+@_fast_frozen_init
 @dataclass(frozen=True)
 class Var:
     """A variable: concrete (``hidden_states``, ``self.dense``, ``tmp_1``) or abstract (``$x``).
@@ -70,6 +98,7 @@ class Var:
         return f"{self.name}#{self.version}" if self.version else self.name
 
 
+@_fast_frozen_init
 @dataclass(frozen=True)
 class Const:
     """A constant or any expression we keep verbatim: ``-1``, ``0.1``, ``'gelu'``,
@@ -84,6 +113,7 @@ class Const:
 Value = Union[Var, Const]
 
 
+@_fast_frozen_init
 @dataclass(frozen=True)
 class Arg:
     """One input of a node; ``keyword`` is set for ``name=value`` arguments."""
@@ -95,6 +125,7 @@ class Arg:
         return f"{self.keyword}={self.value}" if self.keyword else str(self.value)
 
 
+@_fast_frozen_init
 @dataclass(frozen=True)
 class Layer:
     """``type(args) -> output``.
@@ -112,6 +143,7 @@ class Layer:
     span: Span | None = field(default=None, compare=False)
 
 
+@_fast_frozen_init
 @dataclass(frozen=True)
 class TensorOp:
     """``a op b -> c`` (binary) or ``op a -> c`` (unary). ``op`` is the Python operator

@@ -22,6 +22,7 @@ from adopter.core.extract.values import (
     UNKNOWN_TYPE,
     _annotation_is_tensor,
     _cons_to_tuple,
+    _push_all,
     _sig,
     _St,
     _unparse,
@@ -397,9 +398,7 @@ class _Calls:
                 self.capped = True
                 break
             for delta, ret, updates in results:
-                nodes = st1.nodes
-                for n in delta:
-                    nodes = (n, nodes)
+                nodes = _push_all(delta, st1.nodes)
                 if updates:
                     cenv = dict(caller_env)
                     cenv.update(updates)

@@ -86,7 +86,7 @@ class _St:
     __slots__ = ("nodes", "env", "flow", "ret")
 
     def __init__(self, nodes, env, flow=LIVE, ret=None):
-        self.nodes = nodes  # cons list: (node, previous) or None
+        self.nodes = nodes  # cons list (see _cons_to_tuple) or None
         self.env = env
         self.flow = flow
         self.ret = ret
@@ -96,12 +96,31 @@ class _St:
 
 
 def _cons_to_tuple(cell) -> tuple:
+    """The nodes of a cons list, oldest first. A cell is ``(node, previous)`` or, for the
+    nodes of an inlined call replayed onto a caller's path, ``(nodes, previous, _CHUNK)``
+    with ``nodes`` oldest first (:func:`_push_all`)."""
     out = []
     while cell is not None:
-        out.append(cell[0])
+        if len(cell) == 2:
+            out.append(cell[0])
+        else:
+            out.extend(reversed(cell[0]))
         cell = cell[1]
     out.reverse()
     return tuple(out)
+
+
+_CHUNK = "chunk"
+
+
+def _push_all(nodes: tuple, cell):
+    """``cell`` with ``nodes`` (oldest first) added: one cell for all of them, where adding
+    them one by one cost a cell per node on every path an inlined call returned to."""
+    if not nodes:
+        return cell
+    if len(nodes) == 1:
+        return (nodes[0], cell)
+    return (nodes, cell, _CHUNK)
 
 
 def _has_module(v: _V) -> bool:
