@@ -1044,3 +1044,33 @@ def test_output_is_deterministic_across_hash_seeds():
         out = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True, env=env, check=True)
         digests.add(out.stdout.strip())
     assert len(digests) == 1
+
+
+def test_unparse_by_source_text_equals_ast_unparse_for_every_expression():
+    # _unparse caches ast.unparse by (node type, exact source text) across files; check the
+    # source slicing on non-ASCII text, multi-line expressions, f-strings and \r\n newlines.
+    import ast as _ast
+
+    from adopter.core.extract import values
+
+    source = (
+        'def f(x, config):\n'
+        '    s = "héllo wörld" + x  # ünïcode\n'
+        '    y = (x +\n'
+        '         config.hidden_size * 3)\n'
+        '    z = f"{x!r:>{config.w}} {y}"\n'
+        '    if x is not None and (y or\n'
+        '                          z):\n'
+        '        return {"k": [1, 2], **config.d}\n'
+        '    return lambda a, *b: a[1:2, ::3]\n'
+    )
+    for text in (source, source.replace("\n", "\r\n")):
+        tree = _ast.parse(text)
+        values.SOURCE_LINES[:] = text.encode().splitlines(keepends=True)
+        try:
+            exprs = [n for n in _ast.walk(tree) if isinstance(n, _ast.expr)]
+            assert len(exprs) > 40
+            for node in exprs:
+                assert values._unparse_by_source(node) == _ast.unparse(node)
+        finally:
+            values.SOURCE_LINES.clear()

@@ -10,7 +10,7 @@ import re
 from adopter.core.extract.init_bindings import _InitExtractor
 from adopter.core.extract.interp import _Interp
 from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _is_module, _span
-from adopter.core.extract.values import _TEST_NAMES, _UNPARSED
+from adopter.core.extract.values import _TEST_NAMES, _UNPARSED, SOURCE_LINES
 from adopter.core.structures import ClassInfo, FileStructures
 
 _SELF_ATTR = re.compile(r"\bself\.([A-Za-z_][A-Za-z_0-9]*)(?!\s*(?:=(?!=)|:[^=\n]*=(?!=)))")
@@ -46,11 +46,15 @@ def extract_source(text: str, filename: str = "<string>") -> FileStructures:
     _LAST_PARSE[:] = [text, tree]
     _UNPARSED.clear()
     _TEST_NAMES.clear()
+    # UTF-8 as ast columns are bytes; bytes.splitlines splits where ast counts lines
+    # (\n, \r\n, \r; not at form feeds)
+    SOURCE_LINES[:] = text.encode().splitlines(keepends=True)
     try:
         return _extract_tree(tree, filename, text.splitlines())
     finally:
         _UNPARSED.clear()
         _TEST_NAMES.clear()
+        SOURCE_LINES.clear()
 
 
 # The text and syntax tree of the file extracted last: matching reads the same file's tree

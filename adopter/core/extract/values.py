@@ -71,7 +71,50 @@ def _unparse(node) -> str:
     """``ast.unparse(node)``, once per node of the tree being extracted."""
     text = _UNPARSED.get(id(node))
     if text is None:
-        text = _UNPARSED[id(node)] = ast.unparse(node)
+        text = _UNPARSED[id(node)] = _unparse_by_source(node)
+    return text
+
+
+# The file being extracted, as UTF-8 lines (ast columns are byte offsets), for source
+# segments; set and cleared with _UNPARSED.
+SOURCE_LINES: list[bytes] = []
+# (node type, exact source text) -> ast.unparse of it. An expression's tree is a function of
+# its text, so this holds across files: the same conditions and config expressions recur in
+# every model file, and ast.unparse (pure Python) was a tenth of a scan.
+_UNPARSED_BY_TEXT: dict[tuple[type, str], str] = {}
+_UNPARSED_BY_TEXT_LIMIT = 200_000
+
+
+# Parts of f-strings (their literal pieces, replacement fields and format specs) carry the
+# position of the whole f-string in Python < 3.12: their source text says nothing about them.
+_POSITION_NOT_OWN = (ast.JoinedStr, ast.FormattedValue, ast.Constant)
+
+
+def _unparse_by_source(node) -> str:
+    if isinstance(node, _POSITION_NOT_OWN):
+        return ast.unparse(node)
+    line, end_line = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+    lines = SOURCE_LINES
+    if line is None or end_line is None or not 0 < line <= end_line <= len(lines):
+        return ast.unparse(node)
+    col, end_col = node.col_offset, node.end_col_offset
+    try:
+        if line == end_line:
+            source = lines[line - 1][col:end_col].decode()
+        else:
+            source = (
+                lines[line - 1][col:].decode()
+                + b"".join(lines[line:end_line - 1]).decode()
+                + lines[end_line - 1][:end_col].decode()
+            )
+    except UnicodeDecodeError:  # positions that do not fall on characters: no shortcut
+        return ast.unparse(node)
+    key = (type(node), source)
+    text = _UNPARSED_BY_TEXT.get(key)
+    if text is None:
+        if len(_UNPARSED_BY_TEXT) >= _UNPARSED_BY_TEXT_LIMIT:
+            _UNPARSED_BY_TEXT.clear()
+        text = _UNPARSED_BY_TEXT[key] = ast.unparse(node)
     return text
 
 _NONE = _V(text="None")
