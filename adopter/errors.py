@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_ERROR", "EXIT_FINDING", "EXIT_OK", "UserError"]
+__all__ = ["EXIT_ERROR", "EXIT_FINDING", "EXIT_OK", "OptimizeError", "UserError"]
 
 # The exit-status convention of every `adopter` command (see `adopter --help`):
 EXIT_OK = 0  # done, nothing to report
@@ -17,3 +17,7 @@ class UserError(Exception):
     def __init__(self, message: str, code: int = EXIT_ERROR):
         super().__init__(message)
         self.code = code
+
+
+class OptimizeError(Exception):
+    """optimize() cannot work on this class at all (one line, for the user)."""
