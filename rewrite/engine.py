@@ -196,7 +196,6 @@ def rewrite_source(
         partial = PartialTree.parse(text, ctx.tree, edited_lines, KERNELS_MODULE)
     except cst.ParseFailure as exc:
         return _all_skipped(text, matches, str(exc), filename)
-    tree = partial.root
 
     # Bigger matches first (a whole attention core beats a single op inside it), then by position.
     planned.sort(key=lambda item: (-len(item[1].nodes), min(item[1].lines or [0]), item[0]))
@@ -214,16 +213,14 @@ def rewrite_source(
         # edit that fails may leave the tree half done: it is then rebuilt from the text by
         # replaying the edits applied so far (deterministic; failures are rare).
         try:
-            _bowler_apply(tree, edit, filename)
+            _bowler_apply(partial.root, edit, filename)
         except Skip as exc:
             outcomes[index] = MatchOutcome(match, False, str(exc))
-            partial = _replay(partial, applied_edits, filename)
-            tree = partial.root
+            partial = _replay(partial.reparse(), applied_edits, filename)
             continue
         except Exception as exc:
             outcomes[index] = MatchOutcome(match, False, f"internal error applying {match.rule}: {exc!r}")
-            partial = _replay(partial, applied_edits, filename)
-            tree = partial.root
+            partial = _replay(partial.reparse(), applied_edits, filename)
             continue
         applied_edits.append(edit)
         for p in lines:
@@ -232,26 +229,19 @@ def rewrite_source(
         outcomes[index] = MatchOutcome(match, True)
 
     if imports:
-        add_kernel_imports(tree, imports)
+        add_kernel_imports(partial.root, imports)
     try:
-        new_text = partial.text_after_edits()
+        spliced = partial.spliced()
     except cst.ParseFailure:
         # An edit replaced or moved a top-level statement, so the cut points between parsed
         # segments are lost: do it again on a tree of the whole file.
         partial = _replay(PartialTree.parse(text, ctx.tree, None, KERNELS_MODULE), applied_edits, filename)
         if imports:
             add_kernel_imports(partial.root, imports)
-        new_text = partial.text_after_edits()
+        spliced = partial.spliced()
+    new_text = spliced.text
     if new_text != text:
-        # Only what changed is compiled (at its place in the new file, for the line numbers).
-        problem = next(
-            (
-                found
-                for first_line, segment in partial.changed_segments
-                if (found := _check_compiles("\n" * (first_line - 1) + segment, filename))
-            ),
-            "",
-        )
+        problem = _compile_problem(spliced.changed_segments, filename)
         if problem:
             reason = f"rewritten code does not compile ({problem}); file left unchanged"
             return RewriteResult(
@@ -268,6 +258,16 @@ def rewrite_source(
     )
 
 
+def _compile_problem(segments: Sequence[tuple[int, str]], filename: str) -> str:
+    """What keeps the first of ``segments`` ((first line, text) of each changed part of a
+    file) from compiling, at its place in the file ("" when they all compile)."""
+    for first_line, segment in segments:
+        problem = _check_compiles("\n" * (first_line - 1) + segment, filename)
+        if problem:
+            return problem
+    return ""
+
+
 def _check_compiles(text: str, filename: str) -> str:
     """What keeps ``text`` from compiling ("" when nothing)."""
     try:
@@ -277,10 +277,9 @@ def _check_compiles(text: str, filename: str) -> str:
     return ""
 
 
-def _replay(partial: PartialTree, edits: Sequence[Edit], filename: str) -> PartialTree:
-    """A fresh tree of ``partial``'s segments with ``edits`` applied (they all applied
+def _replay(fresh: PartialTree, edits: Sequence[Edit], filename: str) -> PartialTree:
+    """``fresh`` (a tree no edit touched yet) with ``edits`` applied (they all applied
     before, in this order)."""
-    fresh = partial.reparse()
     for edit in edits:
         _bowler_apply(fresh.root, edit, filename)
     return fresh

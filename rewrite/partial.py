@@ -17,11 +17,11 @@ from __future__ import annotations
 import ast
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from adopter.rewrite import cst
 
-__all__ = ["PartialTree", "segment_starts"]
+__all__ = ["PartialTree", "SplicedText", "segment_starts"]
 
 
 def segment_starts(module: ast.Module) -> list[int]:
@@ -49,6 +49,25 @@ def _kernel_import_lines(module: ast.Module, kernels_module: str) -> list[int]:
     ]
 
 
+def _segment_end(lines: list[str], starts: list[int], index: int) -> int:
+    """First line after segment ``index``."""
+    return starts[index + 1] if index + 1 < len(starts) else len(lines) + 1
+
+
+def _segment_text(lines: list[str], starts: list[int], index: int) -> str:
+    return "".join(lines[starts[index] - 1:_segment_end(lines, starts, index) - 1])
+
+
+@dataclass(frozen=True)
+class SplicedText:
+    """The whole file after the edits, and what changed in it."""
+
+    text: str
+    # (first line in ``text``, new text) of every segment that changed: each is a sequence of
+    # whole top-level statements, so it compiles on its own.
+    changed_segments: list[tuple[int, str]]
+
+
 @dataclass
 class PartialTree:
     """The fissix tree of some segments of ``text``, with the original file's line numbers."""
@@ -59,9 +78,6 @@ class PartialTree:
     parsed: list[int]  # indices into ``starts`` of the segments in ``root``, ascending
     root: cst.Node
     first_children: list  # per parsed segment but the first: its first top-level node
-    # Set by text_after_edits: (first line in the new text, new text) of every segment that
-    # changed. Each is a sequence of whole top-level statements: it compiles on its own.
-    changed_segments: list = field(default_factory=list)
 
     @classmethod
     def parse(
@@ -85,22 +101,14 @@ class PartialTree:
         """A fresh tree of the same segments (after a failed edit left this one half done)."""
         return self._build(self.text, self.lines, self.starts, self.parsed)
 
-    def _segment_text(self, index: int) -> str:
-        return "".join(self.lines[self.starts[index] - 1:self._segment_end(index) - 1])
-
-    def _segment_end(self, index: int) -> int:
-        """First line after segment ``index``."""
-        return self.starts[index + 1] if index + 1 < len(self.starts) else len(self.lines) + 1
-
     @classmethod
     def _build(cls, text: str, lines: list[str], starts: list[int], parsed: list[int]) -> PartialTree:
-        tree = cls(text, lines, starts, parsed, None, [])
         pieces, reduced_starts = [], []
         reduced_line = 1
         for index in parsed:
             reduced_starts.append(reduced_line)
-            pieces.append(tree._segment_text(index))
-            reduced_line += tree._segment_end(index) - starts[index]
+            pieces.append(_segment_text(lines, starts, index))
+            reduced_line += _segment_end(lines, starts, index) - starts[index]
         reduced = "".join(pieces)
         root = cst.parse(reduced)
         if str(root) != (reduced if reduced.endswith("\n") or not reduced else reduced + "\n"):
@@ -123,50 +131,50 @@ class PartialTree:
             leaf = cst.first_leaf(child)
             if leaf.column == 0:
                 by_start.setdefault(leaf.lineno, child)
+        first_children = []
         for index in parsed[1:]:
             first = by_start.get(starts[index])
             if first is None:
                 raise cst.ParseFailure(f"fissix tree has no statement at line {starts[index]}")
-            tree.first_children.append(first)
-        tree.root = root
-        return tree
+            first_children.append(first)
+        return cls(text, lines, starts, parsed, root, first_children)
 
-    def text_after_edits(self) -> str:
+    def spliced(self) -> SplicedText:
         """The whole file: edited segments from the tree, the others as they were.
         Raises :class:`cst.ParseFailure` when an edit moved a segment's first statement (the
         cut points are then unknown)."""
         if len(self.parsed) == len(self.starts):
             text = cst.unparse(self.root, self.text)
-            self.changed_segments = [(1, text)] if text != self.text else []
-            return text
+            return SplicedText(text, [(1, text)] if text != self.text else [])
         children = self.root.children
-        out_parts: list[str] = []
-        boundaries = [0]
-        positions = {id(c): i for i, c in enumerate(children)}
         texts = [str(c) for c in children]
+        offsets = [0]
+        for t in texts:
+            offsets.append(offsets[-1] + len(t))
+        positions = {id(c): i for i, c in enumerate(children)}
+        boundaries = [0]
         for first in self.first_children:
             index = positions.get(id(first))
-            if index is None or first.parent is not self.root:
+            if index is None:
                 raise cst.ParseFailure("an edit replaced a top-level statement")
-            boundaries.append(sum(len(t) for t in texts[:index]) + len(first.prefix))
-        edited = "".join(texts)
+            boundaries.append(offsets[index] + len(first.prefix))
         if boundaries != sorted(boundaries):
             raise cst.ParseFailure("an edit reordered top-level statements")
+        edited = "".join(texts)
         boundaries.append(len(edited))
-        edited_segments = {
-            index: edited[boundaries[k]:boundaries[k + 1]] for k, index in enumerate(self.parsed)
-        }
-        self.changed_segments = []
+        edited_segments = {index: edited[boundaries[k]:boundaries[k + 1]] for k, index in enumerate(self.parsed)}
+        out_parts: list[str] = []
+        changed: list[tuple[int, str]] = []
         line = 1
         for index in range(len(self.starts)):
-            part = self._segment_text(index)
+            part = _segment_text(self.lines, self.starts, index)
             if index in edited_segments and edited_segments[index] != part:
                 part = edited_segments[index]
-                self.changed_segments.append((line, part))
+                changed.append((line, part))
             out_parts.append(part)
             line += part.count("\n")
         text = "".join(out_parts)
         # fissix needs a final newline: cst.parse added one that the original did not have
         if not self.text.endswith("\n") and text.endswith("\n"):
             text = text[:-1]
-        return text
+        return SplicedText(text, changed)

@@ -55,7 +55,7 @@ def test_same_line_statements_are_one_segment():
 def test_unedited_parse_gives_back_the_text():
     tree = _partial(SOURCE, [23])
     assert tree.parsed == [0, 3]  # header and class B only: helper (unparsable) is not parsed
-    assert tree.text_after_edits() == SOURCE
+    assert tree.spliced().text == SOURCE
 
 
 def test_positions_are_the_files():
@@ -68,7 +68,7 @@ def test_edit_in_a_later_segment_is_spliced_back():
     tree = _partial(SOURCE, [23])
     stmt = find_statement(tree.root, (23, 8))
     cst.replace_statement(stmt, cst.parse_statements("y = fused(x)\n", "        "))
-    new = tree.text_after_edits()
+    new = tree.spliced().text
     assert new == SOURCE.replace("y = x * 2", "y = fused(x)")
 
 
@@ -81,7 +81,7 @@ def test_edits_in_two_segments_and_a_header_import():
     from adopter.rewrite.apply import add_kernel_imports
 
     add_kernel_imports(tree.root, ["k"])
-    new = tree.text_after_edits()
+    new = tree.spliced().text
     expected = (
         SOURCE.replace("return x + 1", "return k(x)")
         .replace("y = x * 2", "y = fused(x)")
@@ -94,10 +94,10 @@ def test_edits_in_two_segments_and_a_header_import():
 def test_no_final_newline_is_kept():
     text = SOURCE.rstrip("\n")
     tree = _partial(text, [23])
-    assert tree.text_after_edits() == text
+    assert tree.spliced().text == text
     stmt = find_statement(tree.root, (24, 8))
     cst.replace_statement(stmt, cst.parse_statements("return y + 0\n", "        "))
-    assert tree.text_after_edits() == text.replace("return y", "return y + 0")
+    assert tree.spliced().text == text.replace("return y", "return y + 0")
 
 
 def test_unparsable_code_in_an_edited_segment_fails():
@@ -110,16 +110,16 @@ def test_replacing_a_top_level_statement_is_detected():
     first = tree.first_children[0]
     cst.replace_statement(first, cst.parse_statements("pass\n", ""))
     with pytest.raises(cst.ParseFailure):
-        tree.text_after_edits()
+        tree.spliced()
 
 
 def test_whole_file_parse_and_reparse():
     text = SOURCE.replace("a, /, b", "a, b")
     whole = _partial(text, None)
     assert whole.parsed == list(range(len(whole.starts)))
-    assert whole.text_after_edits() == text
+    assert whole.spliced().text == text
     again = _partial(text, [23]).reparse()
-    assert again.text_after_edits() == text and again.root is not None
+    assert again.spliced().text == text and again.root is not None
 
 
 def test_engine_redoes_the_edits_on_a_whole_file_tree_when_cut_points_are_lost(monkeypatch):
@@ -137,7 +137,7 @@ def test_engine_redoes_the_edits_on_a_whole_file_tree_when_cut_points_are_lost(m
     expected = rewrite_source(text, scan_source(text, "m.py", rules), filename="m.py", rules=rules)
     assert expected.applied
 
-    original = PartialTree.text_after_edits
+    original = PartialTree.spliced
     whole_trees, raised = [], []
 
     def lose_cut_points(self):
@@ -147,7 +147,7 @@ def test_engine_redoes_the_edits_on_a_whole_file_tree_when_cut_points_are_lost(m
         whole_trees.append(self)
         return original(self)
 
-    monkeypatch.setattr(PartialTree, "text_after_edits", lose_cut_points)
+    monkeypatch.setattr(PartialTree, "spliced", lose_cut_points)
     again = rewrite_source(text, scan_source(text, "m.py", rules), filename="m.py", rules=rules)
     assert raised and whole_trees and again.new_text == expected.new_text
     assert [o.applied for o in again.outcomes] == [o.applied for o in expected.outcomes]
@@ -160,8 +160,9 @@ def test_changed_segments_compile_where_they_sit_in_the_new_file():
     tree = _partial(text, [23])
     stmt = find_statement(tree.root, (22, 4))  # B.forward, replaced by a class-level return
     cst.replace_statement(stmt, cst.parse_statements("return 1\n", "    "))
-    new = tree.text_after_edits()
-    [(first_line, segment)] = tree.changed_segments
+    spliced = tree.spliced()
+    new = spliced.text
+    [(first_line, segment)] = spliced.changed_segments
     assert new.splitlines()[first_line - 1] == "class B(nn.Module):"
     problem = _check_compiles("\n" * (first_line - 1) + segment, "m.py")
     assert problem == _check_compiles(new, "m.py") == "'return' outside function at line 22"

@@ -300,11 +300,7 @@ class FileContext:
 
     def module_names(self) -> set[str]:
         """Every name bound or read anywhere in the module (to avoid import collisions)."""
-        return set(self._module_names)
-
-    @property
-    def _module_names(self) -> frozenset[str]:
-        return self._names
+        return set(self._names)
 
 
 def stores(node: ast.AST) -> set[str]:

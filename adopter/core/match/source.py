@@ -56,6 +56,11 @@ def source_lines(source: str) -> tuple[str, ...]:
     return _lines(source)
 
 
+def _holds(fn: ast.AST, hint_line: int) -> bool:
+    """``fn`` is the def asked for: its body holds ``hint_line``, or it starts after it."""
+    return fn.lineno <= hint_line <= (fn.end_lineno or hint_line) or hint_line <= fn.lineno
+
+
 @lru_cache(maxsize=1024)
 def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
     """The ``FunctionDef`` of ``qualname`` (``Cls.method`` or ``fn``) whose body holds
@@ -74,9 +79,8 @@ def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
         # no need to parse it again.
         tree = parsed_tree(source)
         fn = _find_in_tree(tree, qualname) if tree is not None else None
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.lineno == start + 1:
-            if fn.lineno <= hint_line <= (fn.end_lineno or hint_line) or hint_line <= fn.lineno:
-                return fn
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.lineno == start + 1 and _holds(fn, hint_line):
+            return fn
         end = len(lines)
         body_started = False
         for j in range(start + 1, len(lines)):
@@ -100,7 +104,7 @@ def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
             tree = None
         if tree is not None and tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
             fn = tree.body[0]
-            if fn.lineno <= hint_line <= (fn.end_lineno or hint_line) or hint_line <= fn.lineno:
+            if _holds(fn, hint_line):
                 return fn
     tree = parse_file(source)
     return _find_in_tree(tree, qualname) if tree is not None else None
