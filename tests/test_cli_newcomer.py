@@ -246,16 +246,6 @@ def test_unknown_model_id_fails_before_any_progress_and_suggests_the_nearest():
 # ---------------------------------------------------------------- 8. and B: class identity, one loader
 
 
-@pytest.fixture()
-def toy(monkeypatch):
-    monkeypatch.syspath_prepend(str(OPTIMIZE_FIXTURES))
-    for name in [n for n in sys.modules if n == "toy_pkg" or n.startswith("toy_pkg.")]:
-        monkeypatch.delitem(sys.modules, name)
-    import toy_pkg.model
-
-    return toy_pkg.model
-
-
 def test_optimized_class_records_its_original_and_uses_the_shared_loader(toy):
     import torch
     from adopter.rewrite.loader import RewrittenSourceLoader

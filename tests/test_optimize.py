@@ -79,16 +79,6 @@ def _rules(*names):
     return [SimpleNamespace(name=n) for n in names]
 
 
-@pytest.fixture()
-def toy(monkeypatch):
-    monkeypatch.syspath_prepend(str(FIXTURES))
-    for name in [n for n in sys.modules if n == "toy_pkg" or n.startswith("toy_pkg.")]:
-        monkeypatch.delitem(sys.modules, name)
-    import toy_pkg.model
-
-    return toy_pkg.model
-
-
 def _digest(directory: Path) -> str:
     h = hashlib.sha1()
     for path in sorted(directory.rglob("*.py")):

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from adopter.core.dsl import Pattern
 from adopter.core.match.core import Bindings, match_node
 from adopter.core.structures import ClassInfo, FileStructures, InitBinding
+
+
+def class_and_bases(structures: FileStructures, cls: ClassInfo) -> Iterator[ClassInfo]:
+    """``cls``, then its bases defined in the same file, nearest first (breadth first, each once)."""
+    by_name = {c.name: c for c in structures.classes}
+    seen: set[str] = set()
+    todo = [cls]
+    while todo:
+        c = todo.pop(0)
+        if c.name in seen:
+            continue
+        seen.add(c.name)
+        yield c
+        todo.extend(by_name[b.rsplit(".", 1)[-1]] for b in c.bases if b.rsplit(".", 1)[-1] in by_name)
 
 
 def class_init_bindings(structures: FileStructures, cls: ClassInfo | None) -> tuple[InitBinding, ...]:
@@ -14,26 +28,15 @@ def class_init_bindings(structures: FileStructures, cls: ClassInfo | None) -> tu
     (a subclass that does not rebind an attribute inherits the base's binding)."""
     if cls is None:
         return ()
-    by_name = {c.name: c for c in structures.classes}
     out: list[InitBinding] = []
     seen_attrs: set[str] = set()
-    seen_classes: set[str] = set()
-    todo = [cls]
-    while todo:
-        c = todo.pop(0)
-        if c.name in seen_classes:
-            continue
-        seen_classes.add(c.name)
+    for c in class_and_bases(structures, cls):
         attrs_here = set()
         for ib in c.init_bindings:
             if ib.attr not in seen_attrs:
                 out.append(ib)
                 attrs_here.add(ib.attr)
         seen_attrs |= attrs_here
-        for base in c.bases:
-            short = base.rsplit(".", 1)[-1]
-            if short in by_name:
-                todo.append(by_name[short])
     return tuple(out)
 
 

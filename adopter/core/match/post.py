@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from adopter.core.dsl import Node, Var
 from adopter.core.match.context import RuleLike
+from adopter.core.match.init_match import class_and_bases
 from adopter.core.match.source import function_ast
 from adopter.core.structures import ClassInfo, FileStructures, FunctionStructures, InitBinding, Match
 
@@ -29,21 +30,13 @@ def optional_module_attrs(structures: FileStructures, cls: ClassInfo | None, sou
     """
     if cls is None:
         return frozenset()
-    by_name = {c.name: c for c in structures.classes}
     bindings: dict[str, list[InitBinding]] = {}
-    seen: set[str] = set()
-    todo = [cls]
-    while todo:
-        c = todo.pop(0)
-        if c.name in seen:
-            continue
-        seen.add(c.name)
+    for c in class_and_bases(structures, cls):
         here: dict[str, list[InitBinding]] = {}
         for ib in c.init_bindings:
             if ib.container is None and ib.attr not in bindings:
                 here.setdefault(ib.attr, []).append(ib)
         bindings.update(here)  # the class closest to ``cls`` that binds an attribute decides
-        todo.extend(by_name[b.rsplit(".", 1)[-1]] for b in c.bases if b.rsplit(".", 1)[-1] in by_name)
     optional = set()
     for attr, ibs in bindings.items():
         if any(not ib.conditional for ib in ibs):
