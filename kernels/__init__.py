@@ -1,21 +1,27 @@
 """Kernels that rewritten models call (``adopter.kernels``).
 
-``ops/`` holds the pure kernels (functional forms, autograd Functions, triton kernels loaded lazily);
-the modules here are thin ``nn.Module`` wrappers whose constructors are what the rewrite
-synthesizes (see ARCHITECTURE.md, "Kernel modules"). Backend choice lives in ``backend.py``.
-Importing this package needs neither triton, xformers nor a GPU.
+``guarded.py`` holds what rewrites emit: functions that take the user's own modules
+(``linear_gelu(self.dense, self.act, x)``, ``dropout_add_layer_norm(self.dropout, self.LayerNorm,
+x, residual)``, ``qkv(...)``, ``conv_bn(...)``, ``linear_bn(...)``), run the fused kernel when its
+preconditions hold at run time and the original computation otherwise; ``attention`` and
+``softmax`` are functional drop-ins. ``telemetry.py`` counts which path each call took.
+``ops/`` holds the pure kernels (functional forms on tensors, autograd Functions, triton kernels
+loaded lazily). The ``Fused*`` modules are the module form of the same kernels (kept for code
+rewritten by earlier versions). Backend choice lives in ``backend.py``. Importing this package
+needs neither triton, xformers nor a GPU.
 """
 from .backend import ENV_VAR as BACKEND_ENV_VAR
 from .backend import KernelBackendError, select_backend
 from .batch_norm import FusedConv2dBatchNorm2d, FusedLinearBatchNorm1d
+from .guarded import conv_bn, dropout_add_layer_norm, gelu_mode, linear_bn, linear_gelu, qkv
 from .layer_norm import FusedDropoutAddLayerNorm
-from .linear_gelu import FusedLinearBiasGeLU
+from .linear_gelu_module import FusedLinearBiasGeLU
 from .ops.attention import attention
 from .ops.bias_gelu import bias_gelu, linear_bias_gelu
-from .ops.dropout_add_layer_norm import dropout_add_layer_norm
 from .ops.softmax import softmax
-from .qkv import FusedQKV
+from .qkv_module import FusedQKV
 from .softmax_module import Softmax  # not "softmax.py": that name is the function
+from .telemetry import KernelCall, count_kernel_calls, kernel_calls, reset_kernel_calls
 
 __all__ = [
     "BACKEND_ENV_VAR",
@@ -25,11 +31,20 @@ __all__ = [
     "FusedLinearBiasGeLU",
     "FusedQKV",
     "KernelBackendError",
+    "KernelCall",
     "Softmax",
     "attention",
     "bias_gelu",
+    "conv_bn",
+    "count_kernel_calls",
     "dropout_add_layer_norm",
+    "gelu_mode",
+    "kernel_calls",
     "linear_bias_gelu",
+    "linear_bn",
+    "linear_gelu",
+    "qkv",
+    "reset_kernel_calls",
     "select_backend",
     "softmax",
 ]

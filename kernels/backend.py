@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import threading
 from collections.abc import Callable, Iterable
 
 import torch
@@ -92,6 +93,14 @@ def xformers_supports(device_type: str, dtype: torch.dtype) -> bool:
     return True
 
 
+_LAST = threading.local()
+
+
+def last_backend() -> str:
+    """The backend the last :func:`select_backend` call of this thread chose ("torch" if none)."""
+    return getattr(_LAST, "backend", "torch")
+
+
 def select_backend(
     op: str,
     tensors: Iterable[torch.Tensor | None],
@@ -105,7 +114,13 @@ def select_backend(
     and size checks are the op's business; device and installation checks are done here). A callable
     is evaluated only when that backend is otherwise possible, so CPU calls never pay for it.
     """
-    tensors = [t for t in tensors if t is not None]
+    backend = _select_backend(op, [t for t in tensors if t is not None], has_triton, has_xformers)
+    if not torch.compiler.is_compiling():
+        _LAST.backend = backend
+    return backend
+
+
+def _select_backend(op, tensors, has_triton, has_xformers) -> str:
     forced = requested_backend()
     if forced == "torch":
         return "torch"

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import requested_backend, select_backend
+from ..telemetry import record
 from .common import fx_leaf
 
 
@@ -126,6 +127,7 @@ def attention(
     ``dropout_p`` applies as given: callers pass ``p if module.training else 0.0``.
     """
     if need_weights:
+        record("attention", "torch")
         return attention_eager(q, k, v, mask, bias, dropout_p, scale, is_causal)
     backend = select_backend(
         "attention", (q, k, v, mask, bias),
@@ -138,7 +140,9 @@ def attention(
     )
     if backend == "xformers":
         try:
-            return attention_xformers(q, k, v, mask, bias, dropout_p, scale, is_causal)
+            out = attention_xformers(q, k, v, mask, bias, dropout_p, scale, is_causal)
+            record("attention", "xformers")
+            return out
         except (NotImplementedError, ValueError):
             # xformers refuses some shapes (no operator for them); auto mode then uses SDPA
             if requested_backend() == "xformers":
@@ -146,5 +150,7 @@ def attention(
     if dropout_p > 0.0 and q.device.type == "cpu":
         # SDPA has no fused CPU kernel with dropout: it runs its math path (the same matmul-softmax-
         # dropout-matmul plus a masked-row-safe softmax), so the eager path is the faster equal
+        record("attention", "torch")
         return attention_eager(q, k, v, mask, bias, dropout_p, scale, is_causal)[0]
+    record("attention", "torch")
     return attention_sdpa(q, k, v, mask, bias, dropout_p, scale, is_causal)

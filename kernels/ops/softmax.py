@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import autocast_to_fp32, requested_backend, select_backend, triton_dtype_ok
+from ..telemetry import record
 from .common import fx_leaf, row_block
 
 
@@ -12,6 +13,7 @@ from .common import fx_leaf, row_block
 def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``."""
     if input.dim() == 0:
+        record("softmax", "torch")
         return F.softmax(input, dim, dtype=dtype)
     dim = dim % input.dim()
     last = dim == input.dim() - 1
@@ -23,6 +25,7 @@ def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None
         return fits and ((last and input.is_contiguous()) or requested_backend() == "triton")
 
     backend = select_backend("softmax", (input,), has_triton=triton_fits)
+    record("softmax", backend)
     if backend != "triton":
         return F.softmax(input, dim, dtype=dtype)
     from .triton_softmax import SoftmaxFunction

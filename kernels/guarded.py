@@ -1,0 +1,263 @@
+"""Guarded kernels: what rewritten source calls, handing over the user's own modules.
+
+A rewrite never changes ``__init__``: ``self.dropout``, ``self.LayerNorm``, ``self.dense`` stay
+the user's modules (same parameter names and state dict; PEFT ``target_modules``, tensor-parallel
+plans and checkpoints keep working). The rewritten ``forward`` passes them to one of these
+functions, e.g. ``dropout_add_layer_norm(self.dropout, self.LayerNorm, h, residual)``, which
+checks *at run time* what it got:
+
+* module types (the exact torch classes, or subclasses that do not override ``forward``), no
+  forward/backward hooks on them (a hook would be skipped by the fused path), no global hooks;
+* the activation (only a GeLU the kernel computes: ``nn.GELU``, ``F.gelu`` and the
+  transformers GeLU classes, with their approximation), dtypes, shapes, the training flag;
+
+and runs the fused kernel when everything holds, or else calls the modules exactly as the
+original source did (``norm(dropout(x) + residual)``). So a rewritten class computes what the
+original computed for every configuration and every instance, including instances the analysis
+never saw. Each call is counted in :mod:`adopter.kernels.telemetry` with its path, so a
+fallback is visible in reports. While ``torch.fx`` traces (Proxy inputs) the original
+computation is traced, so graphs of rewritten models show the user's modules.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as _module_mod
+
+from .backend import last_backend
+from .ops.batch_norm_fold import fold_batch_norm
+from .ops.bias_gelu import linear_bias_gelu
+from .ops.common import is_proxy
+from .ops.dropout_add_layer_norm import dropout_add_layer_norm as _dropout_add_layer_norm
+from .telemetry import ORIGINAL, record
+
+__all__ = ["conv_bn", "dropout_add_layer_norm", "gelu_mode", "linear_bn", "linear_gelu", "qkv"]
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks",
+)
+
+
+def _global_hooks() -> bool:
+    return any(getattr(_module_mod, name, None) for name in _GLOBAL_HOOKS)
+
+
+def _plain(module: Any, base: type, *methods: str) -> str:
+    """"" when ``module`` behaves as ``base`` (an instance whose ``forward`` and ``methods`` are
+    base's own, without hooks); otherwise why not."""
+    if not isinstance(module, base):
+        return f"{type(module).__name__} is not a {base.__name__}"
+    cls = type(module)
+    for name in ("forward", *methods):
+        if getattr(cls, name) is not getattr(base, name):
+            return f"{cls.__name__} overrides {name}"
+    if any(getattr(module, d, None) for d in _HOOK_DICTS):
+        return f"{cls.__name__} has hooks"
+    return ""
+
+
+def _fallback(kernel: str, reason: str) -> None:
+    record(kernel, ORIGINAL, reason)
+
+
+# ---------------------------------------------------------------- Linear + GeLU
+
+_TRANSFORMERS_GELUS = {
+    # transformers.activations classes -> the GeLU they compute (the tanh-formula classes compute
+    # the same function as F.gelu(approximate="tanh"), up to rounding)
+    "GELUActivation": "none",
+    "NewGELUActivation": "tanh",
+    "GELUTanh": "tanh",
+    "PytorchGELUTanh": "tanh",
+    "FastGELUActivation": "tanh",
+    "AccurateGELUActivation": "tanh",
+}
+
+
+def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> tuple[str | None, str]:
+    """``("none" | "tanh", "")`` when ``activation(h, *args, **kwargs)`` is a GeLU the fused kernel
+    computes (its ``approximate``), else ``(None, why not)``."""
+    kwargs = kwargs or {}
+    if activation is F.gelu:
+        if len(args) > 1 or set(kwargs) - {"approximate"} or (args and kwargs):
+            return None, "F.gelu with unexpected arguments"
+        mode = args[0] if args else kwargs.get("approximate", "none")
+        return (mode, "") if mode in ("none", "tanh") else (None, f"F.gelu(approximate={mode!r})")
+    if args or kwargs:
+        return None, f"{type(activation).__name__} called with extra arguments"
+    cls = type(activation)
+    if isinstance(activation, nn.GELU):
+        why = _plain(activation, nn.GELU)
+        if why:
+            return None, why
+        return (activation.approximate, "") if activation.approximate in ("none", "tanh") else (None, "nn.GELU mode")
+    mode = _TRANSFORMERS_GELUS.get(cls.__name__)
+    if mode is None or cls.__module__ != "transformers.activations":
+        return None, f"activation is {cls.__name__}, not a GeLU the kernel computes"
+    forward = cls.__dict__.get("forward")
+    if forward is None or getattr(forward, "__module__", "") != "transformers.activations":
+        return None, f"{cls.__name__}.forward is replaced"
+    if any(getattr(activation, d, None) for d in _HOOK_DICTS):
+        return None, f"{cls.__name__} has hooks"
+    return mode, ""
+
+
+def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: Any, **act_kwargs: Any) -> Any:
+    """``activation(linear(x), *act_args, **act_kwargs)``; with an ``nn.Linear`` and a GeLU the
+    kernel computes, the matmul then one fused bias+GeLU kernel (triton on CUDA)."""
+    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    if not reason:
+        reason = _plain(linear, nn.Linear)
+    if not reason:
+        mode, reason = gelu_mode(activation, act_args, act_kwargs)
+    if reason:
+        _fallback("linear_gelu", reason)
+        return activation(linear(x), *act_args, **act_kwargs)
+    out = linear_bias_gelu(x, linear.weight, linear.bias, mode)
+    record("linear_gelu", last_backend())
+    return out
+
+
+# ---------------------------------------------------------------- Dropout + add + LayerNorm
+
+
+def dropout_add_layer_norm(dropout: nn.Module, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> Any:
+    """``norm(dropout(x) + residual)``; with ``nn.Dropout`` and ``nn.LayerNorm`` one fused kernel
+    each way on CUDA (dropout mask regenerated in the backward), the unfused ops otherwise.
+    ``x`` may be in half precision with a float32 ``residual`` (autocast)."""
+    reason = "" if not (is_proxy(x) or is_proxy(residual) or _global_hooks()) else "tracing or global hooks"
+    if not reason:
+        reason = _plain(dropout, nn.Dropout) or _plain(norm, nn.LayerNorm)
+    if not reason and dropout.inplace:
+        reason = "in-place Dropout"
+    if not reason and (not isinstance(residual, torch.Tensor) or x.shape != residual.shape):
+        reason = "residual is not a tensor of x's shape"
+    if reason:
+        _fallback("dropout_add_layer_norm", reason)
+        return norm(dropout(x) + residual)
+    out = _dropout_add_layer_norm(
+        x, residual, norm.normalized_shape, norm.weight, norm.bias, norm.eps, dropout.p, dropout.training
+    )
+    record("dropout_add_layer_norm", last_backend())
+    return out
+
+
+# ---------------------------------------------------------------- Q/K/V projections
+
+_QKV_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _tensor_key(tensors) -> tuple | None:
+    try:
+        return tuple(None if t is None else (id(t), t._version, t.data_ptr(), t.dtype, t.device) for t in tensors)
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+
+
+def _cached(cache: weakref.WeakKeyDictionary, owner: nn.Module, tensors: tuple, build):
+    """``build()`` once per state of ``tensors`` when no gradient can flow (eval / no_grad)."""
+    if torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    ):
+        return build()
+    key = _tensor_key(tensors)
+    if key is None:
+        with torch.no_grad():
+            return build()
+    hit = cache.get(owner)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with torch.no_grad():
+        value = build()
+    cache[owner] = (key, value)
+    return value
+
+
+def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> tuple[Any, Any, Any]:
+    """``(query(x), key(x), value(x))``; three ``nn.Linear`` on one input run as one matmul over
+    their concatenated weights (parameters unchanged; the concatenation is cached while no
+    gradient flows)."""
+    layers = (query, key, value)
+    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    for layer in layers if not reason else ():
+        reason = _plain(layer, nn.Linear)
+        if reason:
+            break
+    if not reason:
+        weights = tuple(layer.weight for layer in layers)
+        biases = tuple(layer.bias for layer in layers)
+        if len({(w.shape[1], w.dtype, w.device) for w in weights}) != 1:
+            reason = "projections differ in input size, dtype or device"
+        elif len({b is None for b in biases}) != 1:
+            reason = "some projections have a bias and some not"
+    if reason:
+        _fallback("qkv", reason)
+        return query(x), key(x), value(x)
+
+    def concatenated():
+        bias = None if biases[0] is None else torch.cat(biases)
+        return torch.cat(weights), bias
+
+    weight, bias = _cached(_QKV_CACHE, query, weights + biases, concatenated)
+    out = F.linear(x, weight, bias).split([w.shape[0] for w in weights], dim=-1)
+    record("qkv", "torch")
+    return out[0], out[1], out[2]
+
+
+# ---------------------------------------------------------------- Conv/Linear + BatchNorm (eval)
+
+_FOLD_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BatchNorm = nn.modules.batchnorm._BatchNorm
+
+
+def _fold_reason(bn: nn.Module, bn_type: type) -> str:
+    why = _plain(bn, bn_type)
+    if why:
+        return why
+    if bn.training:
+        return "BatchNorm in training mode (batch statistics)"
+    if bn.running_mean is None or bn.running_var is None:
+        return "BatchNorm tracks no running statistics"
+    return ""
+
+
+def _folded(layer: nn.Module, bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
+    return _cached(_FOLD_CACHE, bn, tensors, lambda: fold_batch_norm(*tensors, bn.eps))
+
+
+def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
+    """``bn(conv(x))``; an eval-mode BatchNorm with running statistics is folded into the conv's
+    weights (computed in fp64, cached until a parameter or buffer changes): one conv."""
+    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    if not reason:
+        reason = _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
+    if reason:
+        _fallback("conv_bn", reason)
+        return bn(conv(x))
+    weight, bias = _folded(conv, bn)
+    out = conv._conv_forward(x, weight, bias)
+    record("conv_bn", "torch")
+    return out
+
+
+def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
+    """``bn(linear(x))`` for ``(batch, features)`` input; an eval-mode BatchNorm1d with running
+    statistics is folded into the Linear: one matmul."""
+    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    if not reason:
+        reason = _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
+    if not reason and x.dim() != 2:
+        reason = f"input of rank {x.dim()} (folding needs (batch, features))"
+    if reason:
+        _fallback("linear_bn", reason)
+        return bn(linear(x))
+    weight, bias = _folded(linear, bn)
+    out = F.linear(x, weight, bias)
+    record("linear_bn", "torch")
+    return out

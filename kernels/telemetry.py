@@ -1,0 +1,125 @@
+"""Which path each kernel call took: fused (and on which backend) or the original computation.
+
+Every public entry point of :mod:`adopter.kernels` that a rewrite emits records one
+:class:`KernelCall` per call: its kernel name, ``backend`` (``"torch"``, ``"triton"``,
+``"xformers"``, or ``"original"`` when the guard sent the call to the unfused code), the fallback
+``reason``, and the *site*: file and qualified function name of the first frame outside
+``adopter.kernels`` (the rewritten ``forward`` that called the kernel). Reports attribute calls
+to rewrites by that site, so a rule whose fused path never ran is visible.
+
+Recording is a dict increment (plus a short frame walk) and is skipped while ``torch.compile``
+traces, so it adds no graph break. Counting is process-global and always on; read it with
+:func:`kernel_calls` or, for one measured region, :class:`count_kernel_calls`.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "reset_kernel_calls"]
+
+FUSED_BACKENDS = ("torch", "triton", "xformers")
+ORIGINAL = "original"  # the guard ran the unfused computation of the rewritten site
+
+# (kernel, backend, reason, file, function) -> count
+_COUNTS: dict[tuple[str, str, str, str, str], int] = {}
+_LOCK = threading.Lock()
+_PACKAGE = __name__.rpartition(".")[0]  # "adopter.kernels"
+# in-memory rewritten modules are compiled as "<original file><adopter-rewritten mod>"
+_REWRITTEN_SUFFIX = "<adopter-rewritten"
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """``count`` calls of ``kernel`` from ``function`` in ``file`` that took ``backend``."""
+
+    kernel: str
+    backend: str
+    reason: str
+    file: str
+    function: str
+    count: int
+
+    @property
+    def fused(self) -> bool:
+        return self.backend != ORIGINAL
+
+    def to_json(self) -> dict:
+        return {
+            "kernel": self.kernel,
+            "backend": self.backend,
+            "fused": self.fused,
+            **({"reason": self.reason} if self.reason else {}),
+            "file": self.file,
+            "function": self.function,
+            "count": self.count,
+        }
+
+
+def _site() -> tuple[str, str]:
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return "", ""
+    code = frame.f_code
+    filename = code.co_filename
+    cut = filename.find(_REWRITTEN_SUFFIX)
+    return (filename[:cut] if cut > 0 else filename), getattr(code, "co_qualname", code.co_name)
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def record(kernel: str, backend: str, reason: str = "") -> None:
+    """Count one call of ``kernel`` that ran on ``backend`` (``"original"``: fell back, ``reason``)."""
+    if _compiling():
+        return
+    key = (kernel, backend, reason, *_site())
+    with _LOCK:
+        _COUNTS[key] = _COUNTS.get(key, 0) + 1
+
+
+def kernel_calls() -> list[KernelCall]:
+    """Every call counted since the start (or :func:`reset_kernel_calls`), one entry per kind."""
+    with _LOCK:
+        items = list(_COUNTS.items())
+    return [KernelCall(*key, count) for key, count in sorted(items)]
+
+
+def reset_kernel_calls() -> None:
+    with _LOCK:
+        _COUNTS.clear()
+
+
+class count_kernel_calls:  # noqa: N801 - used as a context manager, like torch.no_grad
+    """``with count_kernel_calls() as calls: ...`` -> ``calls.calls``: what ran inside the block."""
+
+    def __init__(self) -> None:
+        self.calls: list[KernelCall] = []
+        self._before: dict = {}
+
+    def __enter__(self) -> count_kernel_calls:
+        with _LOCK:
+            self._before = dict(_COUNTS)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _LOCK:
+            after = dict(_COUNTS)
+        self.calls = [
+            KernelCall(*key, n - self._before.get(key, 0))
+            for key, n in sorted(after.items())
+            if n > self._before.get(key, 0)
+        ]
+
+    def at(self, file: str, function: str) -> list[KernelCall]:
+        """Calls made from ``function`` (qualified, ``Class.method``) of ``file`` (compared by real path)."""
+        import os
+
+        real = os.path.realpath(file)
+        return [c for c in self.calls if c.function == function and os.path.realpath(c.file) == real]
