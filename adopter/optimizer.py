@@ -233,12 +233,11 @@ def _default_confirm(model, example_inputs, matches: list[Match], rules: Sequenc
     return list(confirm_matches(model, example_inputs, matches, rules=rules))
 
 
-def _default_rewrite(
-    text: str, matches: list[Match], filename: str, config: Any = None, rules: Sequence[Any] = ()
-) -> RewriteOutput:
+def _default_rewrite(text: str, matches: list[Match], filename: str, rules: Sequence[Any] = ()) -> RewriteOutput:
     from adopter.rewrite import rewrite_source
 
-    result = rewrite_source(text, matches, filename=filename, config=config, rules=rules)
+    # No model config goes in: rewritten source must hold for every config (guarded kernels).
+    result = rewrite_source(text, matches, filename=filename, rules=rules)
     applied = [o.match for o in result.outcomes if o.applied]
     failed = [(o.match, o.reason or "not applied by the rewriter") for o in result.outcomes if not o.applied]
     return RewriteOutput(result.new_text, applied, failed, result.diff or "")
@@ -251,7 +250,7 @@ class Pipeline:
     scan: Callable[[Sequence[str], Sequence[Any]], tuple[list[Match], list[Match]]] = _default_scan
     # (model, example_inputs, matches, rules) -> matches with a runtime status
     confirm: Callable[..., list[Match]] = _default_confirm
-    # (text, matches, filename, config, rules) -> RewriteOutput; config is the model config or None
+    # (text, matches, filename, rules=...) -> RewriteOutput
     rewrite: Callable[..., RewriteOutput] = _default_rewrite
 
 
@@ -375,7 +374,7 @@ def optimize(
         for name, path in files.items():
             file_matches = by_file.get(path, [])
             if file_matches:
-                out = pipe.rewrite(texts[name], file_matches, path, subject.config, rule_objects)
+                out = pipe.rewrite(texts[name], file_matches, path, rules=rule_objects)
                 applied += out.applied
                 failed += out.failed
                 if out.applied:

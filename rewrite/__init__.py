@@ -1,6 +1,6 @@
 """Source rewriting (issue 3): per-rule edit synthesis on bowler/fissix, our own file I/O.
 
-    rewrite_source(text, matches, *, filename, config=None, rules=()) -> RewriteResult
+    rewrite_source(text, matches, *, filename, rules=()) -> RewriteResult
     rewrite_file(path, rules=None, write=False) -> FileRewrite
     load_rewritten_module(original_module, new_text) -> module   (adopter.rewrite.loader)
 """

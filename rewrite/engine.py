@@ -145,17 +145,15 @@ def rewrite_source(
     matches: Iterable[Match],
     *,
     filename: str = "<string>",
-    config: object | None = None,
     rules: Sequence = (),
 ) -> RewriteResult:
     """Rewrite ``text`` (``\\n`` newlines) for ``matches``. Never raises for bad input:
     problems come back as outcomes (per match) or ``error`` (whole file).
 
-    ``config`` (a model config) lets a codemod resolve ``ACT2FN[config.x]``; ``rules``: the
-    rules in use (a match's rule is looked up there first, then in the registry)."""
+    ``rules``: the rules in use (a match's rule is looked up there first, then in the registry)."""
     matches = list(matches)
     try:
-        ctx = FileContext(text, filename=filename, config=config)
+        ctx = FileContext(text, filename=filename)
     except SyntaxError as exc:
         return _all_skipped(text, matches, f"syntax error: {exc.msg} (line {exc.lineno})", filename)
     except (ValueError, RecursionError) as exc:  # null bytes; absurdly deep nesting

@@ -60,7 +60,7 @@ def _confirm_all(model, inputs, matches, rules=()):
     return [replace(m, status="confirmed") for m in matches]
 
 
-def _fake_rewrite(text, matches, filename, config=None, rules=()):
+def _fake_rewrite(text, matches, filename, rules=()):
     lines = text.splitlines(keepends=True)
     applied = []
     for m in matches:

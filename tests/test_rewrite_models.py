@@ -22,7 +22,7 @@ def _rewrite_module(module_name: str, config, rules=None):
     with open(module.__file__, encoding="utf-8") as handle:
         text = handle.read()
     matches = scan_source(text, module.__file__, rules or all_rules())
-    result = rewrite_source(text, matches, filename=module.__file__, config=config)
+    result = rewrite_source(text, matches, filename=module.__file__)
     assert not result.error, result.error
     return module, load_rewritten_module(module, result.new_text), result
 

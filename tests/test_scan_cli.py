@@ -84,7 +84,7 @@ def test_rules_file(tree, tmp_path, capsys):
 def test_rules_command(capsys):
     assert main(["rules"]) == 0
     out = capsys.readouterr().out
-    assert "Dropout_LayerNorm" in out and "adopter.kernels.FusedDropoutAddLayerNorm" in out
+    assert "Dropout_LayerNorm" in out and "adopter.kernels.dropout_add_layer_norm" in out
     assert main(["rules", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data) == 9 and {"name", "kernel", "summary"} <= set(data[0])

@@ -53,6 +53,26 @@ def arg_text(ctx: FileContext, node: ast.expr) -> str:
     return text
 
 
+def module_handle(ctx: FileContext, call: ast.Call, what: str) -> str:
+    """Source text of the module a call calls (``self.dropout`` of ``self.dropout(x)``), handed to
+    a guarded kernel in its place. Only references (names, attributes, items without calls):
+    the text is evaluated again at the kernel call."""
+    func = call.func
+    node = func
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    if not isinstance(node, ast.Name) or has_call(func):
+        raise Skip(f"the {what} {ctx.segment(func)!r} is not a module reference (name, attribute or item)")
+    return arg_text(ctx, func)
+
+
+def separate_calls(*calls: ast.expr) -> None:
+    """Guarded kernels take each matched layer as a module: two matched layers run by one call
+    (members of an ``nn.Sequential`` called as a whole) cannot be handed over separately."""
+    if len({id(c) for c in calls}) != len(calls):
+        raise Skip("the matched layers run inside one call (an nn.Sequential): no separate modules to hand over")
+
+
 def matched_exprs(match: Match, ctx: FileContext, single_function: bool = True) -> list[tuple[object, ast.expr]]:
     """``[(dsl node, ast expression), ...]`` in match order; all in one function unless
     ``single_function`` is False."""

@@ -50,7 +50,6 @@ class FileContext:
 
     text: str
     filename: str = "<string>"
-    config: object | None = None  # a model config: resolves ``ACT2FN[config.x]`` when given
     tree: ast.Module = field(init=False)
     lines: list[str] = field(init=False)
 

@@ -42,7 +42,7 @@ RUNTIME = layer_pair_runtime(CONV2D, BATCH_NORM_2D, "out_channels")
 
 RULE = Rule(
     name="Conv_BatchNorm",
-    kernel="adopter.kernels.FusedConv2dBatchNorm2d",
+    kernel="adopter.kernels.conv_bn",
     doc=DOC,
     dsl=DSL,
     codemod=ConvBatchNorm(),

@@ -1,13 +1,12 @@
 """Dropout_LayerNorm: fuse ``LayerNorm(Dropout(x) + residual)`` (EPOI ``FusedDropoutAddLayerNorm``).
 
-Rewrite (the codemod below):
-    __init__:  self.LayerNorm = nn.LayerNorm(S, eps=E); self.dropout = nn.Dropout(P)
-           =>  self.LayerNorm = FusedDropoutAddLayerNorm(S, p=P, eps=E)
-    forward:   h = self.dropout(h); h = self.LayerNorm(h + r)
-           =>  h = self.LayerNorm(h, r)
+Rewrite (the codemod below), forward only — ``__init__`` and the modules stay:
+    h = self.dropout(h); h = self.LayerNorm(h + r)
+ => h = dropout_add_layer_norm(self.dropout, self.LayerNorm, h, r)
 
-The LayerNorm's attribute name is reused, so its ``weight``/``bias`` keys stay. The
-dropout binding stays when the dropout module is still used elsewhere.
+``adopter.kernels.dropout_add_layer_norm`` runs the fused kernel when, at run time, the modules
+are a plain ``nn.Dropout`` and ``nn.LayerNorm`` and the shapes agree, and
+``self.LayerNorm(self.dropout(h) + r)`` otherwise.
 """
 
 from __future__ import annotations
@@ -18,16 +17,14 @@ from adopter.core.codemod.base import (
     ChainPlan,
     Codemod,
     arg_text,
-    attr_used_elsewhere,
-    format_call,
-    init_statement,
+    kernel_name,
     match_function,
     matched_exprs,
-    place_construction,
-    pos,
+    module_handle,
+    separate_calls,
 )
-from adopter.core.codemod.context import FileContext, Skip, call_arguments, is_self_attr
-from adopter.core.codemod.edits import Edit, InitEdit
+from adopter.core.codemod.context import FileContext, Skip
+from adopter.core.codemod.edits import Edit
 from adopter.core.dsl import Layer, TensorOp
 from adopter.core.match import MatchContext
 from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
@@ -64,9 +61,7 @@ def _dropout_is_not_layernorm(ctx: MatchContext) -> str | None:
 
 # ---------------------------------------------------------------- codemod
 
-KERNEL = "FusedDropoutAddLayerNorm"
-LAYERNORM_SIG = ("normalized_shape", "eps", "elementwise_affine", "bias", "device", "dtype")
-DROPOUT_SIG = ("p", "inplace")
+KERNEL = "dropout_add_layer_norm"
 
 
 class DropoutLayerNorm(Codemod):
@@ -78,13 +73,13 @@ class DropoutLayerNorm(Codemod):
         drop = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith("Dropout")), None)
         add = next((e for n, e in exprs if isinstance(n, TensorOp) and n.op == "+"), None)
         norm = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith("LayerNorm")), None)
-        if not all(isinstance(e, (ast.Call, ast.BinOp)) for e in (drop, add, norm)):
+        if not (isinstance(drop, ast.Call) and isinstance(add, ast.BinOp) and isinstance(norm, ast.Call)):
             raise Skip("match does not have a Dropout call, a `+` and a LayerNorm call")
-        drop_attr, norm_attr = is_self_attr(drop.func), is_self_attr(norm.func)
-        if not drop_attr or not norm_attr:
-            raise Skip("Dropout and LayerNorm must be modules called as self.<name>(...)")
         if len(drop.args) != 1 or drop.keywords or len(norm.args) != 1 or norm.keywords:
             raise Skip("Dropout/LayerNorm calls must take exactly one tensor")
+        separate_calls(drop, norm)
+        drop_module = module_handle(ctx, drop, "Dropout")
+        norm_module = module_handle(ctx, norm, "LayerNorm")
         # Which operand of the add is the dropout output? (nested call or its assigned name)
         drop_stmt = ctx.statement_of(drop)
         drop_out = drop if drop_stmt is ctx.statement_of(add) else None
@@ -112,46 +107,13 @@ class DropoutLayerNorm(Codemod):
                 and [t.id for t in add_stmt.targets if isinstance(t, ast.Name)] == [arg.id]
             ):
                 raise Skip("the LayerNorm does not read the sum")
-        cls = match.class_name
-        if cls is None:
-            raise Skip("Dropout_LayerNorm needs the class that owns the modules")
-        use = attr_used_elsewhere(ctx, cls, norm_attr, [norm])
-        if use:
-            raise Skip(f"self.{norm_attr} is also used at line {use[0]} ({use[2]})")
-
-        norm_stmt, norm_call, _ = init_statement(ctx, match, norm_attr)
-        drop_stmt_init, drop_call, _ = init_statement(ctx, match, drop_attr)
-        norm_args = call_arguments(norm_call, LAYERNORM_SIG)
-        drop_args = call_arguments(drop_call, DROPOUT_SIG)
-        if "normalized_shape" not in norm_args:
-            raise Skip("LayerNorm without normalized_shape")
-        keywords = [("p", arg_text(ctx, drop_args["p"]) if "p" in drop_args else "0.5")]
-        for name in ("eps", "elementwise_affine", "bias"):
-            if name in norm_args:
-                keywords.append((name, arg_text(ctx, norm_args[name])))
-        for name in ("device", "dtype"):
-            if name in norm_args:
-                raise Skip(f"LayerNorm passes {name}=, which the fused kernel does not take")
-        construct = f"self.{norm_attr} = " + format_call(
-            KERNEL, [arg_text(ctx, norm_args["normalized_shape"])], keywords
-        )
-        reads = set()
-        for node in list(norm_args.values()) + list(drop_args.values()):
-            reads |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        keep_dropout = attr_used_elsewhere(ctx, cls, drop_attr, [drop]) is not None
-        absorbed = [] if keep_dropout else [drop_stmt_init]
-        target, cond = place_construction(ctx, norm_stmt, absorbed or [drop_stmt_init], reads)
-        if cond:
-            raise Skip("Dropout and LayerNorm are constructed under different conditions")
-        if target is not norm_stmt and keep_dropout:
-            raise Skip("the construction would need values bound after the LayerNorm")
-        deletes = [] if keep_dropout else [s for s in (drop_stmt_init, norm_stmt) if s is not target]
+        spec, kernel = kernel_name(ctx, KERNEL)
         plan = ChainPlan(ctx, fn, [drop, add, norm])
-        plan.anchor_text = f"self.{norm_attr}({arg_text(ctx, drop.args[0])}, {arg_text(ctx, residual)})"
-        plan.moved = [(drop.args[0], drop), (residual, add)]
-        forward = plan.build()
-        init = InitEdit(replace=pos(ctx, target), construct=construct, delete=tuple(pos(ctx, s) for s in deletes))
-        return Edit(rule=self.rule, forward=forward, init=(init,), imports=(KERNEL,))
+        plan.anchor_text = (
+            f"{kernel}({drop_module}, {norm_module}, {arg_text(ctx, drop.args[0])}, {arg_text(ctx, residual)})"
+        )
+        plan.moved = [(drop.func, drop), (drop.args[0], drop), (residual, add)]
+        return Edit(rule=self.rule, forward=plan.build(), imports=(spec,))
 
 # ---------------------------------------------------------------- runtime
 
@@ -185,13 +147,11 @@ RUNTIME = Runtime(
 
 RULE = Rule(
     name="Dropout_LayerNorm",
-    kernel="adopter.kernels.FusedDropoutAddLayerNorm",
+    kernel="adopter.kernels.dropout_add_layer_norm",
     doc=DOC,
     dsl=DSL,
     codemod=DropoutLayerNorm(),
     runtime=RUNTIME,
-    # FusedDropoutAddLayerNorm keeps the dropout probability as ``p``.
-    stochastic_attributes=("p",),
     fixtures="Dropout_LayerNorm",
     preconditions=(intermediates_unused("$y", "$sum"), _dropout_is_not_layernorm),
 )

@@ -1,17 +1,16 @@
-"""fused_QKV: three Linear projections of the same input (q, k, v) become one ``FusedQKV`` matmul.
+"""fused_QKV: three Linear projections of the same input (q, k, v) run as one matmul.
 
-Rewrite (the codemod below):
-    __init__:  self.query = nn.Linear(H, A); self.key = nn.Linear(H, A); self.value = nn.Linear(H, A)
-           =>  self.qkv = FusedQKV(H, A, names=("query", "key", "value"))
-    forward:   q = self.query(x); k = self.key(x); v = self.value(x)
-           =>  q, k, v = self.qkv(x)
-      or, when the projections are used inside larger expressions
-               (``self.query(x).view(...).transpose(1, 2)``):
-               query_output, key_output, value_output = self.qkv(x)   # inserted before
-               ... query_output.view(...).transpose(1, 2) ...
+Rewrite (the codemod below), forward only — ``__init__`` and the three modules stay:
+    q = self.query(x); k = self.key(x); v = self.value(x)
+ => q, k, v = qkv(self.query, self.key, self.value, x)
+  or, when the projections are used inside larger expressions
+    (``self.query(x).view(...).transpose(1, 2)``):
+    query_output, key_output, value_output = qkv(self.query, self.key, self.value, x)   # inserted before
+    ... query_output.view(...).transpose(1, 2) ...
 
-The kernel's state-dict hooks save and load ``query.weight`` etc. (``names=``), so the
-checkpoint keys of the three original Linears are kept.
+``adopter.kernels.qkv`` concatenates the three weights at run time (cached while no gradient
+flows) when they are plain ``nn.Linear`` with one input size and matching biases, and calls the
+three modules otherwise; parameters and state-dict keys are the original ones.
 """
 
 from __future__ import annotations
@@ -22,25 +21,22 @@ import re
 from adopter.core.codemod.base import (
     Codemod,
     arg_text,
-    attr_used_elsewhere,
-    fresh_attr,
     fresh_local,
-    init_statement,
+    kernel_name,
     match_function,
     matched_exprs,
+    module_handle,
     pos,
 )
 from adopter.core.codemod.context import (
     FileContext,
     Skip,
-    call_arguments,
     is_self_attr,
-    literal,
     loads,
     simple_assign_target,
     stores,
 )
-from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, InitEdit, StatementEdit
+from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, StatementEdit
 from adopter.core.dsl import Var
 from adopter.core.match import MatchContext
 from adopter.core.match.source import source_lines
@@ -197,8 +193,7 @@ def _modules_used_only_here(ctx: MatchContext) -> str | None:
 
 # ---------------------------------------------------------------- codemod
 
-KERNEL = "FusedQKV"
-LINEAR_SIG = ("in_features", "out_features", "bias", "device", "dtype")
+KERNEL = "qkv"
 
 
 def _role(attr: str) -> str | None:
@@ -236,48 +231,8 @@ class FusedQKVCodemod(Codemod):
         source = ordered[0][1].args[0]
         if not isinstance(source, (ast.Name, ast.Attribute)):
             raise Skip("the projections' input must be a variable")
-        cls = match.class_name
-        if cls is None:
-            raise Skip("fused_QKV needs the class that owns the projections")
-        for attr, call in ordered:
-            use = attr_used_elsewhere(ctx, cls, attr, [call])
-            if use:
-                raise Skip(f"self.{attr} is also used at line {use[0]} ({use[2]})")
-
-        # ---- __init__
-        inits = [init_statement(ctx, match, attr) for attr, _ in ordered]
-        blocks = {id(ctx.block_of(stmt)[2]) for stmt, _, _ in inits}
-        if len(blocks) != 1:
-            raise Skip("the projections are constructed in different blocks")
-        args = [call_arguments(call, LINEAR_SIG) for _, call, _ in inits]
-        for a in args:
-            if "in_features" not in a or "out_features" not in a:
-                raise Skip("a projection Linear lacks in/out features")
-            if "device" in a or "dtype" in a:
-                raise Skip("a projection Linear passes device=/dtype=")
-        texts = lambda key: [ast.unparse(a[key]) if key in a else None for a in args]
-        if len(set(texts("in_features"))) != 1:
-            raise Skip("the projections have different in_features")
-        bias = set(texts("bias"))
-        if len(bias) != 1:
-            raise Skip("the projections differ in bias")
-        bias_text = bias.pop()
-        if bias_text is not None and literal(args[0]["bias"]) is True:
-            bias_text = None
-        q_out, k_out, v_out = texts("out_features")
-        if k_out != v_out:
-            raise Skip("key and value projections have different out_features")
-        new_attr = fresh_attr(ctx, cls, "qkv")
-        parts = [arg_text(ctx, args[0]["in_features"]), arg_text(ctx, args[0]["out_features"])]
-        if bias_text is not None:
-            parts.append(f"bias={arg_text(ctx, args[0]['bias'])}")
-        parts.append("names=(" + ", ".join(f'"{attr}"' for attr, _ in ordered) + ")")
-        if k_out != q_out:
-            parts.append(f"kv_out_features={arg_text(ctx, args[1]['out_features'])}")
-        construct = f"self.{new_attr} = {KERNEL}({', '.join(parts)})"
-        init_stmts = sorted((s for s, _, _ in inits), key=lambda s: (s.lineno, s.col_offset))
-        last = init_stmts[-1]
-        init = InitEdit(replace=pos(ctx, last), construct=construct, delete=tuple(pos(ctx, s) for s in init_stmts[:-1]))
+        spec, kernel = kernel_name(ctx, KERNEL)
+        handles = [module_handle(ctx, call, "projection") for _, call in ordered]
 
         # ---- forward
         stmts = [ctx.statement_of(call) for _, call in ordered]
@@ -291,7 +246,7 @@ class FusedQKVCodemod(Codemod):
             if (first.lineno, first.col_offset) <= (s.lineno, s.col_offset) <= (final.lineno, final.col_offset)
         ]
         source_text = arg_text(ctx, source)
-        fused_call = f"self.{new_attr}({source_text})"
+        fused_call = f"{kernel}({', '.join(handles)}, {source_text})"
         targets = [simple_assign_target(s) for s in stmts]
         whole = all(
             t is not None and getattr(s, "value", None) is call for t, s, (_, call) in zip(targets, stmts, ordered)
@@ -323,7 +278,7 @@ class FusedQKVCodemod(Codemod):
                 expr_edits=tuple(ExprEdit(ctx.char_span(call), name) for name, (_, call) in zip(names, ordered)),
                 insert_before=(f"{', '.join(names)} = {fused_call}",),
             )
-        return Edit(rule=self.rule, forward=forward, init=(init,), imports=(KERNEL,))
+        return Edit(rule=self.rule, forward=forward, imports=(spec,))
 
 # ---------------------------------------------------------------- runtime
 
@@ -359,7 +314,7 @@ RUNTIME = Runtime(check=_runtime_check, leaf_modules=(LINEAR,))
 
 RULE = Rule(
     name="fused_QKV",
-    kernel="adopter.kernels.FusedQKV",
+    kernel="adopter.kernels.qkv",
     doc=DOC,
     dsl=DSL,
     codemod=FusedQKVCodemod(),
