@@ -13,6 +13,11 @@ pytest-benchmark runs in-process (``pytest.main`` on a generated module); the mo
 their step functions are handed over through :data:`_STEPS`. Its JSON (every timing) is
 kept at ``benchmark_json``.
 
+Kernel paths: one more training step of the optimized model, right after the timed rounds
+(so nothing is added inside them), runs under :class:`adopter.kernels.count_kernel_calls`;
+``BenchmarkResult.kernel_calls`` says which kernel ran on which backend, or fell back to the
+original computation, from which rewritten function.
+
 Memory: on CUDA the peak of ``torch.cuda.max_memory_allocated`` over one step; on CPU the
 peak of the torch CPU allocator over one step, above what was allocated when the step
 began (from the profiler's memory events) — allocation sizes are deterministic, so this
@@ -39,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from adopter.kernels import KernelCall, count_kernel_calls
 from adopter.verify import call_model, flatten_tensors, move_inputs
 
 # variant name -> zero-argument training step; read by the generated benchmark module.
@@ -83,9 +89,13 @@ class BenchmarkResult:
     notes: list[str] = field(default_factory=list)
     # optimized.throughput / original.throughput: the ratio of the overall medians (not paired)
     speed_ratio_of_medians: float = math.nan
+    # what one un-timed training step of the optimized model called (see step_kernel_calls);
+    # not in to_json: the verify result attributes them to the applied rules
+    kernel_calls: list[KernelCall] = field(default_factory=list)
 
     def to_json(self) -> dict:
         data = asdict(self)
+        del data["kernel_calls"]
         for key in ("original", "optimized"):
             data[key]["seconds"] = [round(s, 6) for s in data[key]["seconds"]]
         return data
@@ -123,6 +133,13 @@ def make_train_step(model: nn.Module, example_inputs: Any, *, lr: float = 1e-6) 
             torch.cuda.synchronize(device)
 
     return step
+
+
+def step_kernel_calls(step: Callable[[], None]) -> list[KernelCall]:
+    """The adopter kernel calls of one call of ``step`` (kernel, backend or fallback, site)."""
+    with count_kernel_calls() as counted:
+        step()
+    return counted.calls
 
 
 # ---------------------------------------------------------------- memory
@@ -353,7 +370,9 @@ def benchmark_pair(
         warmup_rounds=warmup_rounds,
         json_path=json_path,
     )
-    return summarize(
+    say("one more training step of the optimized model, counting its kernel calls")
+    kernel_calls = step_kernel_calls(steps["optimized"])
+    result = summarize(
         per_block,
         batch_size=batch_size,
         seq_len=seq_len,
@@ -365,6 +384,8 @@ def benchmark_pair(
         memory_optimized=mem["optimized"],
         benchmark_json=json_path,
     )
+    result.kernel_calls = kernel_calls
+    return result
 
 
 def summarize(
@@ -444,6 +465,7 @@ def merge(first: BenchmarkResult, second: BenchmarkResult) -> BenchmarkResult:
     merged.speed_ratio = statistics.median(ratios)
     merged.speed_ratio_low, merged.speed_ratio_high = low, high
     merged.notes = first.notes + second.notes + ["pooled two measurement runs"]
+    merged.kernel_calls = second.kernel_calls or first.kernel_calls
     return merged
 
 
@@ -455,5 +477,6 @@ __all__ = [
     "merge",
     "peak_step_memory",
     "run_pytest_benchmark",
+    "step_kernel_calls",
     "summarize",
 ]

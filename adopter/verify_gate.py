@@ -6,8 +6,15 @@ same run — stable across machines, unlike absolute times — against a baselin
 fail when
 
 * the optimized model is not equivalent to the original (always fatal);
-* a rule applied in the baseline is no longer applied (or applied at fewer places) —
-  deterministic, so it is the hard signal that a change lost an optimization;
+* the model is not the baseline's (``--model`` id or class);
+* a rule is applied at a different set of locations — (rule, file relative to its
+  ``sys.path`` root, class, function); lines are left out, source edits move them — either
+  lost or new: deterministic, so it is the hard signal that a change lost an optimization
+  (or that the baseline is out of date);
+* at a location applied in both, a different set of kernel backends ran in the measured
+  training step (``torch``/``triton``/``xformers``, or ``original``: the run-time guard fell
+  back to the unfused code), e.g. a fused kernel that now always falls back;
+* the baseline predates these records (regenerate it);
 * the memory ratio grew by more than ``max_regression`` (on CPU the torch allocator's
   peak is deterministic, so this is exact too);
 * the speed ratio fell by more than ``max_regression`` *beyond the measurement's noise*:
@@ -74,8 +81,157 @@ def applied_rule_counts(result: dict) -> Counter:
     return Counter(r["rule"] for r in result.get("rules_applied", []))
 
 
-def evaluate_gate(current: dict, baseline: dict, max_regression: float) -> GateResult:
-    """Compare a verify result (JSON dict) with a baseline (same format)."""
+# ---------------------------------------------------------------- what was measured
+
+
+def rule_location(entry: dict) -> tuple[str, str, str, str]:
+    """``(rule, path, class, function)`` of a ``rules_applied`` entry: where the rule was applied,
+    the file relative to its ``sys.path`` root; no lines (source edits move them)."""
+    return (
+        entry["rule"],
+        entry.get("path") or entry.get("file") or "",
+        entry.get("class") or "",
+        entry.get("function") or "",
+    )
+
+
+def describe_location(location: tuple[str, str, str, str]) -> str:
+    """``transformers/models/bert/modeling_bert.py BertOutput.forward``."""
+    _, path, cls, function = location
+    scope = f"{cls}.{function}" if cls and not function.startswith(f"{cls}.") else function
+    return " ".join(part for part in (path, scope) if part)
+
+
+def describe_backends(summary: dict | None, *, counts: bool = False) -> str:
+    """``torch``, ``original (fallback: why)``, with ``counts``: ``torch x24``."""
+    backends = (summary or {}).get("backends") or {}
+    if not backends:
+        return "no adopter kernel call"
+    text = ", ".join(f"{name} x{n}" if counts else name for name, n in sorted(backends.items()))
+    fallbacks = (summary or {}).get("fallbacks") or {}
+    if fallbacks:
+        text += " (fallback: " + "; ".join(sorted(fallbacks)) + ")"
+    return text
+
+
+def has_locations(result: dict) -> bool:
+    return all("path" in r for r in result.get("rules_applied", []))
+
+
+def has_backends(result: dict) -> bool:
+    """Whether ``result`` records, per applied rule, the kernel backends of its measured step."""
+    return "kernel_calls" in result and all(r.get("kernel_calls") is not None for r in result.get("rules_applied", []))
+
+
+def regenerate_command(baseline: dict, baseline_path: str | None) -> str:
+    model_id = (baseline.get("model") or {}).get("id") or "MODEL"
+    return f"adopter verify --model {model_id} --save-baseline {baseline_path or 'BASELINE.json'}"
+
+
+def _model_checks(current: dict, baseline: dict) -> list[GateCheck]:
+    model, base = current.get("model") or {}, baseline.get("model") or {}
+    differ = [
+        GateCheck("model", False, f"different model {key}: {model.get(key)}; baseline: {base.get(key)}")
+        for key in ("id", "class")
+        if model.get(key) != base.get(key)
+    ]
+    return differ or [GateCheck("model", True, f"{model.get('id')} ({model.get('class')}), as in the baseline")]
+
+
+def _location_checks(current: dict, baseline: dict) -> list[GateCheck]:
+    """One failing check per rule location lost, gained or applied a different number of times."""
+    cur = Counter(rule_location(r) for r in current.get("rules_applied", []))
+    base = Counter(rule_location(r) for r in baseline.get("rules_applied", []))
+    failed = []
+    for location in sorted(set(cur) | set(base)):
+        n, b = cur[location], base[location]
+        rule, where = location[0], describe_location(location)
+        if n == b:
+            continue
+        if not n:
+            detail = f"{rule} no longer applied at {where}"
+        elif not b:
+            detail = f"{rule} now also applied at {where} (not in the baseline)"
+        else:
+            detail = f"{rule} applied {n} time(s) at {where}; baseline: {b}"
+        failed.append(GateCheck("applied rules", False, detail))
+    return failed or [
+        GateCheck("applied rules", True, f"{sum(cur.values())} at {len(cur)} location(s), as in the baseline")
+    ]
+
+
+def _backend_checks(current: dict, baseline: dict) -> list[GateCheck]:
+    """At each location applied in both: the same set of kernel backends ran in the measured step."""
+    cur = {rule_location(r): r.get("kernel_calls") for r in current.get("rules_applied", [])}
+    base = {rule_location(r): r.get("kernel_calls") for r in baseline.get("rules_applied", [])}
+    failed = []
+    same: Counter = Counter()
+    for location in sorted(set(cur) & set(base)):
+        now, then = cur[location] or {}, base[location] or {}
+        if set(now.get("backends") or {}) == set(then.get("backends") or {}):
+            same[describe_backends(now)] += 1
+            continue
+        ran = f"ran on {describe_backends(now)}" if now.get("backends") else "called no adopter kernel"
+        failed.append(
+            GateCheck(
+                "kernel backends",
+                False,
+                f"{location[0]} at {describe_location(location)} {ran} in the measured step; "
+                f"baseline: {describe_backends(then)}",
+            )
+        )
+    return failed or [
+        GateCheck(
+            "kernel backends",
+            True,
+            "as in the baseline"
+            + (": " + ", ".join(f"{what} at {n} location(s)" for what, n in sorted(same.items())) if same else ""),
+        )
+    ]
+
+
+def _legacy_rule_check(current: dict, baseline: dict) -> GateCheck:
+    """Rules applied per rule name (a baseline without locations)."""
+    base_rules = applied_rule_counts(baseline)
+    cur_rules = applied_rule_counts(current)
+    lost = {rule: n - cur_rules.get(rule, 0) for rule, n in base_rules.items() if cur_rules.get(rule, 0) < n}
+    gained = {rule: n - base_rules.get(rule, 0) for rule, n in cur_rules.items() if base_rules.get(rule, 0) < n}
+    detail = f"{sum(cur_rules.values())} applied (baseline {sum(base_rules.values())})"
+    if lost:
+        detail += "; lost: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(lost.items()))
+    if gained:
+        detail += "; new: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(gained.items()))
+    return GateCheck("applied rules", not lost, detail)
+
+
+def identity_checks(current: dict, baseline: dict, baseline_path: str | None = None) -> list[GateCheck]:
+    """Model, rule locations and kernel backends against the baseline's (one check per difference)."""
+    checks = _model_checks(current, baseline)
+    if not (has_locations(baseline) and has_backends(baseline)):
+        checks.append(
+            GateCheck(
+                "baseline format",
+                False,
+                "the baseline records no rule locations or kernel backends (written by an older adopter): "
+                f"regenerate it with `{regenerate_command(baseline, baseline_path)}`",
+            )
+        )
+    if (current.get("model") or {}).get("class") != (baseline.get("model") or {}).get("class"):
+        return checks  # another model: its rules and kernels are not comparable
+    if not has_locations(baseline):
+        checks.append(_legacy_rule_check(current, baseline))
+        return checks
+    checks += _location_checks(current, baseline)
+    if has_backends(current) and has_backends(baseline):
+        checks += _backend_checks(current, baseline)
+    return checks
+
+
+def evaluate_gate(
+    current: dict, baseline: dict, max_regression: float, baseline_path: str | None = None
+) -> GateResult:
+    """Compare a verify result (JSON dict) with a baseline (same format); ``baseline_path`` is
+    named in the message asking to regenerate an outdated baseline."""
     checks: list[GateCheck] = []
 
     equivalence = current.get("equivalence") or {}
@@ -89,16 +245,7 @@ def evaluate_gate(current: dict, baseline: dict, max_regression: float) -> GateR
         )
     )
 
-    base_rules = applied_rule_counts(baseline)
-    cur_rules = applied_rule_counts(current)
-    lost = {rule: n - cur_rules.get(rule, 0) for rule, n in base_rules.items() if cur_rules.get(rule, 0) < n}
-    gained = {rule: n - base_rules.get(rule, 0) for rule, n in cur_rules.items() if base_rules.get(rule, 0) < n}
-    detail = f"{sum(cur_rules.values())} applied (baseline {sum(base_rules.values())})"
-    if lost:
-        detail += "; lost: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(lost.items()))
-    if gained:
-        detail += "; new: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(gained.items()))
-    checks.append(GateCheck("applied rules", not lost, detail))
+    checks += identity_checks(current, baseline, baseline_path)
 
     bench = current.get("benchmark")
     base_bench = baseline.get("benchmark")
@@ -211,11 +358,20 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
         f"{model.get('device')})"
     )
     applied = result.get("rules_applied", [])
-    lines.append(f"rules applied ({len(applied)}):")
+    measured = has_backends(result) and bool(applied)
+    lines.append(
+        f"rules applied ({len(applied)})" + (", with the kernel backends of one training step" if measured else "") + ":"
+    )
     for r in applied:
-        lines.append(f"  {r['rule']:<18} {r['where']:<52} {r.get('status', '')}")
+        ran = f"  {describe_backends(r['kernel_calls'], counts=True)}" if measured else ""
+        lines.append(f"  {r['rule']:<18} {r['where']:<52} {r.get('status', '')}{ran}")
     if not applied:
         lines.append("  (none)")
+    stray = [c for c in (result.get("kernel_calls") or {}).get("calls", []) if not c.get("attributed", True)]
+    for c in stray:
+        lines.append(
+            f"  (not from an applied rule: {c['kernel']} from {c['file']} {c['function']}, {c['backend']} x{c['count']})"
+        )
     skipped = result.get("rules_skipped", [])
     # Pattern matches rejected by a rule's preconditions are many and expected (every attention
     # rule tried on every attention); list the rest, count those (all are in the JSON).

@@ -4,6 +4,12 @@ build model -> optimize its class (per-rule equivalence on a shrunk config) -> b
 optimized model at full size -> equivalence check (same weights, forward + backward) ->
 training-step benchmark -> regression gate. Produces the JSON result (format
 :data:`adopter.verify_gate.RESULT_FORMAT`).
+
+The result says what it measured: the model (``--model`` id and class), each applied rule's
+location (``path`` relative to its ``sys.path`` root, so results compare across machines;
+class, function, lines) and, per location, which kernel backend ran in a training step of
+the optimized model (``kernel_calls``: calls per backend, ``"original"`` with the fallback
+reasons when the run-time guard ran the unfused code), attributed by the call's site.
 """
 
 from __future__ import annotations
@@ -11,10 +17,12 @@ from __future__ import annotations
 import copy
 import os
 import platform
+import re
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +44,7 @@ class VerifyOptions:
     benchmark: bool = True
     benchmark_json: str = ".benchmarks/verify.pytest-benchmark.json"
     baseline: dict | None = None
+    baseline_path: str | None = None  # named in the gate's "regenerate the baseline" message
     max_regression: float = 0.05
 
 
@@ -155,7 +164,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
             "device": device,
             "attn_implementation": getattr(config, "_attn_implementation", None),
         },
-        "rules_applied": [a.to_json() for a in report.applied],
+        "rules_applied": [{**a.to_json(), "path": portable_path(a.file)} for a in report.applied],
         "rules_skipped": [s.to_json() for s in report.skipped],
         "traced": report.traced,
         "warnings": caught,
@@ -202,9 +211,10 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
         t = time.perf_counter()
         bench = measure(options.benchmark_json)
         result["benchmark"] = {**bench.to_json(), "threads": torch.get_num_threads()}
+        result["kernel_calls"] = attribute_kernel_calls(result["rules_applied"], bench.kernel_calls, rules or ())
         phases["benchmark"] = time.perf_counter() - t
         if options.baseline is not None:
-            gate = evaluate_gate(result, options.baseline, options.max_regression)
+            gate = evaluate_gate(result, options.baseline, options.max_regression, options.baseline_path)
             if gate.speed_only_failure:
                 # Noise is the likelier cause of one failed speed comparison: measure again and
                 # pool both runs before calling it a regression.
@@ -213,14 +223,116 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
                 second = measure(f"{root}.retry{ext}")
                 bench = merge(bench, second)
                 result["benchmark"] = {**bench.to_json(), "threads": torch.get_num_threads()}
-                gate = evaluate_gate(result, options.baseline, options.max_regression)
+                result["kernel_calls"] = attribute_kernel_calls(
+                    result["rules_applied"], bench.kernel_calls, rules or ()
+                )
+                gate = evaluate_gate(result, options.baseline, options.max_regression, options.baseline_path)
             result["gate"] = gate.to_json()
             if not gate.passed:
                 exit_code = 1
     elif options.baseline is not None:
-        gate = evaluate_gate(result, options.baseline, options.max_regression)
+        gate = evaluate_gate(result, options.baseline, options.max_regression, options.baseline_path)
         result["gate"] = gate.to_json()
         exit_code = 1
     phases["total"] = time.perf_counter() - t0
     result["phases_s"] = {k: round(v, 2) for k, v in phases.items()}
     return VerifyOutcome(result, gate, exit_code)
+
+
+# ---------------------------------------------------------------- what ran where
+
+MEASURED_STEP = "one training step of the optimized model, right after the timed rounds"
+# in-memory rewritten modules are compiled under pseudo file names naming the original file
+_PSEUDO_FILES = (re.compile(r"<adopter rewrite of (.*) \[\w+\]>\Z"), re.compile(r"(.*)<adopter-rewritten [^>]*>\Z"))
+
+
+def site_file(file: str) -> str:
+    """The source file of a kernel call's site (``file`` of a :class:`~adopter.kernels.KernelCall`)."""
+    for pattern in _PSEUDO_FILES:
+        found = pattern.match(file)
+        if found:
+            return found.group(1)
+    return file
+
+
+def portable_path(file: str) -> str:
+    """``file`` relative to the longest ``sys.path`` entry holding it (else to the working
+    directory, else absolute), with ``/``: ``transformers/models/bert/modeling_bert.py``."""
+    if not file or file.startswith("<"):
+        return file
+    real = os.path.realpath(file)
+
+    def holding(entries: Iterable[str]) -> str:
+        roots = [os.path.realpath(entry or os.curdir) for entry in entries if isinstance(entry, str)]
+        return max((r for r in roots if real.startswith(r.rstrip(os.sep) + os.sep)), key=len, default="")
+
+    root = holding(sys.path) or holding([os.curdir])
+    return (os.path.relpath(real, root) if root else real).replace(os.sep, "/")
+
+
+def site_function(entry: dict) -> str:
+    """The qualified function name (``co_qualname``) of an applied rule's location."""
+    cls, function = entry.get("class"), entry.get("function") or ""
+    return f"{cls}.{function}" if cls and not function.startswith(f"{cls}.") else function
+
+
+def _kernel_name(rule_name: str, rules: Iterable) -> str:
+    """The telemetry name of a rule's kernel (``adopter.kernels.linear_gelu`` -> ``linear_gelu``)."""
+    from adopter.core.rules import find_rule
+
+    rule = find_rule(rule_name, rules)
+    return (getattr(rule, "kernel", "") or "").rpartition(".")[2]
+
+
+def summarize_calls(calls: Iterable) -> dict:
+    """``{"kernels": [...], "backends": {backend: calls}, "fallbacks": {reason: calls}}``."""
+    calls = list(calls)
+    backends: Counter = Counter()
+    fallbacks: Counter = Counter()
+    for call in calls:
+        backends[call.backend] += call.count
+        if not call.fused:
+            fallbacks[call.reason or "no reason given"] += call.count
+    summary: dict[str, Any] = {
+        "kernels": sorted({c.kernel for c in calls}),
+        "backends": dict(sorted(backends.items())),
+    }
+    if fallbacks:
+        summary["fallbacks"] = dict(sorted(fallbacks.items()))
+    return summary
+
+
+def attribute_kernel_calls(applied: list[dict], calls: Iterable, rules: Iterable = ()) -> dict:
+    """Give each applied rule entry (``rules_applied`` JSON) its ``path`` and ``kernel_calls``:
+    the calls made from its site (same file by real path, function ``Class.function``) of its
+    rule's kernel; when the rule's kernel name is not among them, the site's calls of kernels no
+    other rule applied there claims. Returns the result's top-level ``kernel_calls`` record."""
+    calls = list(calls)
+    rules = tuple(rules)
+    by_site: dict[tuple[str, str], list] = defaultdict(list)
+    for call in calls:
+        by_site[(os.path.realpath(site_file(call.file)), call.function)].append(call)
+    kernels_at: dict[tuple[str, str], set[str]] = defaultdict(set)
+    sites = []
+    for entry in applied:
+        entry["path"] = portable_path(entry["file"])
+        site = (os.path.realpath(entry["file"]), site_function(entry))
+        kernel = _kernel_name(entry["rule"], rules)
+        kernels_at[site].add(kernel)
+        sites.append((site, kernel))
+    attributed: set[int] = set()
+    for entry, (site, kernel) in zip(applied, sites):
+        here = by_site.get(site, [])
+        mine = [c for c in here if c.kernel == kernel]
+        if not mine:
+            claimed = kernels_at[site] - {kernel}
+            mine = [c for c in here if c.kernel not in claimed]
+        attributed.update(id(c) for c in mine)
+        entry["kernel_calls"] = summarize_calls(mine)
+    records = []
+    for call in calls:
+        record = call.to_json()
+        record["file"] = portable_path(site_file(call.file))
+        record["attributed"] = id(call) in attributed
+        records.append(record)
+    return {"measured": MEASURED_STEP, "calls": records}

@@ -210,12 +210,33 @@ def test_summarize_pairs_blocks_and_computes_ratio():
 # ---------------------------------------------------------------- gate
 
 
+BERT_FILE = "transformers/models/bert/modeling_bert.py"
+# rule -> (class, function, kernel) of where _result applies it
+RULE_SITES = {
+    "Dropout_LayerNorm": ("BertOutput", "forward", "dropout_add_layer_norm"),
+    "biased_GeLU": ("BertIntermediate", "forward", "linear_gelu"),
+    "fused_QKV": ("BertSelfAttention", "forward", "qkv"),
+    "softmax": ("BertSelfAttention", "forward", "softmax"),
+}
+
+
+def _applied(rule, backends=None):
+    """A ``rules_applied`` entry as `adopter verify` writes it (its kernel ran on torch 2x)."""
+    cls, function, kernel = RULE_SITES[rule]
+    return {
+        "rule": rule, "file": "/site-packages/" + BERT_FILE, "path": BERT_FILE, "lines": [1],
+        "class": cls, "function": function, "status": "confirmed", "where": f"modeling_bert.py:1 ({cls}.{function})",
+        "kernel_calls": {"kernels": [kernel], "backends": dict(backends or {"torch": 2})},
+    }  # fmt: skip
+
+
 def _result(speed=1.10, low=None, high=None, memory=0.90, rules=("Dropout_LayerNorm", "biased_GeLU"),
             equivalent=True, metric="peak torch CPU allocator delta over a training step (profiler, CPU)"):  # fmt: skip
     return {
         "format": RESULT_FORMAT,
         "model": {"id": "tiny-bert", "class": "BertModel", "parameters": 1000, "device": "cpu"},
-        "rules_applied": [{"rule": r, "where": "modeling_bert.py:1", "status": "confirmed"} for r in rules],
+        "rules_applied": [_applied(r) for r in rules],
+        "kernel_calls": {"measured": "one training step", "calls": []},
         "rules_skipped": [],
         "equivalence": {"equivalent": equivalent, "worst": "", "summary": "equivalent" if equivalent else "NOT"},
         "benchmark": {
@@ -267,12 +288,16 @@ def test_gate_fails_hard_when_a_rule_is_lost():
     assert not gate.passed
     failed = [c for c in gate.checks if not c.ok]
     assert [c.name for c in failed] == ["applied rules"]
-    assert "biased_GeLU" in failed[0].detail
+    assert failed[0].detail == f"biased_GeLU no longer applied at {BERT_FILE} BertIntermediate.forward"
 
 
-def test_gate_passes_when_rules_are_gained():
+def test_gate_fails_when_a_rule_is_gained_at_a_new_location():
+    # the baseline no longer describes what is measured: record a new one
     gate = evaluate_gate(_result(rules=("Dropout_LayerNorm", "biased_GeLU", "softmax")), _result(), 0.05)
-    assert gate.passed
+    assert not gate.passed
+    assert [c.detail for c in gate.checks if not c.ok] == [
+        f"softmax now also applied at {BERT_FILE} BertSelfAttention.forward (not in the baseline)"
+    ]
 
 
 def test_gate_fails_when_benchmark_settings_differ_from_baseline():
@@ -321,7 +346,14 @@ def test_shipped_baseline_is_a_valid_result():
     path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "baselines", "tiny-bert.json")
     data = load_json(path, "baseline")
     assert data["rules_applied"], "the project's baseline must pin the rules applied on tiny-bert"
-    assert evaluate_gate(data, data, 0.05).passed
+    gate = evaluate_gate(data, data, 0.05)
+    assert gate.passed, "; ".join(c.detail for c in gate.checks if not c.ok) + (
+        " (this project's baseline: python benchmarks/bench_verify.py --save-tiny-baseline)"
+    )
+    # it pins where each rule applies and that its fused kernel (not the fallback) ran there
+    for entry in data["rules_applied"]:
+        assert entry["path"].startswith("transformers/models/bert/"), entry["path"]
+        assert "original" not in entry["kernel_calls"]["backends"], entry
     assert not math.isnan(data["benchmark"]["speed_ratio"])
 
 
@@ -392,7 +424,8 @@ def test_cli_gate_fails_end_to_end_when_rules_are_lost(tmp_path, capsys):
     assert code == 1
     data = json.loads(out.read_text())
     assert data["equivalence"]["equivalent"]
-    failed = {c["name"]: c["detail"] for c in data["gate"]["checks"] if not c["ok"]}
-    assert "applied rules" in failed and "fused_QKV" in failed["applied rules"]
+    failed = [f"{c['name']}: {c['detail']}" for c in data["gate"]["checks"] if not c["ok"]]
+    # (a baseline recorded before rule locations were stored names lost rules by count: "lost: fused_QKV x1")
+    assert any(f.startswith("applied rules: ") and "fused_QKV" in f for f in failed), failed
     assert json.loads((tmp_path / "bench.json").read_text())["benchmarks"]  # pytest-benchmark's JSON
     assert "regression gate" in capsys.readouterr().out

@@ -142,6 +142,7 @@ def run(args) -> int:
             else os.path.join(".benchmarks", f"verify_{_safe_name(args.model)}.pytest-benchmark.json")
         ),
         baseline=baseline,
+        baseline_path=args.baseline,
         max_regression=threshold,
     )
     outcome = run_verify(options, progress)
