@@ -28,8 +28,10 @@ ORIGINAL = "original"  # the guard ran the unfused computation of the rewritten 
 _COUNTS: dict[tuple[str, str, str, str, str], int] = {}
 _LOCK = threading.Lock()
 _PACKAGE = __name__.rpartition(".")[0]  # "adopter.kernels"
-# in-memory rewritten modules are compiled as "<original file><adopter-rewritten mod>"
+# in-memory rewritten modules are compiled as "<original file><adopter-rewritten mod>" (the
+# package loader) or "<adopter rewrite of <original file> [tag]>" (single-module loader)
 _REWRITTEN_SUFFIX = "<adopter-rewritten"
+_REWRITTEN_PREFIX = "<adopter rewrite of "
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,11 @@ def _site() -> tuple[str, str]:
     code = frame.f_code
     filename = code.co_filename
     cut = filename.find(_REWRITTEN_SUFFIX)
-    return (filename[:cut] if cut > 0 else filename), getattr(code, "co_qualname", code.co_name)
+    if cut > 0:
+        filename = filename[:cut]
+    elif filename.startswith(_REWRITTEN_PREFIX) and filename.endswith("]>"):
+        filename = filename[len(_REWRITTEN_PREFIX):filename.rindex(" [")]
+    return filename, getattr(code, "co_qualname", code.co_name)
 
 
 def _compiling() -> bool:

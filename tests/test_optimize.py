@@ -346,15 +346,14 @@ def test_rule_whose_kernel_computes_something_else_is_dropped(monkeypatch):
     """A built-in rule whose target kernel is made wrong (off by 1e-3): dropped, others kept."""
     from transformers import BertConfig, BertModel
 
-    from adopter import kernels
+    from adopter.kernels import guarded
 
-    fused = kernels.FusedDropoutAddLayerNorm
-    right_forward = fused.forward
+    right = guarded._dropout_add_layer_norm
 
-    def wrong_forward(self, *args, **kwargs):
-        return right_forward(self, *args, **kwargs) + 1e-3
+    def wrong(*args, **kwargs):
+        return right(*args, **kwargs) + 1e-3
 
-    monkeypatch.setattr(fused, "forward", wrong_forward)
+    monkeypatch.setattr(guarded, "_dropout_add_layer_norm", wrong)
     config = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
     Optimized = optimize(BertModel, config=config, rules=["Dropout_LayerNorm", "biased_GeLU"])
     report = Optimized.adopter_report
