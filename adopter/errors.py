@@ -21,3 +21,9 @@ class UserError(Exception):
 
 class OptimizeError(Exception):
     """optimize() cannot work on this class at all (one line, for the user)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, first line, at most 300 characters."""
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

@@ -36,8 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adopter.config_flip import FlipCheck
 from adopter.core.structures import Match
-from adopter.errors import OptimizeError
+from adopter.errors import OptimizeError, one_line
+from adopter.kernels.telemetry import count_kernel_calls
 from adopter.rewrite.loader import load_rewritten_modules  # the one in-memory loader (re-exported)
 from adopter.rewrite.source_io import read_source
 from adopter.subject import Subject, build_subject, is_transformers_class, package_files, shrink_config
@@ -71,6 +73,9 @@ class AppliedRewrite:
     class_name: str | None
     function: str
     status: str  # trace status of the match: "confirmed", or "static" when untraced
+    # kernel calls from this site during the equivalence checks: {"analysed"|"flipped": {backend: n}}
+    # (backend "original": the guard ran the original computation)
+    kernel_calls: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -87,7 +92,15 @@ class AppliedRewrite:
             "function": self.function,
             "status": self.status,
             "where": self.where,
+            "kernel_calls": self.kernel_calls,
         }
+
+    def calls_text(self) -> str:
+        parts = []
+        for check, counts in self.kernel_calls.items():
+            fused = sum(n for b, n in counts.items() if b != "original")
+            parts.append(f"{check}: fused {fused}/{sum(counts.values())}")
+        return "; ".join(parts)
 
 
 @dataclass
@@ -124,6 +137,10 @@ class OptimizeReport:
     diff: str = ""
     traced: bool = False
     equivalence: Any = None  # adopter.verify.EquivalenceResult of the final class, on the analysed instance
+    # the same check with every config value a rewritten site reads flipped (adopter.config_flip)
+    flipped: list[Any] = field(default_factory=list)  # ConfigFlip
+    flipped_equivalence: Any = None
+    flipped_note: str = ""  # why there is no flipped check, or which flips were left out
     warnings: list[str] = field(default_factory=list)
     modules: dict[str, str] = field(default_factory=dict)  # original module -> generated module name
     files: list[str] = field(default_factory=list)  # files scanned
@@ -147,10 +164,15 @@ class OptimizeReport:
             f"{len(self.skipped)} match(es) not applied ({'traced' if self.traced else 'not traced: static matches'}"
             f"{checked})"
         ]
+        if self.flipped_equivalence is not None:
+            verdict = "equivalent" if self.flipped_equivalence.equivalent else "NOT equivalent"
+            lines.append(f"flipped config ({', '.join(map(str, self.flipped))}): {verdict}")
+        if self.flipped_note:
+            lines.append(f"flipped config: {self.flipped_note}")
         if self.applied:
-            lines.append(f"applied ({len(self.applied)}):")
+            lines.append(f"applied ({len(self.applied)}; kernel calls in the checks, fused/all):")
             width = max(len(a.where) for a in self.applied)
-            lines += [f"  {a.rule:<21} {a.where:<{width}}  {a.status}" for a in self.applied]
+            lines += [f"  {a.rule:<21} {a.where:<{width}}  {a.status}  {a.calls_text()}" for a in self.applied]
         groups: dict[tuple[str, str, str], list[SkippedRewrite]] = {}
         for s in self.skipped:
             kind = s.reason.split(":", 1)[0] if ":" in s.reason else s.reason
@@ -194,6 +216,11 @@ class OptimizeReport:
             "warnings": list(self.warnings),
             "modules": dict(self.modules),
             "equivalence": self.equivalence.to_json() if self.equivalence is not None else None,
+            "flipped_config": {
+                "flips": [f.to_json() for f in self.flipped],
+                "equivalence": self.flipped_equivalence.to_json() if self.flipped_equivalence is not None else None,
+                "note": self.flipped_note,
+            },
         }
 
 
@@ -257,9 +284,7 @@ class Pipeline:
 # ---------------------------------------------------------------- optimize
 
 
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+_one_line = one_line
 
 
 def _resolve_rules(rules) -> list[Any]:
@@ -458,10 +483,35 @@ def optimize(
                 f"the rewritten {model_cls.__name__} is not equivalent even with the remaining rules "
                 f"({error or result.summary()})"
             )
+    flip_check = FlipCheck(model_cls, subject, files, texts)
+    with count_kernel_calls() as analysed_calls:
+        result, error = equivalent(new_cls)
+    flipped_result, flipped_calls = flip_check.run(new_cls, applied)
+    if flipped_result is not None and not flipped_result.equivalent:
+        # Find the rules that are wrong under the flipped config, drop them, rebuild.
+        wrong = [r for r in final_rules if not flip_check.equivalent(combine([r])[0], [m for m in applied if m.rule == r])]
+        for rule in wrong:
+            for m in accepted[rule]:
+                report.skipped.append(SkippedRewrite(
+                    rule, m.file, m.lines, f"not equivalent under the flipped config ({flip_check.flips_text})"))
+        final_rules = [r for r in final_rules if r not in wrong]
+        new_cls, modules, applied, _, diff = combine(final_rules)
+        with count_kernel_calls() as analysed_calls:
+            result, error = equivalent(new_cls)
+        flipped_result, flipped_calls = flip_check.run(new_cls, applied)
+        if result is None or not result.equivalent or (flipped_result is not None and not flipped_result.equivalent):
+            raise OptimizeError(f"the rewritten {model_cls.__name__} is not equivalent under the flipped config "
+                                f"({flip_check.flips_text}) even without the rules that fail it alone")
     report.equivalence = result
+    report.flipped, report.flipped_equivalence, report.flipped_note = flip_check.flips, flipped_result, flip_check.note
 
     for m in applied:
-        report.applied.append(AppliedRewrite(m.rule, m.file, m.lines, m.class_name, m.function, m.status))
+        calls = {"analysed": _site_counts(analysed_calls, m)}
+        if flipped_calls is not None:
+            calls["flipped"] = _site_counts(flipped_calls, m)
+        report.applied.append(
+            AppliedRewrite(m.rule, m.file, m.lines, m.class_name, m.function, m.status, {k: v for k, v in calls.items() if v})
+        )
     report.diff = diff
     report.modules = {name: module.__name__ for name, module in modules.items()}
     new_cls.adopter_report = report
@@ -470,6 +520,15 @@ def optimize(
     if is_transformers_class(model_cls) and hasattr(model_cls, "from_pretrained"):
         new_cls.from_pretrained = _from_pretrained_via(model_cls)
     return new_cls
+
+
+def _site_counts(calls, m: Match) -> dict[str, int]:
+    """{backend: calls} made from the rewritten function of ``m`` (by file and qualified name)."""
+    function = m.function if "." in m.function or not m.class_name else f"{m.class_name}.{m.function}"
+    out: dict[str, int] = {}
+    for c in calls.at(m.file, function):
+        out[c.backend] = out.get(c.backend, 0) + c.count
+    return out
 
 
 def _from_pretrained_via(original_cls: type):

@@ -133,6 +133,10 @@ class Subject:
     example_inputs: Any
     make: Callable[[type], Any]
     config: Any = None  # the transformers config it was built from, if any
+    # The configuration to flip for the second equivalence check (a config object or the
+    # constructor keywords) and how to build a class with flipped values ({field: value}).
+    settings: Any = None
+    make_with: Callable[[type, dict], Any] | None = None
 
 
 def _as_keyword_inputs(model_cls: type, example_inputs):
@@ -198,8 +202,18 @@ def build_subject(model_cls, config, example_inputs, device, init_args, init_kwa
             raise OptimizeError(str(exc2)) from None
 
     def make(cls):
+        return make_with(cls, {})
+
+    def make_with(cls, values: dict):
         fresh_args = tuple(copy.deepcopy(a) if hasattr(a, "to_dict") else a for a in args)
-        instance = cls(*fresh_args, **kwargs)
+        fresh_kwargs = dict(kwargs)
+        for name, value in values.items():
+            if fresh_args and hasattr(fresh_args[0], "to_dict"):
+                setattr(fresh_args[0], name, value)
+            else:
+                fresh_kwargs[name] = value
+        instance = cls(*fresh_args, **fresh_kwargs)
         return instance.to(device).eval()
 
-    return Subject(built.model, built.example_inputs, make, built.config)
+    settings = args[0] if args and hasattr(args[0], "to_dict") else (dict(kwargs) if kwargs else None)
+    return Subject(built.model, built.example_inputs, make, built.config, settings, make_with)
