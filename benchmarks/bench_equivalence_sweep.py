@@ -80,6 +80,19 @@ def run_one(name: str, eager: bool) -> dict:
     record["warnings"] = list(report.warnings)
     if report.equivalence is not None:
         record["final_max_abs_diff"] = report.equivalence.max_abs_diff
+    # the second check: every config value a rewritten site reads, flipped (adopter.config_flip)
+    record["flips"] = [str(f) for f in report.flipped]
+    record["flipped_note"] = report.flipped_note
+    if report.flipped_equivalence is not None:
+        record["flipped_equivalent"] = report.flipped_equivalence.equivalent
+        record["flipped_max_abs_diff"] = report.flipped_equivalence.max_abs_diff
+    calls: dict = {}  # check -> {"fused": n, "fallback": n}, over every applied site
+    for a in report.applied:
+        for check, counts in a.kernel_calls.items():
+            tally = calls.setdefault(check, {"fused": 0, "fallback": 0})
+            for backend, n in counts.items():
+                tally["fallback" if backend == "original" else "fused"] += n
+    record["kernel_calls"] = calls
     return record
 
 
@@ -87,17 +100,46 @@ def markdown(records: list[dict]) -> str:
     lines = [
         "# Equivalence sweep (`optimize` on small configs)",
         "",
-        "| model | s | applied | dropped (not equivalent / fails to load) | skipped | error |",
-        "|---|---|---|---|---|---|",
+        "Kernel calls are counted over both checks' forward passes (eval and train) at the applied sites:",
+        "fused = the guarded kernel's preconditions held, fallback = it ran the original code.",
+        "",
+        "| model | s | applied | dropped (not equivalent / fails to load) | skipped | flipped config | "
+        "flipped equivalent | calls analysed (fused/fallback) | calls flipped (fused/fallback) | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         dropped = "; ".join(f"{d['rule']} {d['where']} ({d['reason'][:80]})" for d in r.get("dropped", []))
         lines.append(
             f"| {r['model']}{' (eager)' if r.get('eager') else ''} | {r.get('seconds', '-')} "
             f"| {', '.join(r.get('applied', [])) or '-'} | {dropped or '-'} "
-            f"| {len(r.get('skipped', []))} | {r.get('error', '') or '-'} |"
+            f"| {len(r.get('skipped', []))} | {', '.join(r.get('flips', [])) or r.get('flipped_note') or '-'} "
+            f"| {_yes_no(r.get('flipped_equivalent'))} | {_calls(r, 'analysed')} | {_calls(r, 'flipped')} "
+            f"| {r.get('error', '') or '-'} |"
         )
+    totals = {"analysed": [0, 0], "flipped": [0, 0]}
+    for r in records:
+        for check, t in r.get("kernel_calls", {}).items():
+            totals[check][0] += t["fused"]
+            totals[check][1] += t["fallback"]
+    flipped = [r for r in records if "flipped_equivalent" in r]
+    lines += [
+        "",
+        f"Runs: {len(records)}; with a flipped-config check: {len(flipped)}; not equivalent under the flipped "
+        f"config: {sum(1 for r in flipped if not r['flipped_equivalent'])}; dropped as not equivalent: "
+        f"{sum(len(r.get('dropped', [])) for r in records)}; errors: {sum(1 for r in records if r.get('error'))}.",
+        f"Kernel calls, analysed config: fused {totals['analysed'][0]}, fallback {totals['analysed'][1]}; "
+        f"flipped config: fused {totals['flipped'][0]}, fallback {totals['flipped'][1]}.",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _yes_no(value) -> str:
+    return "-" if value is None else ("yes" if value else "NO")
+
+
+def _calls(record: dict, check: str) -> str:
+    t = record.get("kernel_calls", {}).get(check)
+    return f"{t['fused']}/{t['fallback']}" if t else "-"
 
 
 def main() -> int:

@@ -47,6 +47,14 @@ class _LayerBatchNorm(Codemod):
         separate_calls(first, norm)
         if len(first.args) != 1 or first.keywords or len(norm.args) != 1 or norm.keywords:
             raise Skip("both calls must take exactly one tensor")
+        arg = norm.args[0]
+        first_stmt = ctx.statement_of(first)
+        feeds = arg is first or (
+            isinstance(arg, ast.Name) and isinstance(first_stmt, ast.Assign) and first_stmt.value is first
+            and [t.id for t in first_stmt.targets if isinstance(t, ast.Name)] == [arg.id]
+        )
+        if not feeds:
+            raise Skip(f"the {self.bn_suffix} reads {ctx.segment(arg)!r}, not the {self.first_suffix} output itself")
         layer = module_handle(ctx, first, self.first_suffix)
         bn = module_handle(ctx, norm, self.bn_suffix)
         spec, kernel = kernel_name(ctx, self.kernel)

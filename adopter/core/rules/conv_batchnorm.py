@@ -1,4 +1,4 @@
-"""Conv_BatchNorm: fuse ``BatchNorm2d(Conv2d(x))`` into ``adopter.kernels.FusedConv2dBatchNorm2d``."""
+"""Conv_BatchNorm: ``BatchNorm2d(Conv2d(x))`` becomes ``adopter.kernels.conv_bn(conv, bn, x)`` (BN folded in eval)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ batch norm sits in a branch the convolution does not (paper Fig. 3/5: DPT
 ``if self.use_batch_norm``) — with both modules bound in ``__init__``. The convolution
 may be a subclass of ``nn.Conv2d`` defined in the same file that defines no method but
 ``__init__`` (directly or through same-file bases), so its forward is Conv2d's
-(EfficientNet's depthwise ``EfficientNetDepthwiseConv2d``); the rewrite builds the fused
-module from the Conv2d arguments that constructor passes to ``super().__init__`` and
-skips, with the reason, constructors it cannot map exactly. Not a match: functional
+(EfficientNet's depthwise ``EfficientNetDepthwiseConv2d``); the rewrite hands both modules
+to the kernel, which folds only when, at run time, the conv keeps Conv2d's ``forward`` and the
+batch norm is in eval mode with running statistics. Not a match: functional
 ``F.conv2d``/``F.batch_norm``; Conv2d subclasses that override ``forward`` or any other
 method, or are defined in another file; Conv1d/Conv3d/ConvTranspose2d; BatchNorm1d/3d,
 SyncBatchNorm or other norms; any op (activation, padding, reshape) between the two; a
@@ -49,7 +49,7 @@ RULE = Rule(
     runtime=RUNTIME,
     fixtures="Conv_BatchNorm",
     preconditions=(intermediates_unused("$c"), distinct_modules("$conv", "$bn")),
-    # Same-file Conv2d subclasses (EfficientNetDepthwiseConv2d): rewrite/codemod_batchnorm.py
-    # maps their constructor to Conv2d's arguments (conv2d_subclass_args) or skips the match.
+    # Same-file Conv2d subclasses (EfficientNetDepthwiseConv2d): conv_bn checks at run time that
+    # the subclass keeps Conv2d's forward.
     match_subclasses=True,
 )

@@ -42,7 +42,7 @@ from adopter.core.match import MatchContext
 from adopter.core.match.source import source_lines
 from adopter.core.match.source_uses import attribute_uses_in_class_family
 from adopter.core.rule import Rule, Runtime, RuntimeSite
-from adopter.core.rules._common import LINEAR, const_text, distinct_modules, kwarg, self_attr_path
+from adopter.core.rules._common import LINEAR, const_text, distinct_modules, kwarg
 from adopter.core.structures import Match
 
 DSL = """
@@ -66,8 +66,10 @@ the same input (gate/up projections); projections with different in-features tex
 differing ``bias`` (Whisper's bias-free ``k_proj``); a projection module used anywhere else
 in the class — another call in the same function (LongT5's side keys ``self.k(global_inputs)``),
 the other branch of ``if is_cross_attention`` (k/v of ``encoder_hidden_states``: BROS,
-ConvBERT), another method, a subclass in the same file — since ``FusedQKV`` replaces the
-three modules."""
+ConvBERT), another method, a subclass in the same file (kept out although the guarded kernel
+would leave those uses intact: a projection with other uses is rarely a plain attention
+projection). At run time the kernel fuses only three plain ``nn.Linear`` with one input size and
+matching biases; anything else runs the three modules."""
 
 _ROLE_TOKENS = {
     "q": {"q", "query", "queries", "wq", "toq", "qproj", "qlin", "qs"},
@@ -297,16 +299,6 @@ def _runtime_check(site: RuntimeSite) -> tuple[str | None, str]:
     if len(biases) != 1:
         return "projections differ in bias (some have none)", ""
     outs = [m.out_features for m in linears]
-    roles = []
-    for node in site.nodes:
-        attr = self_attr_path(getattr(node, "module", None))
-        roles.append(projection_role(attr) if attr else None)
-    if sorted(r for r in roles if r) == ["k", "q", "v"]:
-        kv = {outs[roles.index("k")], outs[roles.index("v")]}
-        if len(kv) != 1:
-            return f"key/value out_features differ {sorted(kv)}: FusedQKV needs one kv_out_features", ""
-    elif len(set(outs)) == 3:
-        return f"projection out_features {outs} cannot be split as q plus equal k/v", ""
     return None, f"3 x Linear in={ins.pop()} out={outs} bias={biases.pop()}"
 
 

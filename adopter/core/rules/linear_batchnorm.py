@@ -1,4 +1,4 @@
-"""Linear_BatchNorm: fuse ``BatchNorm1d(Linear(x))`` into ``adopter.kernels.FusedLinearBatchNorm1d``."""
+"""Linear_BatchNorm: ``BatchNorm1d(Linear(x))`` becomes ``adopter.kernels.linear_bn(linear, bn, x)`` (BN folded in eval)."""
 
 from __future__ import annotations
 
