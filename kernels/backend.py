@@ -44,8 +44,22 @@ def requested_backend() -> str | None:
     return value
 
 
-@functools.cache
+def _constant_under_compile(fn):
+    """``torch.compiler.assume_constant_result(fn)``: torch.compile calls ``fn`` while tracing and
+    bakes the result into the graph (tracing into importlib or an xformers probe call would break
+    it). Spelled out because importing ``torch._dynamo`` here would import triton with the package.
+    """
+    fn._dynamo_marked_constant = True  # what torch._dynamo.assume_constant_result sets
+    return fn
+
+
+@_constant_under_compile
 def _import_ok(name: str) -> bool:
+    return _import_ok_cached(name)
+
+
+@functools.cache
+def _import_ok_cached(name: str) -> bool:
     try:
         importlib.import_module(name)
     except Exception:  # noqa: BLE001  (ImportError, or a broken install raising anything at import)
@@ -74,13 +88,18 @@ def triton_can_run(tensors: Iterable[torch.Tensor | None]) -> bool:
     return device == "cuda" or (device == "cpu" and triton_interpreting())
 
 
-@functools.cache
+@_constant_under_compile
 def xformers_supports(device_type: str, dtype: torch.dtype) -> bool:
     """Cached probe: does xformers have a memory-efficient attention operator for this device/dtype?
 
     xformers can import without any usable operator (e.g. built for another torch, or CPU only),
     so the only reliable test is to run a tiny call.
     """
+    return _xformers_supports_cached(device_type, dtype)
+
+
+@functools.cache
+def _xformers_supports_cached(device_type: str, dtype: torch.dtype) -> bool:
     if device_type != "cuda" or not _import_ok("xformers.ops"):
         return False
     try:
@@ -168,6 +187,17 @@ def autocast_to_fp32(device_type: str) -> bool:
     return device_type == "cuda" and torch.is_autocast_enabled(device_type)
 
 
-def fresh_seed() -> int:
-    """A dropout seed drawn from torch's default CPU generator, so torch.manual_seed reproduces it."""
-    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+def fresh_seed(device: torch.device | str = "cpu") -> torch.Tensor:
+    """A dropout seed: a one-element int64 tensor on ``device`` that kernels load themselves.
+
+    Drawn from torch's default generator of that device, so ``torch.manual_seed`` reproduces it;
+    never read back to the host (no device sync, no graph break under torch.compile).
+    """
+    return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=device)
+
+
+def seed_tensor(seed: int | torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``seed`` as the one-element int64 tensor on ``device`` that :func:`fresh_seed` returns."""
+    if isinstance(seed, torch.Tensor):
+        return seed.to(device=device, dtype=torch.int64).reshape(1)
+    return torch.full((1,), int(seed), dtype=torch.int64, device=device)

@@ -139,6 +139,136 @@ def test_dropout_add_layer_norm_fp16_dropout_rounding_matches_unfused():
     torch.testing.assert_close(out.float(), ref, **TOL[torch.float16])
 
 
+# half x with a float32 residual (autocast): the fused path computes what the unfused code does
+def _amp_inputs(cols, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, cols).to(dtype).requires_grad_()
+    r = torch.randn(3, 5, cols, requires_grad=True)  # float32
+    norm = nn.LayerNorm(cols)  # float32 parameters, as under autocast
+    with torch.no_grad():
+        norm.weight.normal_(), norm.bias.normal_()
+    return x, r, norm, torch.randn(3, 5, cols)
+
+
+def _grads(out, x, r, norm, g):
+    return torch.autograd.grad(out, [x, r, norm.weight, norm.bias], g)
+
+
+def _check_amp(out, gs, ref, ref_gs, dtype, tol=None):
+    """Output and residual gradient in float32, x's gradient in x's dtype; ``tol`` None: bitwise."""
+    assert out.dtype == torch.float32 and gs[0].dtype == dtype and gs[1].dtype == torch.float32
+    if tol is None:  # the torch path runs the unfused ops themselves
+        assert torch.equal(out, ref)
+        assert all(torch.equal(a, b) for a, b in zip(gs, ref_gs))
+        return
+    torch.testing.assert_close(out, ref, **tol)
+    torch.testing.assert_close(gs[0], ref_gs[0], **TOL[dtype])  # x's gradient, in x's dtype
+    for a, b in zip(gs[1:], ref_gs[1:]):
+        torch.testing.assert_close(a, b, **tol)
+
+
+FP32_TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("cols", [17, 40])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dropout_add_layer_norm_half_x_fp32_residual_p0(monkeypatch, path, cols, dtype):
+    monkeypatch.setenv(backend.ENV_VAR, path)
+    x, r, norm, g = _amp_inputs(cols, dtype)
+    drop = nn.Dropout(0.0)
+    out = kernels.dropout_add_layer_norm(drop, norm, x, r)
+    assert backend.last_backend() == path  # the fused path ran (no fallback to the original modules)
+    ref = norm(F.dropout(x, 0.0, True) + r)
+    tol = None if path == "torch" else FP32_TOL  # no rounding in x's dtype without dropout
+    _check_amp(out, _grads(out, x, r, norm, g), ref, _grads(ref, x, r, norm, g), dtype, tol)
+    with torch.no_grad():  # without grad the kernel does not store the sum
+        torch.testing.assert_close(kernels.dropout_add_layer_norm(drop, norm, x, r), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("cols", [17, 40])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dropout_add_layer_norm_half_x_fp32_residual_dropout(monkeypatch, path, cols, dtype):
+    monkeypatch.setenv(backend.ENV_VAR, path)
+    p = 0.3
+    x, r, norm, g = _amp_inputs(cols, dtype)
+    drop = nn.Dropout(p)
+    torch.manual_seed(1)
+    out = kernels.dropout_add_layer_norm(drop, norm, x, r)
+    assert backend.last_backend() == path
+    gs = _grads(out, x, r, norm, g)
+    if path == "torch":  # same generator draws as nn.Dropout: the unfused result exactly
+        torch.manual_seed(1)
+        ref = norm(drop(x) + r)
+        _check_amp(out, gs, ref, _grads(ref, x, r, norm, g), dtype)
+        return
+    keep = gs[0] != 0  # the kernel's mask, from the backward: dx is zero exactly where it dropped
+    assert keep.any() and not keep.all()
+    # dropout rounded in x's dtype (x * mask * scale, as F.dropout), then the float32 add
+    ref = norm(x * keep.to(dtype) * (1.0 / (1.0 - p)) + r)
+    # fp16: the same rounding as torch; bf16: the interpreter truncates float32 -> bfloat16 (the GPU
+    # rounds to nearest), so one dropped-out value may differ by an ulp
+    tol = FP32_TOL if dtype == torch.float16 else TOL[dtype]
+    _check_amp(out, gs, ref, _grads(ref, x, r, norm, g), dtype, tol)
+
+
+# ---------------------------------------------------------------- dropout seed: a device tensor, no .item()
+def test_dropout_seed_is_a_device_tensor_reproduced_by_manual_seed(triton_backend):
+    from adopter.kernels.ops.dropout_add_layer_norm import dropout_add_layer_norm as f
+
+    torch.manual_seed(0)
+    s1 = backend.fresh_seed(torch.device("cpu"))
+    torch.manual_seed(0)
+    assert s1.dtype == torch.int64 and s1.shape == (1,) and torch.equal(s1, backend.fresh_seed("cpu"))
+
+    cols, p = 23, 0.4
+    x = torch.randn(3, 5, cols, requires_grad=True)
+    r = torch.randn(3, 5, cols, requires_grad=True)
+    w, b = torch.randn(cols, requires_grad=True), torch.randn(cols, requires_grad=True)
+    g = torch.randn(3, 5, cols)
+    torch.manual_seed(5)
+    a = f(x, r, cols, w, b, 1e-5, p, True)
+    torch.manual_seed(5)
+    a2 = f(x, r, cols, w, b, 1e-5, p, True)
+    assert torch.equal(a, a2)
+    assert not torch.equal(a, f(x, r, cols, w, b, 1e-5, p, True))  # the generator moved on
+    torch.rand(100)  # draws between forward and backward do not change the mask the backward uses
+    gx, gr, gw, gb = torch.autograd.grad(a, [x, r, w, b], g)
+    keep = gx != 0
+    ref_in = [t.detach().clone().requires_grad_() for t in (x, r, w, b)]
+    ref = F.layer_norm(ref_in[0] * keep / (1 - p) + ref_in[1], (cols,), ref_in[2], ref_in[3], 1e-5)
+    torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip((gx, gr, gw, gb), torch.autograd.grad(ref, ref_in, g)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # an explicit seed, as an int or a tensor, gives the same mask
+    assert torch.equal(f(x, r, cols, w, b, 1e-5, p, True, seed=11),
+                       f(x, r, cols, w, b, 1e-5, p, True, seed=torch.tensor([11])))
+
+
+def test_dropout_seed_is_never_read_back_to_the_host(triton_backend, monkeypatch):
+    from adopter.kernels.ops import dropout_add_layer_norm as dal
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):  # every aten op run in the block (a host read is _local_scalar_dense)
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    drawn = []
+    monkeypatch.setattr(dal, "fresh_seed", lambda device: drawn.append(backend.fresh_seed(device)) or drawn[-1])
+    m = kernels.FusedDropoutAddLayerNorm(19, p=0.2)
+    x = torch.randn(4, 19, requires_grad=True)
+    with Ops() as mode:
+        m(x, torch.randn(4, 19)).sum().backward()
+    assert "aten.randint" in mode.ops and "aten._local_scalar_dense" not in mode.ops, sorted(mode.ops)
+    assert len(drawn) == 1 and drawn[0].device == x.device and drawn[0].dtype == torch.int64
+
+
 # ---------------------------------------------------------------- bias + GeLU
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])

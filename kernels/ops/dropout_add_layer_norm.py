@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..backend import autocast_to_fp32, fresh_seed, select_backend, triton_dtype_ok
+from ..backend import autocast_to_fp32, fresh_seed, seed_tensor, select_backend, triton_dtype_ok
 from .common import fx_leaf, row_block
 
 
@@ -27,7 +27,10 @@ def dropout_add_layer_norm_reference(
 
 def dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, eps, p, training):
     """Torch backend: the unfused ops, adding the residual in place into dropout's fresh output
-    (one allocation less; ~10% faster fwd+bwd on CPU at BERT-base shapes, see benchmarks/results)."""
+    (one allocation less; ~10% faster fwd+bwd on CPU at BERT-base shapes, see benchmarks/results).
+
+    In place only when the sum keeps dropout's dtype and shape: a float32 residual added to a half
+    ``x`` (autocast) gives a float32 sum, as ``dropout(x) + residual`` does."""
     if training and p > 0.0 and x.shape == residual.shape and x.dtype == residual.dtype:
         h = F.dropout(x, p, True).add_(residual)  # dropout's backward needs its mask, not its output
     else:
@@ -35,13 +38,16 @@ def dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, ep
     return F.layer_norm(h, normalized_shape, weight, bias, eps)
 
 
-def _triton_supported(x, residual, weight, n_cols: int) -> bool:
-    if not triton_dtype_ok(x, residual, weight) or x.dtype != residual.dtype or x.shape != residual.shape:
+def _triton_supported(x, residual, weight, bias, n_cols: int) -> bool:
+    """The kernel takes any mix of float32/float16/bfloat16 ``x`` and ``residual`` (the sum in their
+    promoted dtype, as ``dropout(x) + residual``) and parameters in that dtype or float32."""
+    if not triton_dtype_ok(x, residual, weight, bias) or x.shape != residual.shape:
         return False
+    h_dtype = torch.promote_types(x.dtype, residual.dtype)
     return (
         row_block(n_cols, 4) > 0
         and x.numel() < 2**31  # Philox offsets are 32-bit
-        and (weight is None or weight.dtype in (x.dtype, torch.float32))
+        and all(t is None or t.dtype in (h_dtype, torch.float32) for t in (weight, bias))
     )
 
 
@@ -55,13 +61,15 @@ def dropout_add_layer_norm(
     eps: float = 1e-5,
     p: float = 0.0,
     training: bool = True,
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.layer_norm(F.dropout(x, p, training) + residual, normalized_shape, weight, bias, eps)``.
 
     On the triton backend one kernel does dropout (mask from ``seed`` via Philox, regenerated in the
-    backward, never stored), the add and the normalization. ``seed`` defaults to a draw from torch's
-    default generator.
+    backward, never stored), the add and the normalization. ``seed`` (an int, or a one-element
+    integer tensor) defaults to a draw from torch's default generator on ``x``'s device, which the
+    kernel reads from device memory (no host sync). ``x`` may be half precision with a float32
+    ``residual`` (autocast): the sum and the output are then float32, as in the unfused code.
     """
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
@@ -75,16 +83,21 @@ def dropout_add_layer_norm(
         has_triton=lambda: (
             x.dim() >= len(normalized_shape)
             and tuple(x.shape[x.dim() - len(normalized_shape):]) == normalized_shape
-            and _triton_supported(x, residual, weight, n_cols)
+            and _triton_supported(x, residual, weight, bias, n_cols)
         ),
     )
     if backend != "triton":
         return dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, eps, p, training)
     from .triton_layer_norm import DropoutAddLayerNormFunction
 
-    out_dtype = torch.float32 if autocast_to_fp32(x.device.type) else x.dtype  # as F.layer_norm
-    if seed is None:
-        seed = fresh_seed() if p_eff > 0 else 0
+    # as F.layer_norm of `dropout(x) + residual`: the promoted dtype (float32 under CUDA autocast)
+    out_dtype = torch.float32 if autocast_to_fp32(x.device.type) else torch.promote_types(x.dtype, residual.dtype)
+    if p_eff == 0.0:
+        seed = None  # no dropout: nothing to draw, the kernel reads no seed
+    elif seed is None:
+        seed = fresh_seed(x.device)
+    else:
+        seed = seed_tensor(seed, x.device)
     w = weight.contiguous() if weight is not None else None
     b = bias.contiguous() if bias is not None else None
     return DropoutAddLayerNormFunction.apply(x, residual, w, b, n_cols, eps, p_eff, seed, out_dtype)

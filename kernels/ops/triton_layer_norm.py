@@ -1,8 +1,11 @@
 """Triton kernels for fused dropout + residual add + LayerNorm (forward and backward one kernel each).
 
 The dropout mask is never stored: it is regenerated in the backward from ``(seed, element index)``
-with the same Philox stream (``tl.rand``). The pre-norm sum ``h = dropout(x) + residual`` is stored
-(rounded to the input dtype, exactly as the unfused reference materializes it) for the backward.
+with the same Philox stream (``tl.rand``); the seed is a one-element int64 tensor the kernels load
+(drawn on the device, never synced to the host). ``x`` and ``residual`` may differ in dtype (half
+``x``, float32 ``residual`` under autocast): dropout is rounded in ``x``'s dtype, the sum
+``h = dropout(x) + residual`` in their promoted dtype, exactly as the unfused reference
+materializes it, and ``h`` is stored in that dtype for the backward.
 """
 from __future__ import annotations
 
@@ -10,13 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backend import seed_tensor as _seed_tensor
 from .triton_utils import as_rows, reduction_programs, row_block, row_num_warps
 
 
 @triton.jit
 def _dropout_add_layer_norm_fwd(
     X, R, W, B, Y, H, Mean, Rstd,
-    N, eps, p, scale, seed,
+    N, eps, p, scale, Seed,
     HAS_DROPOUT: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     STORE_H: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -27,7 +31,7 @@ def _dropout_add_layer_norm_fwd(
     x = tl.load(X + base + cols, mask=in_row, other=0.0)
     r = tl.load(R + base + cols, mask=in_row, other=0.0)
     if HAS_DROPOUT:
-        keep = tl.rand(seed, row * N + cols) >= p
+        keep = tl.rand(tl.load(Seed), row * N + cols) >= p
         # round like the unfused reference: dropout output in x's dtype, then the add in h's dtype
         x = tl.where(keep, x.to(tl.float32) * scale, 0.0).to(X.dtype.element_ty)
     h = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty).to(tl.float32)
@@ -50,7 +54,7 @@ def _dropout_add_layer_norm_fwd(
 @triton.jit
 def _dropout_add_layer_norm_bwd(
     DY, H, W, Mean, Rstd, DX, DR, DW, DB,
-    M, N, p, scale, seed, rows_per_program,
+    M, N, p, scale, Seed, rows_per_program,
     HAS_DROPOUT: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     NEED_DX: tl.constexpr, NEED_DR: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -59,6 +63,8 @@ def _dropout_add_layer_norm_bwd(
     in_row = cols < N
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=in_row, other=0.0).to(tl.float32)
+    if HAS_DROPOUT:
+        seed = tl.load(Seed)
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     row_start = pid * rows_per_program
@@ -89,8 +95,9 @@ def _dropout_add_layer_norm_bwd(
             tl.store(DR + cols, dh.to(DR.dtype.element_ty), mask=in_row)
         if NEED_DX:
             if HAS_DROPOUT:
+                # as the unfused backward: the add hands dropout dh rounded to x's dtype
                 keep = tl.rand(seed, row * N + cols) >= p
-                dh = tl.where(keep, dh * scale, 0.0)
+                dh = tl.where(keep, dh.to(DX.dtype.element_ty).to(tl.float32) * scale, 0.0)
             tl.store(DX + cols, dh.to(DX.dtype.element_ty), mask=in_row)
         DY += N
         H += N
@@ -103,7 +110,11 @@ def _dropout_add_layer_norm_bwd(
 
 
 class DropoutAddLayerNormFunction(torch.autograd.Function):
-    """``layer_norm(dropout(x, p) + residual)`` over the last ``N`` elements of each row."""
+    """``layer_norm(dropout(x, p) + residual)`` over the last ``N`` elements of each row.
+
+    ``seed``: a one-element int64 tensor on ``x``'s device (or an int), read only when ``p > 0``;
+    saved for the backward, which regenerates the mask from it.
+    """
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, n_cols, eps, p, seed, out_dtype):
@@ -113,29 +124,35 @@ class DropoutAddLayerNormFunction(torch.autograd.Function):
         h_dtype = torch.promote_types(x.dtype, residual.dtype)
         y = torch.empty((rows, n_cols), dtype=out_dtype, device=x.device)
         need_grad = any(ctx.needs_input_grad[:4])
-        # without grad h is not stored; the (same-dtype) residual only tells the kernel h's dtype
-        h = torch.empty((rows, n_cols), dtype=h_dtype, device=x.device) if need_grad else r2
+        # without grad h is not stored: H only tells the kernel h's dtype (any tensor of that dtype)
+        if need_grad:
+            h = torch.empty((rows, n_cols), dtype=h_dtype, device=x.device)
+        else:
+            h = next((t for t in (r2, x2, y) if t.dtype == h_dtype), None)
+            if h is None:
+                h = torch.empty(0, dtype=h_dtype, device=x.device)
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         block = row_block(n_cols, 4)
         has_dropout = p > 0.0
         scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+        seed_t = _seed_tensor(seed, x.device) if has_dropout else None
         if rows > 0:
             _dropout_add_layer_norm_fwd[(rows,)](
                 x2, r2, weight if weight is not None else x2, bias if bias is not None else x2,
                 y, h, mean, rstd,
-                n_cols, eps, p, scale, seed,
+                n_cols, eps, p, scale, seed_t if seed_t is not None else mean,
                 HAS_DROPOUT=has_dropout, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                 STORE_H=need_grad, BLOCK_N=block, num_warps=row_num_warps(block),
             )
-        ctx.save_for_backward(h if need_grad else None, weight, bias, mean, rstd)
-        ctx.meta = (n_cols, p, scale, seed, has_dropout, x.dtype, residual.dtype, x.shape)
+        ctx.save_for_backward(h if need_grad else None, weight, bias, mean, rstd, seed_t)
+        ctx.meta = (n_cols, p, scale, has_dropout, x.dtype, residual.dtype, x.shape)
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
-        h, weight, bias, mean, rstd = ctx.saved_tensors
-        n_cols, p, scale, seed, has_dropout, x_dtype, r_dtype, shape = ctx.meta
+        h, weight, bias, mean, rstd, seed = ctx.saved_tensors
+        n_cols, p, scale, has_dropout, x_dtype, r_dtype, shape = ctx.meta
         need_dx, need_dr, need_dw, need_db = ctx.needs_input_grad[:4]
         dy2 = as_rows(dy, n_cols)
         rows = dy2.shape[0]
@@ -151,7 +168,7 @@ class DropoutAddLayerNormFunction(torch.autograd.Function):
                 dy2, h, weight if weight is not None else dy2, mean, rstd,
                 dx if dx is not None else dy2, dr if dr is not None else dy2,
                 dw_part if dw_part is not None else mean, db_part if db_part is not None else mean,
-                rows, n_cols, p, scale, seed, triton.cdiv(rows, programs),
+                rows, n_cols, p, scale, seed if seed is not None else mean, triton.cdiv(rows, programs),
                 HAS_DROPOUT=has_dropout, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                 NEED_DX=bool(need_dx), NEED_DR=bool(need_dr), BLOCK_N=block, num_warps=row_num_warps(block),
             )

@@ -13,8 +13,13 @@ def row_num_warps(block: int) -> int:
     return min(max(block // 256, 1), 8)
 
 
-@functools.cache
+@torch.compiler.assume_constant_result  # torch.compile: queried once while tracing, not traced into
 def _sm_count(index: int) -> int:
+    return _sm_count_cached(index)
+
+
+@functools.cache
+def _sm_count_cached(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
