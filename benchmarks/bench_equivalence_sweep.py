@@ -149,6 +149,8 @@ def main() -> int:
     parser.add_argument("--one", default="", help=argparse.SUPPRESS)
     parser.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(RESULTS / "equivalence_sweep.json"))
+    parser.add_argument("--retry-timeouts", action="store_true",
+                        help="re-run only the runs of --out that timed out, and update --out")
     args = parser.parse_args()
     if args.one:
         print("@@RECORD@@" + json.dumps(run_one(args.one, args.eager)))
@@ -156,8 +158,15 @@ def main() -> int:
     only = {n for n in args.only.split(",") if n}
     records = []
     runs = [(name, eager) for name, switch in MODELS for eager in ((False, True) if switch else (False,))]
+    previous = {}
+    if args.retry_timeouts:
+        previous = {(r["model"], r["eager"]): r for r in json.loads(Path(args.out).read_text())["models"]}
     for name, eager in runs:
         if only and name not in only:
+            continue
+        old = previous.get((name, eager))
+        if old is not None and not old.get("error", "").startswith("skipped: over"):
+            records.append(old)
             continue
         cmd = [sys.executable, __file__, "--one", name] + (["--eager"] if eager else [])
         start = time.perf_counter()
