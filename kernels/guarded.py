@@ -178,12 +178,20 @@ def _cached(cache: weakref.WeakKeyDictionary, owner: nn.Module, tensors: tuple, 
     return value
 
 
+# On CPU one matmul over the concatenated weights is no faster than three (single-threaded at
+# BERT-base width: 0.94-1.0x, benchmarks/results/qkv_cpu.json), and the concatenation costs a copy
+# per training step: CPU calls run the three modules. (Tests switch this on to check the math.)
+QKV_FUSE_ON_CPU = False
+
+
 def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> tuple[Any, Any, Any]:
     """``(query(x), key(x), value(x))``; three ``nn.Linear`` on one input run as one matmul over
     their concatenated weights (parameters unchanged; the concatenation is cached while no
-    gradient flows)."""
+    gradient flows). On CPU the three modules run (see ``QKV_FUSE_ON_CPU``)."""
     layers = (query, key, value)
     reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    if not reason and x.device.type == "cpu" and not QKV_FUSE_ON_CPU:
+        reason = "CPU: three matmuls are as fast as one over concatenated weights"
     for layer in layers if not reason else ():
         reason = _plain(layer, nn.Linear)
         if reason:

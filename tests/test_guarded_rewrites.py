@@ -140,7 +140,24 @@ def test_dropout_add_layer_norm_half_x_with_float_residual_on_torch_path():
     torch.testing.assert_close(out, expected)
 
 
-def test_qkv_matches_three_linears_and_caches_only_without_grad():
+@pytest.fixture()
+def qkv_fused_on_cpu(monkeypatch):
+    from adopter.kernels import guarded
+
+    monkeypatch.setattr(guarded, "QKV_FUSE_ON_CPU", True)
+
+
+def test_qkv_runs_the_three_modules_on_cpu_by_default():
+    q, k, v = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6)
+    x = torch.randn(2, 6)
+    with count_kernel_calls() as calls:
+        outs = kernels.qkv(q, k, v, x)
+    assert all(torch.equal(o, m(x)) for o, m in zip(outs, (q, k, v)))
+    [call] = calls.calls
+    assert call.backend == "original" and call.reason.startswith("CPU:")
+
+
+def test_qkv_matches_three_linears_and_caches_only_without_grad(qkv_fused_on_cpu):
     torch.manual_seed(0)
     q, k, v = nn.Linear(9, 8), nn.Linear(9, 4), nn.Linear(9, 4)  # GQA-like widths
     x = torch.randn(2, 5, 9, requires_grad=True)

@@ -153,13 +153,20 @@ def test_linear_gelu(act, args, kwargs, train):
     check_compiles(LinearGeLU(act, *args, **kwargs), _rand(2, 5, 8), train=train)
 
 
+@pytest.fixture(params=[False, True], ids=["cpu-policy", "fused"])
+def qkv_fused(request, monkeypatch):
+    from adopter.kernels import guarded
+
+    monkeypatch.setattr(guarded, "QKV_FUSE_ON_CPU", request.param)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("train", [True, False])
-def test_qkv(bias, train):
+def test_qkv(bias, train, qkv_fused):
     check_compiles(QKV(bias), _rand(2, 5, 8), train=train)
 
 
-def test_qkv_eval_no_grad():  # eager caches the concatenated weights; compiled code builds them
+def test_qkv_eval_no_grad(qkv_fused):  # eager caches the concatenated weights; compiled code builds them
     module = QKV().eval()
     with torch.no_grad():
         check_compiles(module, _rand(2, 5, 8, grad=False), train=False)
