@@ -51,17 +51,21 @@ def main() -> int:
         q, k, v = (nn.Linear(768, 768) for _ in range(3))
         x = torch.randn(batch, seq, 768, requires_grad=True)
 
-        def three_train():
+        def three_train(q=q, k=k, v=v, x=x):
             sum(t.sum() for t in (q(x), k(x), v(x))).backward()
 
-        def fused_train():
+        def fused_train(q=q, k=k, v=v, x=x):
             sum(t.sum() for t in concatenated(q, k, v, x)).backward()
 
         ratios = pair_ratios(three_train, fused_train, 25)
         with torch.no_grad():
             w = torch.cat([q.weight, k.weight, v.weight])
             b = torch.cat([q.bias, k.bias, v.bias])
-            ratios_eval = pair_ratios(lambda: (q(x), k(x), v(x)), lambda: F.linear(x, w, b).split(768, -1), 25)
+            ratios_eval = pair_ratios(
+                lambda q=q, k=k, v=v, x=x: (q(x), k(x), v(x)),
+                lambda x=x, w=w, b=b: F.linear(x, w, b).split(768, -1),
+                25,
+            )
         rows.append({
             "tokens": batch * seq, "batch": batch, "seq": seq,
             "train_three_over_fused_time": statistics.median(ratios),

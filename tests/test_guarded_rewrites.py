@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from adopter.kernels import count_kernel_calls
 from torch import nn
 
 from adopter import kernels
-from adopter.kernels import count_kernel_calls
 
 transformers = pytest.importorskip("transformers")
 

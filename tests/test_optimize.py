@@ -344,9 +344,8 @@ def test_deliberately_wrong_user_rule_is_dropped_automatically(monkeypatch):
 @needs_pipeline
 def test_rule_whose_kernel_computes_something_else_is_dropped(monkeypatch):
     """A built-in rule whose target kernel is made wrong (off by 1e-3): dropped, others kept."""
-    from transformers import BertConfig, BertModel
-
     from adopter.kernels import guarded
+    from transformers import BertConfig, BertModel
 
     right = guarded._dropout_add_layer_norm
 
