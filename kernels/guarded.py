@@ -61,6 +61,14 @@ def _plain(module: Any, base: type, *methods: str) -> str:
     return ""
 
 
+def _context_reason(*tensors: Any) -> str:
+    """Why no kernel may run in this calling context: fx is tracing (Proxy inputs: the graph must
+    show the user's modules) or global module hooks are installed (the fused path skips them)."""
+    if any(is_proxy(t) for t in tensors) or _global_hooks():
+        return "tracing or global hooks"
+    return ""
+
+
 def _fallback(kernel: str, reason: str) -> None:
     record(kernel, ORIGINAL, reason)
 
@@ -110,7 +118,7 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
 def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: Any, **act_kwargs: Any) -> Any:
     """``activation(linear(x), *act_args, **act_kwargs)``; with an ``nn.Linear`` and a GeLU the
     kernel computes, the matmul then one fused bias+GeLU kernel (triton on CUDA)."""
-    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    reason = _context_reason(x)
     if not reason:
         reason = _plain(linear, nn.Linear)
     if not reason:
@@ -130,7 +138,7 @@ def dropout_add_layer_norm(dropout: nn.Module, norm: nn.Module, x: torch.Tensor,
     """``norm(dropout(x) + residual)``; with ``nn.Dropout`` and ``nn.LayerNorm`` one fused kernel
     each way on CUDA (dropout mask regenerated in the backward), the unfused ops otherwise.
     ``x`` may be in half precision with a float32 ``residual`` (autocast)."""
-    reason = "" if not (is_proxy(x) or is_proxy(residual) or _global_hooks()) else "tracing or global hooks"
+    reason = _context_reason(x, residual)
     if not reason:
         reason = _plain(dropout, nn.Dropout) or _plain(norm, nn.LayerNorm)
     if not reason and dropout.inplace:
@@ -189,7 +197,7 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
     their concatenated weights (parameters unchanged; the concatenation is cached while no
     gradient flows). On CPU the three modules run (see ``QKV_FUSE_ON_CPU``)."""
     layers = (query, key, value)
-    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    reason = _context_reason(x)
     if not reason and x.device.type == "cpu" and not QKV_FUSE_ON_CPU:
         reason = "CPU: three matmuls are as fast as one over concatenated weights"
     for layer in layers if not reason else ():
@@ -242,7 +250,7 @@ def _folded(layer: nn.Module, bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(conv(x))``; an eval-mode BatchNorm with running statistics is folded into the conv's
     weights (computed in fp64, cached until a parameter or buffer changes): one conv."""
-    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    reason = _context_reason(x)
     if not reason:
         reason = _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
     if reason:
@@ -257,7 +265,7 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(linear(x))`` for ``(batch, features)`` input; an eval-mode BatchNorm1d with running
     statistics is folded into the Linear: one matmul."""
-    reason = "" if not (is_proxy(x) or _global_hooks()) else "tracing or global hooks"
+    reason = _context_reason(x)
     if not reason:
         reason = _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
     if not reason and x.dim() != 2:
