@@ -160,10 +160,12 @@ class FlipCheck:
     def flips_text(self) -> str:
         return ", ".join(map(str, self.flips))
 
-    def _values(self, flips) -> dict:
+    @staticmethod
+    def _values(flips) -> dict:
         return {f.field: f.flipped for f in flips}
 
     def _original_runs(self, flips) -> str:
+        """Why the original class does not run with ``flips`` ("" when it does)."""
         from adopter.verify import call_model
 
         try:
@@ -173,6 +175,7 @@ class FlipCheck:
         return ""
 
     def choose(self, applied: list[Match]) -> None:
+        """Pick the flips for the rewritten sites of ``applied`` (or say in ``note`` why none)."""
         settings = self.subject.settings
         if self.subject.make_with is None or settings is None:
             self.note = "no configuration to flip (the model takes no config or keyword arguments)"
@@ -192,33 +195,27 @@ class FlipCheck:
         left_out = [f.field for f in candidates if f not in self.flips]
         self.note = f"left out (the original does not run with them): {', '.join(left_out)}"
 
-    def equivalent(self, new_cls: type, applied: list[Match]) -> bool:
-        result, _ = self._check(new_cls)
-        return result is not None and result.equivalent
+    def equivalent(self, new_cls: type) -> bool:
+        return self._check(new_cls).equivalent
 
     def _check(self, new_cls: type):
-        from adopter.verify import check_equivalence
+        from adopter.verify import EquivalenceResult, check_equivalence, tolerance_for
 
         values = self._values(self.flips)
         original = self.subject.make_with(self.model_cls, values)
         try:
             candidate = self.subject.make_with(new_cls, values)
         except Exception as exc:  # noqa: BLE001
-            return None, f"rewritten class cannot be built with the flipped config: {one_line(exc)}"
-        return check_equivalence(original, candidate, self.subject.example_inputs), ""
+            error = f"rewritten class cannot be built with the flipped config: {one_line(exc)}"
+            param = next(iter(original.parameters()), None)
+            tol = tolerance_for(param.dtype, param.device) if param is not None else tolerance_for(None, None)
+            return EquivalenceResult(False, float("inf"), "", 0, tol, error=error)
+        return check_equivalence(original, candidate, self.subject.example_inputs)
 
-    def run(self, new_cls: type, applied: list[Match]):
-        """(EquivalenceResult or None when there is nothing to flip, the kernel calls it made)."""
-        if not self.flips and not self.note:
-            self.choose(applied)
+    def run(self, new_cls: type):
+        """(EquivalenceResult, the kernel calls it made), or (None, None) when nothing is flipped."""
         if not self.flips:
             return None, None
         with count_kernel_calls() as calls:
-            result, error = self._check(new_cls)
-        if result is None:
-            import torch
-
-            from adopter.verify import EquivalenceResult, tolerance_for
-
-            result = EquivalenceResult(False, float("inf"), "", 0, tolerance_for(torch.float32, "cpu"), error=error)
+            result = self._check(new_cls)
         return result, calls

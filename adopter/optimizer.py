@@ -39,7 +39,7 @@ from typing import Any
 from adopter.config_flip import FlipCheck
 from adopter.core.structures import Match
 from adopter.errors import OptimizeError, one_line
-from adopter.kernels.telemetry import count_kernel_calls
+from adopter.kernels.telemetry import count_kernel_calls, site_function
 from adopter.rewrite.loader import load_rewritten_modules  # the one in-memory loader (re-exported)
 from adopter.rewrite.source_io import read_source
 from adopter.subject import Subject, build_subject, is_transformers_class, package_files, shrink_config
@@ -284,9 +284,6 @@ class Pipeline:
 # ---------------------------------------------------------------- optimize
 
 
-_one_line = one_line
-
-
 def _resolve_rules(rules) -> list[Any]:
     from adopter.core.rules import all_rules, get_rules
 
@@ -362,7 +359,7 @@ def optimize(
     try:
         confirmed = pipe.confirm(subject.model, subject.example_inputs, matches, rule_objects) if matches else []
     except Exception as exc:  # noqa: BLE001 - any tracing failure: static result with a warning
-        untraceable = _one_line(exc)
+        untraceable = one_line(exc)
     else:
         static = [m for m in confirmed if m.status != "runtime-only"]
         if static and all(m.status == "untraced" for m in static):
@@ -419,7 +416,7 @@ def optimize(
         try:
             candidate = subject.make(new_cls)
         except Exception as exc:  # noqa: BLE001
-            return None, f"rewritten class cannot be built: {_one_line(exc)}"
+            return None, f"rewritten class cannot be built: {one_line(exc)}"
         return check_equivalence(subject.model, candidate, subject.example_inputs), ""
 
     # Rules in the order given (their priority when two do not combine), then any others.
@@ -434,7 +431,7 @@ def optimize(
             new_cls, _, applied, failed, _ = build(rule_matches)
         except Exception as exc:  # noqa: BLE001 - a rewrite that does not load is dropped
             for m in rule_matches:
-                report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewritten source fails to load: {_one_line(exc)}"))
+                report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewritten source fails to load: {one_line(exc)}"))
             continue
         for m, reason in failed:
             report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewrite: {reason}"))
@@ -458,9 +455,15 @@ def optimize(
         selected = [m for r in rules_in_order for m in accepted[r]]
         return build(selected)
 
+    def counted_equivalent(new_cls):
+        """``equivalent(new_cls)`` plus the kernel calls the check made (fused or fallback, per site)."""
+        with count_kernel_calls() as calls:
+            result, error = equivalent(new_cls)
+        return result, error, calls
+
     final_rules = list(accepted)
     new_cls, modules, applied, _, diff = combine(final_rules)
-    result, error = equivalent(new_cls)
+    result, error, analysed_calls = counted_equivalent(new_cls)
     if result is None or not result.equivalent:
         # Rules that pass alone but not together: add them one at a time, keep what stays equivalent.
         kept: list[str] = []
@@ -477,28 +480,26 @@ def optimize(
                     )
         final_rules = kept
         new_cls, modules, applied, _, diff = combine(final_rules)
-        result, error = equivalent(new_cls)
+        result, error, analysed_calls = counted_equivalent(new_cls)
         if result is None or not result.equivalent:
             raise OptimizeError(
                 f"the rewritten {model_cls.__name__} is not equivalent even with the remaining rules "
                 f"({error or result.summary()})"
             )
     flip_check = FlipCheck(model_cls, subject, files, texts)
-    with count_kernel_calls() as analysed_calls:
-        result, error = equivalent(new_cls)
-    flipped_result, flipped_calls = flip_check.run(new_cls, applied)
+    flip_check.choose(applied)
+    flipped_result, flipped_calls = flip_check.run(new_cls)
     if flipped_result is not None and not flipped_result.equivalent:
         # Find the rules that are wrong under the flipped config, drop them, rebuild.
-        wrong = [r for r in final_rules if not flip_check.equivalent(combine([r])[0], [m for m in applied if m.rule == r])]
+        wrong = [r for r in final_rules if not flip_check.equivalent(combine([r])[0])]
         for rule in wrong:
             for m in accepted[rule]:
                 report.skipped.append(SkippedRewrite(
                     rule, m.file, m.lines, f"not equivalent under the flipped config ({flip_check.flips_text})"))
         final_rules = [r for r in final_rules if r not in wrong]
         new_cls, modules, applied, _, diff = combine(final_rules)
-        with count_kernel_calls() as analysed_calls:
-            result, error = equivalent(new_cls)
-        flipped_result, flipped_calls = flip_check.run(new_cls, applied)
+        result, error, analysed_calls = counted_equivalent(new_cls)
+        flipped_result, flipped_calls = flip_check.run(new_cls)
         if result is None or not result.equivalent or (flipped_result is not None and not flipped_result.equivalent):
             raise OptimizeError(f"the rewritten {model_cls.__name__} is not equivalent under the flipped config "
                                 f"({flip_check.flips_text}) even without the rules that fail it alone")
@@ -524,9 +525,8 @@ def optimize(
 
 def _site_counts(calls, m: Match) -> dict[str, int]:
     """{backend: calls} made from the rewritten function of ``m`` (by file and qualified name)."""
-    function = m.function if "." in m.function or not m.class_name else f"{m.class_name}.{m.function}"
     out: dict[str, int] = {}
-    for c in calls.at(m.file, function):
+    for c in calls.at(m.file, site_function(m.class_name, m.function)):
         out[c.backend] = out.get(c.backend, 0) + c.count
     return out
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from adopter.core.rules import all_rules
+from adopter.errors import one_line
 
 # ---------------------------------------------------------------- tolerances
 
@@ -377,7 +378,7 @@ def check_equivalence(
         try:
             load_same_weights(original, optimized)
         except Exception as exc:  # noqa: BLE001 - any failure means "not equivalent", with the reason
-            return fail(f"weights do not load: {_one_line(exc)}")
+            return fail(f"weights do not load: {one_line(exc)}")
 
     diffs: list[TensorDiff] = []
     was_training = (original.training, optimized.training)
@@ -392,7 +393,7 @@ def check_equivalence(
             try:
                 actual = flatten_tensors(_run(optimized, inputs, False, seed))
             except Exception as exc:  # noqa: BLE001
-                return fail(f"optimized model fails in eval mode: {_one_line(exc)}")
+                return fail(f"optimized model fails in eval mode: {one_line(exc)}")
             diffs += _compare_lists("eval ", expected, actual, tol)
 
             # train forward + backward
@@ -400,7 +401,7 @@ def check_equivalence(
             try:
                 actual = flatten_tensors(_run(optimized, inputs, True, seed))
             except Exception as exc:  # noqa: BLE001
-                return fail(f"optimized model fails in train mode: {_one_line(exc)}")
+                return fail(f"optimized model fails in train mode: {one_line(exc)}")
             diffs += _compare_lists("train ", expected, actual, tol)
 
             param_names = {name for name, _ in original.named_parameters(remove_duplicate=False)}
@@ -408,7 +409,7 @@ def check_equivalence(
             try:
                 actual_grads = _grads_under_state_dict_names(optimized)
             except Exception as exc:  # noqa: BLE001
-                return fail(f"optimized model's gradients cannot be mapped to state-dict names: {_one_line(exc)}")
+                return fail(f"optimized model's gradients cannot be mapped to state-dict names: {one_line(exc)}")
             for key in sorted(expected_grads):
                 if key not in param_names:
                     continue
@@ -458,11 +459,6 @@ def _compare_lists(prefix: str, expected, actual, tol: Tolerance) -> list[Tensor
             continue
         diffs.append(compare_tensor(prefix + name, tensor, actual_by_name[name], tol))
     return diffs
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
 
 
 ModelFactory = Callable[[type], nn.Module]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import os
 import platform
-import re
 import sys
 import time
 import warnings
@@ -26,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from adopter.kernels.telemetry import site_function
 from adopter.verify_gate import RESULT_FORMAT, GateResult, evaluate_gate
 
 
@@ -242,19 +242,6 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
 # ---------------------------------------------------------------- what ran where
 
 MEASURED_STEP = "one training step of the optimized model, right after the timed rounds"
-# in-memory rewritten modules are compiled under pseudo file names naming the original file
-_PSEUDO_FILES = (re.compile(r"<adopter rewrite of (.*) \[\w+\]>\Z"), re.compile(r"(.*)<adopter-rewritten [^>]*>\Z"))
-
-
-def site_file(file: str) -> str:
-    """The source file of a kernel call's site (``file`` of a :class:`~adopter.kernels.KernelCall`)."""
-    for pattern in _PSEUDO_FILES:
-        found = pattern.match(file)
-        if found:
-            return found.group(1)
-    return file
-
-
 def portable_path(file: str) -> str:
     """``file`` relative to the longest ``sys.path`` entry holding it (else to the working
     directory, else absolute), with ``/``: ``transformers/models/bert/modeling_bert.py``."""
@@ -268,12 +255,6 @@ def portable_path(file: str) -> str:
 
     root = holding(sys.path) or holding([os.curdir])
     return (os.path.relpath(real, root) if root else real).replace(os.sep, "/")
-
-
-def site_function(entry: dict) -> str:
-    """The qualified function name (``co_qualname``) of an applied rule's location."""
-    cls, function = entry.get("class"), entry.get("function") or ""
-    return f"{cls}.{function}" if cls and not function.startswith(f"{cls}.") else function
 
 
 def _kernel_name(rule_name: str, rules: Iterable) -> str:
@@ -311,12 +292,12 @@ def attribute_kernel_calls(applied: list[dict], calls: Iterable, rules: Iterable
     rules = tuple(rules)
     by_site: dict[tuple[str, str], list] = defaultdict(list)
     for call in calls:
-        by_site[(os.path.realpath(site_file(call.file)), call.function)].append(call)
+        by_site[(os.path.realpath(call.file), call.function)].append(call)
     kernels_at: dict[tuple[str, str], set[str]] = defaultdict(set)
     sites = []
     for entry in applied:
         entry["path"] = portable_path(entry["file"])
-        site = (os.path.realpath(entry["file"]), site_function(entry))
+        site = (os.path.realpath(entry["file"]), site_function(entry.get("class"), entry.get("function") or ""))
         kernel = _kernel_name(entry["rule"], rules)
         kernels_at[site].add(kernel)
         sites.append((site, kernel))
@@ -332,7 +313,7 @@ def attribute_kernel_calls(applied: list[dict], calls: Iterable, rules: Iterable
     records = []
     for call in calls:
         record = call.to_json()
-        record["file"] = portable_path(site_file(call.file))
+        record["file"] = portable_path(call.file)
         record["attributed"] = id(call) in attributed
         records.append(record)
     return {"measured": MEASURED_STEP, "calls": records}

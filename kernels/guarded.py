@@ -56,9 +56,13 @@ def _plain(module: Any, base: type, *methods: str) -> str:
     for name in ("forward", *methods):
         if getattr(cls, name) is not getattr(base, name):
             return f"{cls.__name__} overrides {name}"
-    if any(getattr(module, d, None) for d in _HOOK_DICTS):
+    if _has_hooks(module):
         return f"{cls.__name__} has hooks"
     return ""
+
+
+def _has_hooks(module: Any) -> bool:
+    return any(getattr(module, d, None) for d in _HOOK_DICTS)
 
 
 def _context_reason(*tensors: Any) -> str:
@@ -110,7 +114,7 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
     forward = cls.__dict__.get("forward")
     if forward is None or getattr(forward, "__module__", "") != "transformers.activations":
         return None, f"{cls.__name__}.forward is replaced"
-    if any(getattr(activation, d, None) for d in _HOOK_DICTS):
+    if _has_hooks(activation):
         return None, f"{cls.__name__} has hooks"
     return mode, ""
 
@@ -118,9 +122,7 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
 def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: Any, **act_kwargs: Any) -> Any:
     """``activation(linear(x), *act_args, **act_kwargs)``; with an ``nn.Linear`` and a GeLU the
     kernel computes, the matmul then one fused bias+GeLU kernel (triton on CUDA)."""
-    reason = _context_reason(x)
-    if not reason:
-        reason = _plain(linear, nn.Linear)
+    reason = _context_reason(x) or _plain(linear, nn.Linear)
     if not reason:
         mode, reason = gelu_mode(activation, act_args, act_kwargs)
     if reason:
@@ -138,9 +140,7 @@ def dropout_add_layer_norm(dropout: nn.Module, norm: nn.Module, x: torch.Tensor,
     """``norm(dropout(x) + residual)``; with ``nn.Dropout`` and ``nn.LayerNorm`` one fused kernel
     each way on CUDA (dropout mask regenerated in the backward), the unfused ops otherwise.
     ``x`` may be in half precision with a float32 ``residual`` (autocast)."""
-    reason = _context_reason(x, residual)
-    if not reason:
-        reason = _plain(dropout, nn.Dropout) or _plain(norm, nn.LayerNorm)
+    reason = _context_reason(x, residual) or _plain(dropout, nn.Dropout) or _plain(norm, nn.LayerNorm)
     if not reason and dropout.inplace:
         reason = "in-place Dropout"
     if not reason and (not isinstance(residual, torch.Tensor) or x.shape != residual.shape):
@@ -200,10 +200,7 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
     reason = _context_reason(x)
     if not reason and x.device.type == "cpu" and not QKV_FUSE_ON_CPU:
         reason = "CPU: three matmuls are as fast as one over concatenated weights"
-    for layer in layers if not reason else ():
-        reason = _plain(layer, nn.Linear)
-        if reason:
-            break
+    reason = reason or next((why for why in (_plain(layer, nn.Linear) for layer in layers) if why), "")
     if not reason:
         weights = tuple(layer.weight for layer in layers)
         biases = tuple(layer.bias for layer in layers)
@@ -242,38 +239,30 @@ def _fold_reason(bn: nn.Module, bn_type: type) -> str:
     return ""
 
 
-def _folded(layer: nn.Module, bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, reason: str, run) -> Any:
+    """``bn(layer(x))``, or with no ``reason`` against it ``run(x, weight, bias)`` with the batch
+    norm folded into the layer's weights (fp64, cached until a parameter or buffer changes)."""
+    if reason:
+        _fallback(kernel, reason)
+        return bn(layer(x))
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
-    return _cached(_FOLD_CACHE, bn, tensors, lambda: fold_batch_norm(*tensors, bn.eps))
+    weight, bias = _cached(_FOLD_CACHE, bn, tensors, lambda: fold_batch_norm(*tensors, bn.eps))
+    out = run(x, weight, bias)
+    record(kernel, "torch")
+    return out
 
 
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(conv(x))``; an eval-mode BatchNorm with running statistics is folded into the conv's
-    weights (computed in fp64, cached until a parameter or buffer changes): one conv."""
-    reason = _context_reason(x)
-    if not reason:
-        reason = _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
-    if reason:
-        _fallback("conv_bn", reason)
-        return bn(conv(x))
-    weight, bias = _folded(conv, bn)
-    out = conv._conv_forward(x, weight, bias)
-    record("conv_bn", "torch")
-    return out
+    weights: one conv."""
+    reason = _context_reason(x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
+    return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward)
 
 
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(linear(x))`` for ``(batch, features)`` input; an eval-mode BatchNorm1d with running
     statistics is folded into the Linear: one matmul."""
-    reason = _context_reason(x)
-    if not reason:
-        reason = _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
+    reason = _context_reason(x) or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
     if not reason and x.dim() != 2:
         reason = f"input of rank {x.dim()} (folding needs (batch, features))"
-    if reason:
-        _fallback("linear_bn", reason)
-        return bn(linear(x))
-    weight, bias = _folded(linear, bn)
-    out = F.linear(x, weight, bias)
-    record("linear_bn", "torch")
-    return out
+    return _folded_call("linear_bn", linear, bn, x, reason, F.linear)

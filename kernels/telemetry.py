@@ -19,7 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "reset_kernel_calls"]
+__all__ = [
+    "FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "reset_kernel_calls",
+    "site_function", "source_file",
+]
 
 FUSED_BACKENDS = ("torch", "triton", "xformers")
 ORIGINAL = "original"  # the guard ran the unfused computation of the rewritten site
@@ -61,6 +64,25 @@ class KernelCall:
         }
 
 
+def source_file(filename: str) -> str:
+    """The user's file behind a code object's file name (in-memory rewritten modules carry it in
+    a pseudo name); other names unchanged."""
+    cut = filename.find(_REWRITTEN_SUFFIX)
+    if cut > 0:
+        return filename[:cut]
+    if filename.startswith(_REWRITTEN_PREFIX) and filename.endswith("]>"):
+        return filename[len(_REWRITTEN_PREFIX):filename.rindex(" [")]
+    return filename
+
+
+def site_function(class_name: str | None, function: str) -> str:
+    """The qualified name a site's calls are recorded under (``co_qualname``): ``Class.method``
+    for a method given as (class, method), the name itself when already qualified or a function."""
+    if class_name and not function.startswith(f"{class_name}."):
+        return f"{class_name}.{function}"
+    return function
+
+
 def _site() -> tuple[str, str]:
     frame = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
@@ -68,13 +90,7 @@ def _site() -> tuple[str, str]:
     if frame is None:
         return "", ""
     code = frame.f_code
-    filename = code.co_filename
-    cut = filename.find(_REWRITTEN_SUFFIX)
-    if cut > 0:
-        filename = filename[:cut]
-    elif filename.startswith(_REWRITTEN_PREFIX) and filename.endswith("]>"):
-        filename = filename[len(_REWRITTEN_PREFIX):filename.rindex(" [")]
-    return filename, getattr(code, "co_qualname", code.co_name)
+    return source_file(code.co_filename), getattr(code, "co_qualname", code.co_name)
 
 
 def _compiling() -> bool:

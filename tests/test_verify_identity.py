@@ -10,12 +10,13 @@ import sys
 
 import pytest
 import torch
+from adopter.kernels.telemetry import source_file as site_file
 from test_verify import BERT_FILE, _applied, _result
 from torch import nn
 
 from adopter import kernels
 from adopter.verify_gate import evaluate_gate, format_report, load_json, write_json
-from adopter.verify_run import attribute_kernel_calls, portable_path, site_file
+from adopter.verify_run import attribute_kernel_calls, portable_path
 
 RELU_REASON = "activation is ReLU, not a GeLU the kernel computes"
 
