@@ -97,9 +97,10 @@ def rule_location(entry: dict) -> tuple[str, str, str, str]:
 
 def describe_location(location: tuple[str, str, str, str]) -> str:
     """``transformers/models/bert/modeling_bert.py BertOutput.forward``."""
+    from adopter.kernels.telemetry import site_function
+
     _, path, cls, function = location
-    scope = f"{cls}.{function}" if cls and not function.startswith(f"{cls}.") else function
-    return " ".join(part for part in (path, scope) if part)
+    return " ".join(part for part in (path, site_function(cls or None, function)) if part)
 
 
 def describe_backends(summary: dict | None, *, counts: bool = False) -> str:
