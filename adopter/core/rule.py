@@ -133,6 +133,10 @@ class Rule:
     # matched as that parent (EfficientNet's ``EfficientNetDepthwiseConv2d(nn.Conv2d)``).
     # Its constructor arguments are not matched: its own signature differs from the parent's.
     match_subclasses: bool = False
+    # Consecutive entries of an ``nn.Sequential`` fit the rule's two-layer pattern: matched
+    # where the Sequential is built and rewritten there to ``adopter.kernels.GuardedSequential``,
+    # which runs such pairs through the rule's kernel (the kernel named by ``kernel``).
+    in_sequential: bool = False
     # ``(structures, source) -> {layer type: torch layer type}``: layer classes defined in the
     # scanned file that the rule treats as the named torch layer (a GeLU rule: same-file modules
     # whose forward is a GeLU of their input, e.g. BLOOM's ``BloomGelu``). Their call arguments

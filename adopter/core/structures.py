@@ -72,6 +72,31 @@ class ClassInfo:
 
 
 @dataclass(frozen=True)
+class SequentialEntry:
+    """One entry of an ``nn.Sequential`` where it is built: the candidate layer types of the
+    expression (``()`` when unknown), its constructor args and its position in the source."""
+
+    types: tuple[str, ...]
+    args: tuple = ()
+    span: Span | None = None
+    # stands for any number of children (appended in a loop, a comprehension, ``*unknown``)
+    many: bool = False
+
+
+@dataclass(frozen=True)
+class SequentialBuild:
+    """An ``nn.Sequential(...)`` construction (inline, ``*layers``, an ``OrderedDict``), in
+    ``__init__``, a method or a factory function: consecutive entries run one after the other,
+    so a pair of them is a match *where the Sequential is built* (once, whoever calls it)."""
+
+    class_name: str | None
+    function: str  # qualified name of the function building it ("ResNet._make_layer", "conv_bn")
+    span: Span  # the ``nn.Sequential(...)`` call
+    callee: tuple[int, int, int, int]  # (line, col, end_line, end_col) of ``nn.Sequential`` (bytes)
+    entries: tuple[SequentialEntry, ...]
+
+
+@dataclass(frozen=True)
 class FileStructures:
     """Everything extracted from one file."""
 
@@ -79,6 +104,7 @@ class FileStructures:
     classes: tuple[ClassInfo, ...]
     functions: tuple[FunctionStructures, ...]  # entry functions: each class's forward + module-level fns
     imports: dict[str, str] = field(default_factory=dict)  # local name -> fully qualified name
+    sequentials: tuple[SequentialBuild, ...] = ()
 
 
 # ---------------------------------------------------------------- matching
@@ -118,6 +144,9 @@ class Match:
     # The rule variant whose patterns matched (when the matcher records it): the generic
     # codemod synthesizes the rewrite from its target patterns.
     variant: RuleText | None = field(default=None, compare=False, repr=False)
+    # Set for a pair of ``nn.Sequential`` entries: the ``nn.Sequential(...)`` call building them
+    # (the nodes are the entry expressions; ``function`` is the building function).
+    sequential: Span | None = None
 
     @property
     def lines(self) -> list[int]:
@@ -141,5 +170,6 @@ class Match:
             "function": self.function,
             "lines": self.lines,
             "status": self.status,
+            **({"built_in": f"nn.Sequential at line {self.sequential.line}"} if self.sequential else {}),
             **({"reason": self.reason} if self.reason else {}),
         }

@@ -10,8 +10,8 @@ import re
 from adopter.core.extract.init_bindings import _InitExtractor
 from adopter.core.extract.interp import _Interp
 from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _is_module, _span
-from adopter.core.extract.values import _TEST_NAMES, _UNPARSED, SOURCE_LINES
-from adopter.core.structures import ClassInfo, FileStructures
+from adopter.core.extract.values import _TEST_NAMES, _UNPARSED, SOURCE_LINES, UNKNOWN_TYPE
+from adopter.core.structures import ClassInfo, FileStructures, SequentialBuild, SequentialEntry
 
 _SELF_ATTR = re.compile(r"\bself\.([A-Za-z_][A-Za-z_0-9]*)(?!\s*(?:=(?!=)|:[^=\n]*=(?!=)))")
 
@@ -93,6 +93,10 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str]) -> FileStru
         init = cls.methods.get("__init__")
         if init is not None:
             cls.bindings = _InitExtractor(fc, cls, init).run()
+    # Sequentials built anywhere else (``_make_layer``, a factory nobody here calls): visited
+    # for their entries only
+    for owner, fdef in _functions_building_sequentials(fc, lines):
+        _InitExtractor(fc, owner, fdef, sweep=True).run()
     interp = _Interp(fc)
     functions = []
     classes = []
@@ -113,7 +117,40 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str]) -> FileStru
             functions.append(interp.entry(cls, fwd, f"{cls.name}.forward"))
     for name, fdef in fc.functions.items():
         functions.append(interp.entry(None, fdef, name))
-    return FileStructures(file=filename, classes=tuple(classes), functions=tuple(functions), imports=dict(fc.imports))
+    return FileStructures(
+        file=filename, classes=tuple(classes), functions=tuple(functions), imports=dict(fc.imports),
+        sequentials=_sequential_builds(fc),
+    )
+
+
+def _functions_building_sequentials(fc: _File, lines: list[str]):
+    """(class or None, function) of every function whose text names ``Sequential``, but ``__init__``s."""
+    candidates = [(None, f) for f in fc.functions.values()]
+    for cls in fc.classes.values():
+        candidates += [(cls, f) for name, f in cls.methods.items() if name != "__init__"]
+    for owner, fdef in candidates:
+        if any("Sequential" in lines[i - 1] for i in range(fdef.lineno, (fdef.end_lineno or fdef.lineno) + 1)):
+            yield owner, fdef
+
+
+def _sequential_builds(fc: _File) -> tuple[SequentialBuild, ...]:
+    out = []
+    for rec in fc.seq_builds.values():
+        call = rec.call
+        entries = []
+        for _name, entry in rec.entries:
+            vals = [v for v in entry.values if v[3] is not None and v[0] != UNKNOWN_TYPE]
+            types = tuple(dict.fromkeys(v[0] for v in vals))
+            expr = entry.expr
+            span = _span(expr, rec.function, rec.stmt) if expr is not None and hasattr(expr, "lineno") else None
+            entries.append(SequentialEntry(types, vals[0][1] if vals else (), span, entry.many))
+        f = call.func
+        out.append(SequentialBuild(
+            class_name=rec.class_name, function=rec.function, span=_span(call, rec.function, rec.stmt),
+            callee=(f.lineno, f.col_offset, f.end_lineno, f.end_col_offset), entries=tuple(entries),
+        ))
+    out.sort(key=lambda b: (b.span.line, b.span.col))
+    return tuple(out)
 
 
 def torch_base_of(structures: FileStructures, type_: str) -> str | None:

@@ -5,13 +5,40 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from adopter.core.dsl import Arg, Const, Layer, Var
 from adopter.core.extract.symbols import _activation_instance, _activation_type, _ClassCtx, _dotted, _File, _span
-from adopter.core.extract.values import _unparse
+from adopter.core.extract.values import UNKNOWN_TYPE, _unparse
 from adopter.core.structures import InitBinding
 
 _CONTAINERS = ("torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ModuleDict")
+_SEQUENTIAL = "torch.nn.Sequential"
+# Nesting of factory functions followed from ``__init__`` (``conv_bn`` -> ``conv3x3`` -> ...).
+_MAX_FACTORY_DEPTH = 6
+
+
+@dataclass
+class _Entry:
+    """One element of a list being built (``layers.append(norm_layer(c))``) or of a Sequential:
+    its candidate values, the expression that builds it, and whether it stands for any number
+    of elements (a comprehension, ``*unknown``), after which positions are unknown."""
+
+    values: list
+    expr: ast.AST | None
+    many: bool = False
+
+
+@dataclass
+class SeqBuildRecord:
+    """An ``nn.Sequential(...)`` construction seen while resolving values (see
+    :class:`~adopter.core.structures.SequentialBuild`): its entries as resolved where it is built."""
+
+    class_name: str | None
+    function: str
+    call: ast.Call
+    stmt: ast.AST | None
+    entries: list  # [(child name or None, _Entry)]
 
 
 def _const_args(call: ast.Call) -> tuple[Arg, ...]:
@@ -32,36 +59,107 @@ def _const_args(call: ast.Call) -> tuple[Arg, ...]:
 class _InitExtractor:
     """Collects ``self.<attr> = <layer>(...)`` bindings of one ``__init__``."""
 
-    def __init__(self, fc: _File, cls: _ClassCtx, fn: ast.FunctionDef):
+    def __init__(self, fc: _File, cls: _ClassCtx | None, fn: ast.FunctionDef, sweep: bool = False):
         self.fc = fc
         self.cls = cls
         self.fn = fn
-        self.qual = f"{cls.name}.{fn.name}"
+        self.qual = f"{cls.name}.{fn.name}" if cls is not None else fn.name
         self.out: list[InitBinding] = []
         # local name -> list of (type, args, activation, site expr) it may hold
         self.local: dict[str, list[tuple]] = {}
-        # local list name -> element values
-        self.lists: dict[str, list[tuple]] = {}
-        self.self_name = fn.args.args[0].arg if fn.args.args else "self"
+        # local list name -> its elements in order (:class:`_Entry`)
+        self.lists: dict[str, list[_Entry]] = {}
+        is_method = cls is not None and not any(_dotted(d) == "staticmethod" for d in fn.decorator_list)
+        self.self_name = fn.args.args[0].arg if fn.args.args and is_method else "self"
         self.stmt = None
+        # ``return`` values collected while a factory function is followed (None: not in one)
+        self.returns: list | None = None
+        # sweep: a function visited only for the Sequentials it builds (nothing is bound on self)
+        self.sweep = sweep
+        self.visiting: set[str] = set()
+        self.loop_depth = 0
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
+        self.local = self.parameter_defaults(self.fn, skip_self=self.cls is not None)
         self.block(self.fn.body, False)
         return self.out
 
+    def parameter_defaults(self, fn: ast.FunctionDef, skip_self: bool) -> dict[str, list[tuple]]:
+        """Parameters whose default is a class (``norm_layer: Type = nn.BatchNorm2d``,
+        ``act_layer=partial(nn.GELU, approximate="tanh")``): the class unless a caller passes
+        another (what a caller in another file passes is unknown here; the trace says)."""
+        a = fn.args
+        params = list(a.posonlyargs) + list(a.args)
+        if skip_self and params:
+            params = params[1:]
+        pairs = list(zip(params[len(params) - len(a.defaults):], a.defaults)) if a.defaults else []
+        pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+        out = {}
+        for p, d in pairs:
+            refs = self.class_refs(d) if type(d) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
+            if refs:
+                out[p.arg] = refs
+        return out
+
+    def bound_parameters(self, fn: ast.FunctionDef, call: ast.Call, skip_self: bool) -> dict[str, list[tuple]]:
+        """Parameters of a factory ``fn`` as ``call`` (evaluated in the current scope) binds
+        them: class references and constructed layers passed in, else the defaults."""
+        out = self.parameter_defaults(fn, skip_self)
+        a = fn.args
+        params = list(a.posonlyargs) + list(a.args)
+        if skip_self and params:
+            params = params[1:]
+        names = [p.arg for p in params]
+        passed: list[tuple[str, ast.AST]] = []
+        for i, arg in enumerate(call.args):
+            if type(arg) is ast.Starred:
+                break
+            if i < len(names):
+                passed.append((names[i], arg))
+        known = set(names) | {p.arg for p in a.kwonlyargs}
+        passed += [(k.arg, k.value) for k in call.keywords if k.arg in known]
+        for name, arg in passed:
+            vals = [v for v in self.values(arg) if v[3] is not None]
+            refs = self.class_refs(arg) if type(arg) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
+            if vals or refs:
+                out[name] = vals + refs
+            else:
+                out.pop(name, None)  # a value we cannot resolve: unknown, not the default
+        return out
+
+    def factory_values(self, fn: ast.FunctionDef, call: ast.Call, owner: str | None) -> list[tuple]:
+        """What a factory function/method defined in this file returns when ``call`` calls it
+        (``conv3x3(inplanes, planes)`` -> ``nn.Conv2d(...)`` built in its body). The sites are
+        the constructions inside the factory; [] when nothing resolves."""
+        if fn.name in self.visiting or len(self.visiting) > _MAX_FACTORY_DEPTH:
+            return []
+        params = self.bound_parameters(fn, call, skip_self=owner is not None)
+        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns)
+        self.visiting.add(fn.name)
+        self.qual = f"{owner}.{fn.name}" if owner else fn.name
+        self.local, self.lists, self.returns = params, {}, []
+        if owner is None:
+            self.self_name = "self"
+        try:
+            self.block(fn.body, True)
+            return self.returns
+        finally:
+            self.visiting.discard(fn.name)
+            self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns = saved
+
     def helper(self, fn: ast.FunctionDef, conditional: bool):
         """``self._init_weights_of_x(config)`` called from ``__init__``: its bindings count too."""
-        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt)
+        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns)
         self.visiting.add(fn.name)
         self.qual = f"{self.cls.name}.{fn.name}"
-        self.local, self.lists = {}, {}
+        self.local, self.lists, self.returns = self.parameter_defaults(fn, skip_self=True), {}, None
         self.self_name = fn.args.args[0].arg if fn.args.args else "self"
         try:
             self.block(fn.body, conditional)
         finally:
             self.visiting.discard(fn.name)
-            self.qual, self.local, self.lists, self.self_name, self.stmt = saved
+            self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns = saved
 
     # -- resolution
     def callee_types(self, f) -> list[str]:
@@ -69,6 +167,8 @@ class _InitExtractor:
         if t is ast.Name:
             if f.id in self.local:
                 return [v[0] for v in self.local[f.id] if v[3] is None]
+            if f.id in self.fc.partials:
+                return self.callee_types(self.fc.partials[f.id])
             if f.id in self.fc.classes:
                 return [self.fc.class_type(f.id)]
             if f.id in self.fc.local_class_alias:
@@ -82,9 +182,15 @@ class _InitExtractor:
             if d is not None and not d.startswith(self.self_name + "."):
                 fq = self.fc.fqn(d)
                 return [fq] if fq else []
+            if self.cls is not None and d is not None and d.count(".") == 1:
+                # ``self._norm_layer`` holding a class ``__init__`` stored before
+                return [ty for ty, _a, _k, site in self.cls.class_attrs.get(d.split(".")[1], ()) if site is None]
             return []
         if t is ast.IfExp:
             return self.callee_types(f.body) + self.callee_types(f.orelse)
+        if t is ast.Call and f.args and self.is_partial(f.func):
+            # ``partial(nn.BatchNorm2d, eps=1e-3)``: a class with some arguments bound
+            return self.callee_types(f.args[0])
         if t is ast.Subscript and type(f.value) is ast.Name and f.value.id in self.fc.dicts:
             d = self.fc.dicts[f.value.id]
             key = f.slice
@@ -98,6 +204,10 @@ class _InitExtractor:
                         out.append(ty)
             return out
         return []
+
+    def is_partial(self, expr) -> bool:
+        d = _dotted(expr)
+        return d is not None and (self.fc.fqn(d) or d) == "functools.partial"
 
     def is_act2fn(self, expr) -> bool:
         d = _dotted(expr)
@@ -122,7 +232,19 @@ class _InitExtractor:
             if type(f) is ast.Name and f.id in self.local:
                 # calling a local that holds a class (``attention_class(config)``)
                 return [(ty, _const_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
-            return [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
+            if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
+                made = self.factory_values(self.fc.functions[f.id], v, None)
+                if made:
+                    return made
+            method = self.own_method(f)
+            if method is not None:
+                made = self.factory_values(method, v, self.cls.name)
+                if made:
+                    return made
+            out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
+            if any(ty == _SEQUENTIAL for ty, _a, _k, _s in out):
+                self.note_sequential(v)
+            return out
         if t is ast.Subscript and self.is_act2fn(v.value):
             ty, args, key = _activation_type(v.slice)
             return [(ty, args, key, v)]
@@ -148,12 +270,82 @@ class _InitExtractor:
             return []
         return []
 
+    def own_method(self, f) -> ast.FunctionDef | None:
+        """``self.<m>`` of a method defined in this class or a same-file base (``self._make_layer``)."""
+        if self.cls is None or type(f) is not ast.Attribute or type(f.value) is not ast.Name:
+            return None
+        if f.value.id != self.self_name:
+            return None
+        fdef, _owner = self.cls.find_method(f.attr)
+        return fdef
+
+    def note_sequential(self, call: ast.Call) -> None:
+        """Record ``nn.Sequential(...)`` built here with its entries resolved in this scope
+        (inline, ``*layers`` of a list built before, an ``OrderedDict``)."""
+        entries = self.sequential_entries(call)
+        if entries is None:
+            return
+        rec = self.fc.seq_builds.get(id(call))
+        if rec is None:
+            cls_name = self.qual.split(".")[0] if "." in self.qual else None
+            self.fc.seq_builds[id(call)] = SeqBuildRecord(cls_name, self.qual, call, self.stmt, entries)
+            return
+        # built again (a factory called from several places): each entry may be any of the
+        # values seen, unless the number of entries differs (then the first is kept)
+        if len(rec.entries) == len(entries):
+            for (_n, old), (_m, new) in zip(rec.entries, entries):
+                for v in new.values:
+                    if all(v[0] != o[0] for o in old.values):
+                        old.values.append(v)
+
+    def sequential_entries(self, call: ast.Call) -> list | None:
+        """[(child name or None, _Entry)] of ``nn.Sequential(...)``; None when not a plain construction."""
+        args = call.args
+        if call.keywords:
+            return None
+        if len(args) == 1 and type(args[0]) is ast.Call and (_dotted(args[0].func) or "").endswith("OrderedDict"):
+            od = args[0]
+            items: list = []
+            if od.args and type(od.args[0]) in (ast.List, ast.Tuple):
+                for el in od.args[0].elts:
+                    if type(el) is ast.Tuple and len(el.elts) == 2 and type(el.elts[0]) is ast.Constant:
+                        items.append((str(el.elts[0].value), el.elts[1]))
+                    else:
+                        items.append((None, el))
+            elif od.args and type(od.args[0]) is ast.Dict:
+                d = od.args[0]
+                items = [(str(k.value) if type(k) is ast.Constant else None, v) for k, v in zip(d.keys, d.values)]
+            items += [(k.arg, k.value) for k in od.keywords if k.arg is not None]
+            return [(name, _Entry(self.values(e), e)) for name, e in items]
+        entries: list = []
+        unknown_position = False
+        for a in args:
+            if type(a) is ast.Starred:
+                v = a.value
+                if type(v) is ast.Name and v.id in self.lists:
+                    for el in self.lists[v.id]:
+                        entries.append((None if unknown_position or el.many else str(len(entries)), el))
+                        unknown_position = unknown_position or el.many
+                else:
+                    entries.append((None, _Entry([], a, many=True)))
+                    unknown_position = True
+                continue
+            entries.append((None if unknown_position else str(len(entries)), _Entry(self.values(a), a)))
+        return entries
+
+    def entry(self, e: ast.AST) -> _Entry:
+        if type(e) is ast.Starred:
+            return _Entry([], e, many=True)
+        return _Entry(self.values(e), e, many=self.loop_depth > 0)
+
     def class_refs(self, v) -> list[tuple]:
         """A local bound to a class/function (``attention_class = A if c else B``)."""
         return [(ty, None, None, None) for ty in self.callee_types(v)]
 
     # -- recording
     def record(self, attr: str, vals: list[tuple], conditional: bool, container_of: str | None = None):
+        if self.sweep:
+            return
         multi = len(vals) > 1
         for ty, args, key, site in vals:
             if site is None:
@@ -176,41 +368,37 @@ class _InitExtractor:
 
     def contents(self, attr: str, prefix: str, ty: str, call: ast.Call, conditional: bool):
         """Bindings for the layers inside ``nn.ModuleList/Sequential/ModuleDict(...)``."""
-        items: list[tuple[str, ast.AST]] = []  # (container name, element expr)
-        lists: list[tuple[str, list]] = []
-        args = call.args
-        if ty == "torch.nn.Sequential" and args and all(type(a) is not ast.Starred for a in args):
-            if len(args) == 1 and type(args[0]) is ast.Call and (_dotted(args[0].func) or "").endswith("OrderedDict"):
-                pass
-            else:
-                items = [(f"{prefix}[{i}]", a) for i, a in enumerate(args)]
-                # the element types of this Sequential, in order: ``self.seq(x)`` in forward
-                # is expanded into one node per element (one variant per Sequential when a
-                # container holds several differently built ones)
-                variant = []
-                for name, a in items:
-                    vals = [v for v in self.values(a) if v[3] is not None]
-                    if len(vals) != 1:
-                        variant = None
-                        break
-                    variant.append((name, vals[0][0]))
-                if variant:
-                    self.cls.seq_variants.setdefault(prefix, []).append(tuple(variant))
-        else:
-            for a in args:
+        items: list[tuple[str, list]] = []  # (container name, element values)
+        build = self.fc.seq_builds.get(id(call)) if ty == _SEQUENTIAL else None
+        if build is not None:
+            # the entries as resolved where the Sequential is built (maybe in a factory)
+            variant: list | None = []
+            for name, entry in build.entries:
+                vals = [v for v in entry.values if v[3] is not None]
+                items.append((f"{prefix}[{name}]" if name is not None else f"{prefix}[*]", vals))
+                if name is None or not name.isdigit():
+                    variant = None
+                elif variant is not None:
+                    # ``self.seq(x)`` in forward is expanded into one node per element (one
+                    # variant per Sequential when a container holds several differently built
+                    # ones); an entry we cannot type stays unknown, the others still count
+                    types = {v[0] for v in vals}
+                    variant.append((f"{prefix}[{name}]", vals[0][0] if len(types) == 1 else UNKNOWN_TYPE))
+            if variant:
+                self.cls.seq_variants.setdefault(prefix, []).append(tuple(variant))
+        elif ty != _SEQUENTIAL:
+            for a in call.args:
                 a = a.value if type(a) is ast.Starred else a
                 ta = type(a)
                 if ta in (ast.List, ast.Tuple):
-                    items += [(f"{prefix}[*]", e) for e in a.elts]
+                    items += [(f"{prefix}[*]", self.values(e)) for e in a.elts]
                 elif ta in (ast.ListComp, ast.GeneratorExp):
-                    items.append((f"{prefix}[*]", a.elt))
+                    items.append((f"{prefix}[*]", self.values(a.elt)))
                 elif ta is ast.Dict:
-                    items += [(f"{prefix}[*]", e) for e in a.values]
+                    items += [(f"{prefix}[*]", self.values(e)) for e in a.values]
                 elif ta is ast.Name and a.id in self.lists:
-                    lists.append((f"{prefix}[*]", self.lists[a.id]))
-        for name, e in items:
-            self.record(attr, self.values(e), conditional, container_of=name)
-        for name, vals in lists:
+                    items += [(f"{prefix}[*]", e.values) for e in self.lists[a.id]]
+        for name, vals in items:
             self.record(attr, vals, conditional, container_of=name)
 
     # -- statements
@@ -230,18 +418,25 @@ class _InitExtractor:
                 self.assign(tg, value, conditional)
         elif t is ast.AugAssign:
             if type(st.target) is ast.Name and st.target.id in self.lists and type(st.value) in (ast.List, ast.Tuple):
-                for e in st.value.elts:
-                    self.lists[st.target.id].extend(self.values(e))
+                self.lists[st.target.id].extend(self.entry(e) for e in st.value.elts)
+        elif t is ast.Return:
+            if st.value is not None:
+                # evaluated also outside factories: a returned ``nn.Sequential(*layers)`` is noted
+                made = [v for v in self.values(st.value) if v[3] is not None]
+                if self.returns is not None:
+                    self.returns.extend(made)
         elif t is ast.Expr and type(st.value) is ast.Call:
             self.call_stmt(st.value, conditional)
         elif t is ast.If:
             self.block(st.body, True)
             self.block(st.orelse, True)
-        elif t in (ast.For, ast.AsyncFor):
-            self.block(st.body, conditional)
-            self.block(st.orelse, True)
-        elif t is ast.While:
-            self.block(st.body, True)
+        elif t in (ast.For, ast.AsyncFor, ast.While):
+            # elements appended in a loop stand for any number of elements
+            self.loop_depth += 1
+            try:
+                self.block(st.body, conditional or t is ast.While)
+            finally:
+                self.loop_depth -= 1
             self.block(st.orelse, True)
         elif t in (ast.With, ast.AsyncWith):
             self.block(st.body, conditional)
@@ -256,6 +451,10 @@ class _InitExtractor:
         tt = type(tg)
         if tt is ast.Attribute and type(tg.value) is ast.Name and tg.value.id == self.self_name:
             attr = f"self.{tg.attr}"
+            if self.cls is not None and type(value) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp):
+                refs = self.class_refs(value)
+                if refs:
+                    self.cls.class_attrs[tg.attr] = refs
             vals = self.values(value)
             if type(value) is ast.Name and value.id in self.lists:
                 # ``self.layers = layers`` for a plain list: no module container
@@ -266,23 +465,29 @@ class _InitExtractor:
             name = tg.id
             vt = type(value)
             if vt in (ast.List, ast.Tuple):
-                self.lists[name] = [v for e in value.elts for v in self.values(e)]
+                self.lists[name] = [self.entry(e) for e in value.elts]
                 self.local.pop(name, None)
             elif vt in (ast.ListComp, ast.GeneratorExp):
-                self.lists[name] = self.values(value.elt)
+                self.lists[name] = [_Entry(self.values(value.elt), value.elt, many=True)]
                 self.local.pop(name, None)
             else:
                 vals = self.values(value)
-                refs = self.class_refs(value) if vt in (ast.Name, ast.Attribute, ast.IfExp, ast.Subscript) else []
+                refs = (
+                    self.class_refs(value) if vt in (ast.Name, ast.Attribute, ast.IfExp, ast.Subscript, ast.Call) else []
+                )
                 # a reference to a class/function also counts: ``norm = nn.LayerNorm``
-                self.local[name] = [v for v in vals if v[3] is not None] + refs
+                new = [v for v in vals if v[3] is not None] + refs
+                if conditional and name in self.local:
+                    # ``if use_relu: act_layer = nn.ReLU``: either value from here on
+                    new = self.local[name] + [v for v in new if v not in self.local[name]]
+                self.local[name] = new
                 self.lists.pop(name, None)
 
     def call_stmt(self, call: ast.Call, conditional: bool):
         f = call.func
         if (
-            type(f) is ast.Attribute and type(f.value) is ast.Name and f.value.id == self.self_name
-            and f.attr in self.cls.methods and f.attr not in self.visiting
+            self.cls is not None and type(f) is ast.Attribute and type(f.value) is ast.Name
+            and f.value.id == self.self_name and f.attr in self.cls.methods and f.attr not in self.visiting
         ):
             self.helper(self.cls.methods[f.attr], conditional)
             return
@@ -301,8 +506,10 @@ class _InitExtractor:
                 self.record(f"self.{call.args[0].value}", self.values(call.args[1]), conditional)
             return
         if type(recv) is ast.Name and recv.id in self.lists:
-            for e in elems:
-                self.lists[recv.id].extend(self.values(e))
+            new = [self.entry(e) for e in elems]
+            if f.attr == "insert":
+                new = [_Entry(e.values, e.expr, many=True) for e in new]  # position not followed
+            self.lists[recv.id].extend(new)
         elif type(recv) is ast.Attribute and type(recv.value) is ast.Name and recv.value.id == self.self_name:
             attr = f"self.{recv.attr}"
             for e in elems:

@@ -95,6 +95,8 @@ class _ClassCtx:
         self._types: dict[str, list[str]] = {}
         # Sequential container name -> alternatives, each ((element name, type), ...) in order
         self.seq_variants: dict[str, list[tuple]] = {}
+        # ``self.<attr> = <class>`` in ``__init__`` (``self._norm_layer = norm_layer``): attr -> refs
+        self.class_attrs: dict[str, list[tuple]] = {}
         self._method_cache: dict[str, tuple] = {}
 
     def mro(self) -> Iterable["_ClassCtx"]:
@@ -154,6 +156,10 @@ class _File:
         self.classes: dict[str, _ClassCtx] = {}
         self.dicts: dict[str, ast.Dict] = {}
         self.local_class_alias: dict[str, str] = {}
+        # module-level ``name = partial(Class, ...)``: the partial call
+        self.partials: dict[str, ast.Call] = {}
+        # ``nn.Sequential(...)`` constructions seen while resolving values, by id of the call
+        self.seq_builds: dict[int, object] = {}
         self._name_cache: dict[str, _V] = {}
         self._collect(tree.body)
 
@@ -186,6 +192,8 @@ class _File:
                 v = st.value
                 if type(v) is ast.Dict:
                     self.dicts[name] = v
+                elif type(v) is ast.Call and v.args and (self.fqn(_dotted(v.func) or "") or "") == "functools.partial":
+                    self.partials[name] = v
                 else:
                     d = _dotted(v)
                     if d is not None:

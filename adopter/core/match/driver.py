@@ -17,6 +17,7 @@ from adopter.core.match.post import (
     _VariantRanker,
     _veto_inconsistent_paths,
 )
+from adopter.core.match.sequential import is_sequential_expansion, match_sequentials
 from adopter.core.structures import (
     ClassInfo,
     FileStructures,
@@ -194,5 +195,9 @@ def match_structures(
             superseded.extend(m for m in found if id(m) not in kept_ids)
         if rejected is not None:
             rejected.extend(m for k, m in rejected_by_rule[i].items() if k not in accepted[i])
+    in_sequential = {r.name for r in rules if getattr(r, "in_sequential", False)}
+    if in_sequential:
+        results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m))]
+        results.extend(match_sequentials(structures, rules))
     results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
     return results

@@ -444,4 +444,6 @@ RULE = Rule(
     preconditions=(intermediates_unused("$h"), _linear_has_bias, _activation_is_gelu),
     layer_aliases=_gelu_module_aliases,
     inlined_functions=_gelu_functions,
+    # Sequential entries (``nn.Sequential(conv, bn, ...)``): rewritten to GuardedSequential where built.
+    in_sequential=True,
 )

@@ -52,4 +52,6 @@ RULE = Rule(
     # Same-file Conv2d subclasses (EfficientNetDepthwiseConv2d): conv_bn checks at run time that
     # the subclass keeps Conv2d's forward.
     match_subclasses=True,
+    # Sequential entries (``nn.Sequential(conv, bn, ...)``): rewritten to GuardedSequential where built.
+    in_sequential=True,
 )

@@ -62,4 +62,6 @@ RULE = Rule(
     runtime=RUNTIME,
     fixtures="Linear_BatchNorm",
     preconditions=(intermediates_unused("$h", "$flat"), distinct_modules("$lin", "$bn"), _flatten_keeps_features),
+    # Sequential entries (``nn.Sequential(conv, bn, ...)``): rewritten to GuardedSequential where built.
+    in_sequential=True,
 )

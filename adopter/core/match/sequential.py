@@ -1,0 +1,101 @@
+"""Pairs of ``nn.Sequential`` entries (:class:`~adopter.core.structures.SequentialBuild`).
+
+A Sequential runs its entries one after the other, each feeding the next and nothing else,
+so two consecutive entries are the same data flow as ``b(a(x))`` in a ``forward``. They are
+matched where the Sequential is built — once, however many call sites run it — against the
+rules that opt in (``Rule.in_sequential``), with the same patterns and preconditions as any
+forward match, on a synthetic path holding one node per entry.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from adopter.core.dsl import Arg, Layer, Var
+from adopter.core.match.context import MatchContext, RuleLike
+from adopter.core.match.core import _PathIndex, _search
+from adopter.core.match.init_match import match_init
+from adopter.core.structures import (
+    FileStructures,
+    FunctionStructures,
+    InitBinding,
+    Match,
+    MatchedNode,
+    PathStructure,
+    SequentialBuild,
+)
+
+UNKNOWN = "?"
+# type combinations tried per Sequential when entries have several candidate types
+_MAX_COMBINATIONS = 16
+
+
+def _paths(build: SequentialBuild) -> list[tuple[tuple[Layer, ...], tuple[InitBinding, ...]]]:
+    tag = f"<Sequential@{build.span.line}:{build.span.col}>"
+    choices = [e.types or (UNKNOWN,) for e in build.entries]
+    out = []
+    for combo in itertools.islice(itertools.product(*choices), _MAX_COMBINATIONS):
+        nodes, inits = [], []
+        prev = Var(f"{tag}.input")
+        for k, (entry, ty) in enumerate(zip(build.entries, combo)):
+            module = Var(f"self.{tag}[{k}]")
+            out_var = Var(f"{tag}#{k}")
+            nodes.append(Layer(ty, (Arg(prev),), out_var, module, entry.span))
+            inits.append(InitBinding(attr=module.name, layer=Layer(ty, entry.args, module, None, entry.span),
+                                     span=entry.span))
+            prev = out_var
+        out.append((tuple(nodes), tuple(inits)))
+    return out
+
+
+def match_sequentials(structures: FileStructures, rules: Sequence[RuleLike]) -> list[Match]:
+    """Matches of the opted-in ``rules`` over consecutive entries of every built Sequential."""
+    rules = [r for r in rules if getattr(r, "in_sequential", False)]
+    out: dict[tuple, Match] = {}
+    if not rules:
+        return []
+    for build in structures.sequentials:
+        if len(build.entries) < 2 or any(e.span is None for e in build.entries):
+            continue
+        function = build.function.rsplit(".", 1)[-1]
+        for nodes, inits in _paths(build):
+            path = PathStructure(nodes)
+            fs = FunctionStructures(build.class_name, function, (path,), build.span)
+            index = _PathIndex(path.nodes, {})
+            for rule in rules:
+                for variant in rule.variants:
+                    if not index.has_all(variant.forward.source):
+                        continue
+                    for positions, b in _search(variant.forward.source, index, {}):
+                        matched = tuple(MatchedNode(pi, nodes[ni]) for pi, ni in enumerate(positions))
+                        m = Match(rule=rule.name, file=structures.file, class_name=build.class_name,
+                                  function=function, nodes=matched, bindings=b, variant=variant,
+                                  sequential=build.span)
+                        if variant.init is not None:
+                            r = match_init(variant.init.source, inits, b, index.aliases)
+                            if r is None:
+                                continue
+                            init_nodes, ib = r
+                            m = Match(**{**m.__dict__, "init_nodes": init_nodes,
+                                         "init_bindings": {k: v for k, v in ib.items() if k not in b}})
+                        ctx = MatchContext(m, structures, fs, path, None, inits, positions, variant)
+                        if any(pre(ctx) for pre in rule.preconditions):
+                            continue
+                        out.setdefault(m.key(), m)
+    return sorted(out.values(), key=lambda m: (m.lines[:1] or [0], m.rule))
+
+
+def is_sequential_expansion(match: Match) -> bool:
+    """A forward match whose layers are all entries of Sequentials called at one place
+    (``self.seq(x)`` expanded): the same pairs are matched once where the Sequential is built."""
+    layers = [mn.node for mn in match.nodes if isinstance(mn.node, Layer)]
+    if len(layers) != len(match.nodes) or not layers:
+        return False
+    if not all(n.module is not None and n.module.name.endswith("]") for n in layers):
+        return False
+    spans = {(n.span.line, n.span.col) for n in layers if n.span is not None}
+    return len(spans) == 1
+
+
+__all__ = ["match_sequentials", "is_sequential_expansion"]
