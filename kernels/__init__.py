@@ -14,6 +14,7 @@ from .backend import ENV_VAR as BACKEND_ENV_VAR
 from .backend import KernelBackendError, select_backend
 from .batch_norm import FusedConv2dBatchNorm2d, FusedLinearBatchNorm1d
 from .guarded import conv_bn, dropout_add_layer_norm, gelu_mode, linear_bn, linear_gelu, qkv
+from .guarded_sequential import GuardedSequential
 from .layer_norm import FusedDropoutAddLayerNorm
 from .linear_gelu_module import FusedLinearBiasGeLU
 from .ops.attention import attention
@@ -30,6 +31,7 @@ __all__ = [
     "FusedLinearBatchNorm1d",
     "FusedLinearBiasGeLU",
     "FusedQKV",
+    "GuardedSequential",
     "KernelBackendError",
     "KernelCall",
     "Softmax",

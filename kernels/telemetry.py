@@ -21,7 +21,7 @@ import torch
 
 __all__ = [
     "FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "reset_kernel_calls",
-    "site_function", "source_file",
+    "calls_made_at", "site_function", "source_file",
 ]
 
 FUSED_BACKENDS = ("torch", "triton", "xformers")
@@ -83,7 +83,34 @@ def site_function(class_name: str | None, function: str) -> str:
     return function
 
 
+class _SiteOverride(threading.local):
+    site: tuple[str, str] | None = None
+
+
+_OVERRIDE = _SiteOverride()
+
+
+class calls_made_at:  # noqa: N801 - a context manager
+    """``with calls_made_at(file, function):`` counts the kernel calls inside under that site
+    instead of the caller's frame: a module of ours that runs the user's layers
+    (``GuardedSequential``) reports them where the user's source built it."""
+
+    def __init__(self, site: tuple[str, str] | None) -> None:
+        self.site = site
+        self._saved: tuple[str, str] | None = None
+
+    def __enter__(self) -> None:
+        self._saved = _OVERRIDE.site
+        if self.site is not None:
+            _OVERRIDE.site = self.site
+
+    def __exit__(self, *exc) -> None:
+        _OVERRIDE.site = self._saved
+
+
 def _site() -> tuple[str, str]:
+    if _OVERRIDE.site is not None:
+        return _OVERRIDE.site
     frame = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
         frame = frame.f_back

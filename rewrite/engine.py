@@ -22,6 +22,7 @@ from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit
 from adopter.core.codemod.generic import generic_codemod
+from adopter.core.codemod.sequential import SEQUENTIAL_CODEMOD
 from adopter.core.rules import find_rule
 from adopter.core.structures import Match
 
@@ -69,6 +70,8 @@ def codemod_for(match: Match, rules: Sequence = ()):
     """The codemod of ``match``'s rule (looked up in ``rules``, then the registry): the rule's
     own, else the synthesis from its DSL target; None when neither exists."""
     rule = find_rule(match.rule, rules)
+    if match.sequential is not None and rule is not None and getattr(rule, "in_sequential", False):
+        return SEQUENTIAL_CODEMOD
     if rule is not None and getattr(rule, "codemod", None) is not None:
         return rule.codemod
     return generic_codemod(match, rule)
@@ -201,6 +204,10 @@ def rewrite_source(
     applied_edits: list[Edit] = []
     imports: list[str] = []
     for index, match, edit in planned:
+        if any(_same_change(edit, done) for done in applied_edits):
+            # another pair of the same nn.Sequential: its rewrite is already there
+            outcomes[index] = MatchOutcome(match, True)
+            continue
         lines = _edit_lines(edit)
         clash = next((claimed[p] for p in lines if p in claimed), None)
         if clash is not None:
@@ -254,6 +261,10 @@ def rewrite_source(
     return RewriteResult(
         new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename), deferred=deferred
     )
+
+
+def _same_change(a: Edit, b: Edit) -> bool:
+    return a.forward == b.forward and a.init == b.init and a.imports == b.imports
 
 
 def _compile_problem(segments: Sequence[tuple[int, str]], filename: str) -> str:

@@ -40,6 +40,7 @@ from adopter.core.rule import GraphOp, Rule, RuntimeSite
 from adopter.core.rules import all_rules, find_rule
 from adopter.core.structures import Match, MatchedNode
 
+from .build_sites import built_at, recorded
 from .capture import Capture, CaptureError, capture_model, leaf_modules_of
 from .runtime_only import find_runtime_only
 from .source_map import enclosing_condition, enclosing_scope
@@ -277,7 +278,61 @@ def _check_preconditions(
 # ------------------------------------------------------------------ confirmation
 
 
+def _torch_class(type_name: str) -> type | None:
+    if not type_name.startswith("torch.nn."):
+        return None
+    cls = getattr(nn, type_name.rsplit(".", 1)[-1], None)
+    return cls if isinstance(cls, type) else None
+
+
+def _confirm_sequential(index: TraceIndex, match: Match, model: nn.Module, rule: Rule | None) -> Match:
+    """A pair of entries of an ``nn.Sequential``, matched where it is built: confirmed when a
+    Sequential this model built there runs two consecutive children of the matched classes, the
+    first feeding the second, and the rule's runtime check passes on them."""
+    file = realpath(match.file)
+    span = match.sequential
+    if not recorded(model):
+        return replace(match, status="untraced", reason=(
+            "where a Sequential was built is known only for models adopter instantiates "
+            "(adopter scan --model, optimize, verify)"))
+    built = built_at(model, file, span.line, span.end_line)
+    if not built:
+        return replace(match, status="not-executed", reason=(
+            f"no nn.Sequential of this model is built at line {span.line} under this configuration"))
+    wanted = [_torch_class(mn.node.type) for mn in match.nodes if isinstance(mn.node, Layer)]
+    confirmed, failure = [], ""
+    for path, seq in built:
+        names = list(seq._modules)
+        for a, b in zip(names, names[1:]):
+            first, second = seq._modules[a], seq._modules[b]
+            if any(cls is not None and not isinstance(mod, cls) for cls, mod in zip(wanted, (first, second))):
+                continue
+            groups = [{s.node_name for s in index.sources if s.within(_join(path, n))} for n in (a, b)]
+            if not all(groups) or not index.flows(groups[0], groups[1]):
+                continue
+            if rule is not None and rule.runtime.check is not None:
+                site = RuntimeSite(
+                    match=match, instance=path, modules=(first, second),
+                    ops=tuple(tuple(_graph_op(index, n) for n in sorted(g, key=lambda n: index.by_name[n].index))
+                              for g in groups),
+                )
+                problem, facts = rule.runtime.check(site)
+                if problem:
+                    failure = failure or problem
+                    continue
+            confirmed.append(f"{_join(path, a)} -> {b}")
+    if confirmed:
+        more = f" and {len(confirmed) - 1} more" if len(confirmed) > 1 else ""
+        return replace(match, status="confirmed", reason=f"runs in the Sequential built here: {confirmed[0]}{more}")
+    if failure:
+        return replace(match, status="rejected", reason=f"runtime precondition fails: {failure}")
+    return replace(match, status="not-executed", reason=(
+        f"the nn.Sequential built at line {span.line} does not run two such consecutive children"))
+
+
 def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule | None) -> Match:
+    if match.sequential is not None:
+        return _confirm_sequential(index, match, model, rule)
     file = realpath(match.file)
     match_r = replace(match, file=file) if file != match.file else match
     if match.class_name:

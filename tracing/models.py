@@ -19,6 +19,8 @@ from torch import nn
 
 from adopter import configs as shipped_configs
 
+from .build_sites import recording_build_sites
+
 
 class TracingError(Exception):
     """A model that cannot be built, fed or traced; one line, shown to the user as is."""
@@ -217,10 +219,12 @@ def model_source_files(model: nn.Module) -> list[str]:
 
 def _instantiate(cls, args, kwargs, device: str):
     try:
-        if device == "meta":
-            with torch.device("meta"):
-                return cls(*args, **kwargs)
-        return cls(*args, **kwargs)
+        # Sequential build sites are what confirms pairs matched where a Sequential is built
+        with recording_build_sites():
+            if device == "meta":
+                with torch.device("meta"):
+                    return cls(*args, **kwargs)
+            return cls(*args, **kwargs)
     except TypeError as exc:
         msg = str(exc).splitlines()[0]
         if "argument" in msg:

@@ -12,6 +12,7 @@ from adopter.core.dsl import Layer, Span, TensorOp, Var
 from adopter.core.rule import Rule, RuntimeStep
 from adopter.core.structures import Match, MatchedNode
 
+from .build_sites import BUILT_AT
 from .source_map import NodeSource
 from .trace_index import TraceIndex, realpath
 
@@ -67,8 +68,24 @@ def find_runtime_only(
     index: TraceIndex, model: nn.Module, matches: Sequence[Match], rules: Iterable[Rule] = ()
 ) -> list[Match]:
     covered: dict[tuple[str, str], set[int]] = defaultdict(set)
+    built_here: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for m in matches:
         covered[(m.rule, realpath(m.file))].update(m.lines)
+        if m.sequential is not None:
+            built_here[(m.rule, realpath(m.file))].append((m.sequential.line, m.sequential.end_line))
+
+    def in_matched_sequential(rule: str, chain) -> bool:
+        """The chain's modules are children of one nn.Sequential built where a static match of
+        ``rule`` sits (matched once there, not at each call)."""
+        parents = {path.rpartition(".")[0] for path, _g in chain}
+        if len(parents) != 1:
+            return False
+        try:
+            seq = model.get_submodule(parents.pop())
+        except AttributeError:
+            return False
+        site = seq.__dict__.get(BUILT_AT)
+        return site is not None and any(a <= site[1] <= b for a, b in built_here.get((rule, site[0]), ()))
     found: dict[tuple, list] = {}
     sequences = {r.name: r.runtime.sequence for r in rules if getattr(getattr(r, "runtime", None), "sequence", ())}
     for rule, steps in sequences.items():
@@ -93,6 +110,8 @@ def find_runtime_only(
             # as the static rules require: no intermediate value is read outside the chain
             # (ViT's ``hidden_states + residual`` also feeds the next residual: not fusable)
             if any(not set(_direct_users(index, a[1])) <= b[1] for a, b in zip(chain, chain[1:])):
+                continue
+            if in_matched_sequential(rule, chain):
                 continue
             sites = [_call_site(index, g[1]) for g in chain]
             # Only sequences written in one function of one class instance are rewritable

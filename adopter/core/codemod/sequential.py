@@ -1,0 +1,52 @@
+"""Rewrite of a matched ``nn.Sequential`` pair where the Sequential is built (issue 11):
+
+    nn.Sequential(conv3x3(a, b), norm_layer(b), nn.ReLU())
+ => GuardedSequential(conv3x3(a, b), norm_layer(b), nn.ReLU())
+
+Only the callee changes; the entries, their order and names (``OrderedDict`` keys) stay, so the
+children and the state dict are the original's. ``adopter.kernels.GuardedSequential`` runs
+consecutive children through a guarded kernel when, at run time, they form a pair it fuses, and
+calls them one after the other otherwise. Every pair matched in one Sequential yields this same
+edit (the engine applies it once).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from adopter.core.codemod.base import kernel_name, pos
+from adopter.core.codemod.context import FileContext, Skip
+from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
+from adopter.core.structures import Match
+
+KERNEL = "GuardedSequential"
+
+
+class SequentialCodemod:
+    """The codemod of every match with ``Match.sequential`` set (rules with ``in_sequential``)."""
+
+    def analyze(self, match: Match, ctx: FileContext) -> Edit:
+        span = match.sequential
+        if span is None:
+            raise Skip("not an nn.Sequential pair")
+        call = ctx.expr_at(span)
+        if not isinstance(call, ast.Call):
+            raise Skip("the nn.Sequential construction is not a call")
+        func = call.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
+            # ``super().__init__(*layers)`` of an nn.Sequential subclass: the class itself
+            # would have to change
+            raise Skip("the entries are passed to super().__init__ of an nn.Sequential subclass")
+        if call.keywords:
+            raise Skip("nn.Sequential called with keywords")
+        stmt = ctx.statement_of(call)
+        if ctx.enclosing_function(call) is None:
+            raise Skip("the nn.Sequential is built outside a function")
+        spec, local = kernel_name(ctx, KERNEL)
+        forward = ForwardEdit(
+            statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt), expr_edits=(ExprEdit(ctx.char_span(func), local),)
+        )
+        return Edit(rule=match.rule, forward=forward, imports=(spec,))
+
+
+SEQUENTIAL_CODEMOD = SequentialCodemod()

@@ -1,0 +1,62 @@
+"""``GuardedSequential``: what a rewrite puts where an ``nn.Sequential`` with fusable
+consecutive entries is built (``nn.Sequential(conv, bn, relu)`` ->
+``GuardedSequential(conv, bn, relu)``).
+
+It *is* an ``nn.Sequential`` built from the same entries: same children, same names
+(``0``, ``1``... or the ``OrderedDict`` keys), same state dict, indexing, ``len`` and iteration,
+so checkpoints of the original load and what it saves loads into the original. Only ``forward``
+differs: consecutive children that form a pair a guarded kernel handles run through it —
+``(Conv2d, BatchNorm2d)`` -> :func:`conv_bn`, ``(Linear, BatchNorm1d)`` -> :func:`linear_bn`,
+``(Linear, a GeLU)`` -> :func:`linear_gelu` — decided from the children it holds *at run time*
+(not from what the analysis saw), and each kernel checks its own preconditions again (exact
+forward, hooks, eval mode...) and otherwise calls the two children as ``nn.Sequential`` does.
+Kernel calls are counted under the function that built the Sequential.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from torch import nn
+
+from .guarded import conv_bn, gelu_mode, linear_bn, linear_gelu
+from .telemetry import calls_made_at, source_file
+
+__all__ = ["GuardedSequential"]
+
+
+def _pair_kernel(first: nn.Module, second: nn.Module) -> Callable | None:
+    if isinstance(first, nn.Conv2d) and isinstance(second, nn.BatchNorm2d):
+        return conv_bn
+    if isinstance(first, nn.Linear):
+        if isinstance(second, nn.BatchNorm1d):
+            return linear_bn
+        if gelu_mode(second)[0] is not None:
+            return linear_gelu
+    return None
+
+
+class GuardedSequential(nn.Sequential):
+    """``nn.Sequential`` whose fusable consecutive children run through adopter's guarded kernels."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        caller = sys._getframe(1).f_code
+        # where the user's source builds it: kernel calls are counted there
+        self._adopter_site = (source_file(caller.co_filename), getattr(caller, "co_qualname", caller.co_name))
+
+    def forward(self, input: Any) -> Any:  # noqa: A002 - nn.Sequential's parameter name
+        children = list(self._modules.values())
+        with calls_made_at(getattr(self, "_adopter_site", None)):
+            i, n = 0, len(children)
+            while i < n:
+                module = children[i]
+                if i + 1 < n:
+                    kernel = _pair_kernel(module, children[i + 1])
+                    if kernel is not None:
+                        input = kernel(module, children[i + 1], input)
+                        i += 2
+                        continue
+                input = module(input)
+                i += 1
+        return input
