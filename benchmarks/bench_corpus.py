@@ -1,13 +1,20 @@
-"""Precision/recall of ``adopter scan`` on the hand-labelled corpus (``tests/corpus/labels.json``).
+"""Precision/recall of ``adopter scan`` on the hand-labelled corpora.
 
-Scans the labelled transformers modeling files in place (static, nothing imported), compares the
-matches with the labels (same rule, file, class and overlapping forward lines) and prints/writes
-precision and recall per rule and overall, with every false positive and false negative:
+``transformers`` (``tests/corpus/labels.json``): installed transformers modeling files, scanned in
+place. ``styles`` (``tests/corpus/styles/labels.json``): self-written non-HuggingFace model files
+kept in the repository. Both are scanned statically (nothing imported); matches are compared with
+the labels (same rule, file, class and overlapping forward lines). Only matches with status
+``static``/``confirmed`` are predictions; others (``conditional``, ``refused``, ...) are listed
+apart. Prints precision and recall per rule and overall with every false positive and false
+negative, and writes one results file per corpus:
 
-    python benchmarks/bench_corpus.py [--out benchmarks/results/corpus_precision.json]
+    python benchmarks/bench_corpus.py [--corpus transformers|styles|all] [--out FILE]
+
+    transformers -> benchmarks/results/corpus_precision.json
+    styles       -> benchmarks/results/corpus_styles_precision.json
 
 Exit status 0 even when the scores miss the targets (it is a measurement; the targets are asserted
-by ``tests/test_corpus.py``); 2 when no labelled file can be scanned.
+by ``tests/test_corpus.py``); 2 when a requested corpus has no file that can be scanned.
 """
 from __future__ import annotations
 
@@ -22,30 +29,46 @@ sys.path.insert(0, str(ROOT / "tests" / "corpus"))
 
 import corpus_eval
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "corpus_precision.json"
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_OUT = RESULTS / "corpus_precision.json"
+DEFAULT_OUTS = {"transformers": DEFAULT_OUT, "styles": RESULTS / "corpus_styles_precision.json"}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results file (JSON)")
-    args = ap.parse_args(argv)
-
-    corpus = corpus_eval.load_corpus()
+def run_corpus(name: str, out: Path) -> int:
+    corpus = corpus_eval.load_corpus(corpus_eval.CORPORA[name])
     files = corpus_eval.corpus_files(corpus)
     if not files.paths:
-        print("no labelled file can be scanned: " + "; ".join(files.stale.values()), file=sys.stderr)
+        print(f"{name}: no labelled file can be scanned: " + "; ".join(files.stale.values()), file=sys.stderr)
         return 2
     report = corpus_eval.scan(files)
     score = corpus_eval.evaluate(corpus, report.matches, files)
     data = corpus_eval.report_json(corpus, score, report, files)
     data["python"] = platform.python_version()
     print(corpus_eval.format_report(data))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(args.out)
-    print(f"wrote {args.out}")
+    tmp.replace(out)
+    print(f"wrote {out}")
     return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", choices=("transformers", "styles", "all"), default="transformers",
+                    help="which labelled corpus to score (default: transformers)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results file (JSON; only with a single corpus; default per corpus, see above)")
+    args = ap.parse_args(argv)
+    names = ["transformers", "styles"] if args.corpus == "all" else [args.corpus]
+    if args.out is not None and len(names) > 1:
+        ap.error("--out needs a single --corpus")
+    status = 0
+    for i, name in enumerate(names):
+        if i:
+            print()
+        status = max(status, run_corpus(name, args.out or DEFAULT_OUTS[name]))
+    return status
 
 
 if __name__ == "__main__":

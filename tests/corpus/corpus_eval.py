@@ -1,10 +1,19 @@
-"""Score the scanner against the hand-labelled corpus in ``labels.json``.
+"""Score the scanner against a hand-labelled corpus.
+
+Two corpora: ``labels.json`` (installed transformers modeling files, located with
+``importlib.util.find_spec``, never imported) and ``styles/labels.json`` (self-written files kept
+in the repository, paths relative to the labels file). A corpus whose JSON records a
+``transformers_version`` is of the first kind; any other is resolved next to its labels file.
 
 Used by ``tests/test_corpus.py`` (assertions) and ``benchmarks/bench_corpus.py`` (report).
-Nothing here imports transformers: the corpus files are located with ``importlib.util.find_spec``
-and scanned statically, as ``adopter scan`` does.
+The files are scanned statically, as ``adopter scan`` does.
 
-A scanner match *equals* a label when the rule, the file (basename), the reported class and the
+Predictions are the matches whose status is ``static`` or ``confirmed``
+(``PREDICTION_STATUSES``); a match with any other status (``conditional``, ``refused``, ...) is
+not a prediction: it is listed apart (``Score.other_status``) and counts neither as a true nor a
+false positive.
+
+A prediction *equals* a label when the rule, the file (basename), the reported class and the
 matched forward lines overlap (at least one line in common). Each label is credited at most once;
 a second match overlapping an already credited label is a false positive (a duplicate).
 """
@@ -18,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LABELS_PATH = Path(__file__).with_name("labels.json")
+STYLES_LABELS_PATH = Path(__file__).with_name("styles") / "labels.json"
+CORPORA = {"transformers": LABELS_PATH, "styles": STYLES_LABELS_PATH}
+PREDICTION_STATUSES = ("static", "confirmed")
 RULE_ORDER = (
     "BertSelfAttention", "T5Attention", "GPT2Attention", "softmax", "Dropout_LayerNorm",
     "biased_GeLU", "Conv_BatchNorm", "Linear_BatchNorm", "fused_QKV",
@@ -32,8 +44,16 @@ def transformers_models_dir() -> Path | None:
 
 
 def load_corpus(path: Path = LABELS_PATH) -> dict:
+    """The labels file as a dict; ``_labels_path`` (not in the file) records where it was read."""
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        corpus = json.load(fh)
+    corpus["_labels_path"] = str(Path(path).resolve())
+    return corpus
+
+
+def in_repo(corpus: dict) -> bool:
+    """True for a corpus whose files live next to its labels file (no transformers version)."""
+    return "transformers_version" not in corpus
 
 
 @dataclass
@@ -42,21 +62,31 @@ class CorpusFiles:
     stale: dict[str, str] = field(default_factory=dict)  # basename -> why it cannot be used
 
 
-def corpus_files(corpus: dict, models_dir: Path | None = None) -> CorpusFiles:
-    """The labelled files, checked against the recorded sha256 (labels are only valid for that text)."""
-    models_dir = models_dir or transformers_models_dir()
+def corpus_files(corpus: dict, models_dir: Path | None = None, base_dir: Path | None = None) -> CorpusFiles:
+    """The labelled files, checked against the recorded sha256 (labels are only valid for that text).
+
+    Transformers corpus: paths relative to ``models_dir`` (default: the installed
+    ``transformers/models``). In-repo corpus: relative to ``base_dir`` (default: the folder of the
+    labels file the corpus was loaded from)."""
+    repo = in_repo(corpus)
+    if repo:
+        base = base_dir or (Path(corpus["_labels_path"]).parent if "_labels_path" in corpus else None)
+    else:
+        base = models_dir or transformers_models_dir()
     out = CorpusFiles(paths={})
     for name, info in corpus["files"].items():
-        if models_dir is None:
-            out.stale[name] = "transformers is not installed"
+        if base is None:
+            out.stale[name] = ("no base folder for the corpus files" if repo
+                               else "transformers is not installed")
             continue
-        p = models_dir / info["path"]
+        p = base / info["path"]
         if not p.is_file():
             out.stale[name] = f"missing: {p}"
             continue
         digest = hashlib.sha256(p.read_bytes()).hexdigest()
         if digest != info["sha256"]:
-            out.stale[name] = f"{p} changed since labelling (transformers {corpus['transformers_version']})"
+            since = "" if repo else f" (transformers {corpus['transformers_version']})"
+            out.stale[name] = f"{p} changed since labelling{since}"
             continue
         out.paths[name] = p
     return out
@@ -84,6 +114,17 @@ class Score:
     fn: list[Outcome] = field(default_factory=list)
     fn_doc_scope: int = 0  # false negatives among labels inside the rule docs' stated scope
     labels_doc_scope: int = 0
+    # matches in the labelled files whose status is not a prediction (why = status: reason)
+    other_status: list[Outcome] = field(default_factory=list)
+
+    def other_status_counts(self) -> dict[str, dict[str, int]]:
+        """rule -> status -> number of non-prediction matches."""
+        out: dict[str, dict[str, int]] = {}
+        for o in self.other_status:
+            status = o.why.split(":", 1)[0]
+            per = out.setdefault(o.rule, {})
+            per[status] = per.get(status, 0) + 1
+        return out
 
     @staticmethod
     def ratio(num: int, den: int) -> float | None:
@@ -120,7 +161,8 @@ def _overlaps(a, b) -> bool:
 
 def evaluate(corpus: dict, matches, files: CorpusFiles) -> Score:
     """Compare ``matches`` (``adopter.core.structures.Match`` objects or their JSON dicts) with the labels
-    of the files in ``files.paths``."""
+    of the files in ``files.paths``. Only matches with a status in ``PREDICTION_STATUSES`` (a dict
+    without ``status`` counts as ``static``) are predictions; the others go to ``other_status``."""
     usable = set(files.paths)
     labels = [l for l in corpus["labels"] if l["file"] in usable]
     negatives = [n for n in corpus.get("negatives", []) if n["file"] in usable]
@@ -129,8 +171,15 @@ def evaluate(corpus: dict, matches, files: CorpusFiles) -> Score:
     found = []
     for m in matches:
         d = m if isinstance(m, dict) else m.to_json()
-        found.append({"rule": d["rule"], "file": os.path.basename(d["file"]), "class": d.get("class"),
-                      "lines": sorted(d.get("lines") or []), "function": d.get("function")})
+        entry = {"rule": d["rule"], "file": os.path.basename(d["file"]), "class": d.get("class"),
+                 "lines": sorted(d.get("lines") or []), "function": d.get("function")}
+        status = d.get("status") or "static"
+        if status not in PREDICTION_STATUSES:
+            reason = d.get("reason") or ""
+            score.other_status.append(Outcome(entry["rule"], entry["file"], entry["class"], entry["lines"],
+                                              f"{status}: {reason}" if reason else status))
+            continue
+        found.append(entry)
     # credit the best-overlapping label first, so a broad match cannot steal a neighbour's label
     for mi, m in enumerate(found):
         cands = [(len(set(m["lines"]) & set(l["lines"])), li) for li, l in enumerate(labels)
@@ -184,9 +233,17 @@ def scan(files: CorpusFiles):
     return scan_paths([str(p) for _, p in sorted(files.paths.items())], all_rules())
 
 
+def corpus_name(corpus: dict) -> str:
+    return corpus.get("corpus") or ("transformers" if not in_repo(corpus) else "corpus")
+
+
 def report_json(corpus: dict, score: Score, report, files: CorpusFiles) -> dict:
+    head = {"corpus": corpus_name(corpus)}
+    if not in_repo(corpus):
+        head["transformers_version"] = corpus["transformers_version"]
     return {
-        "transformers_version": corpus["transformers_version"],
+        **head,
+        "prediction_statuses": list(PREDICTION_STATUSES),
         "files": len(files.paths),
         "stale_files": files.stale,
         "scan_seconds": round(report.seconds, 3),
@@ -200,12 +257,15 @@ def report_json(corpus: dict, score: Score, report, files: CorpusFiles) -> dict:
         "per_rule": score.per_rule(),
         "false_positives": [o.to_json() for o in score.fp],
         "false_negatives": [o.to_json() for o in score.fn],
+        "not_predictions": len(score.other_status),
+        "not_predictions_per_rule": score.other_status_counts(),
+        "not_prediction_matches": [o.to_json() for o in score.other_status],
     }
 
 
 def format_report(data: dict) -> str:
     head = (
-        f"corpus: {data['files']} files, {data['labels']} labels "
+        f"corpus {data.get('corpus', 'transformers')}: {data['files']} files, {data['labels']} labels "
         f"({data['labels_doc_scope']} inside the rule docs' scope), {data['matches']} matches, "
         f"scan {data['scan_seconds']} s"
     )
@@ -220,6 +280,13 @@ def format_report(data: dict) -> str:
     for title, key in (("false positives", "false_positives"), ("false negatives", "false_negatives")):
         lines.append(f"{title} ({len(data[key])}):")
         for o in data[key]:
+            first = o["lines"][0] if o["lines"] else "?"
+            lines.append(f"  {o['file']}:{first} {o['rule']} [{o['class']}] lines {o['lines']}: {o['why']}")
+    others = data.get("not_prediction_matches", [])
+    if others:
+        lines.append(f"not predictions (status other than {'/'.join(data['prediction_statuses'])}; "
+                     f"not scored) ({len(others)}):")
+        for o in others:
             first = o["lines"][0] if o["lines"] else "?"
             lines.append(f"  {o['file']}:{first} {o['rule']} [{o['class']}] lines {o['lines']}: {o['why']}")
     for name, why in data["stale_files"].items():
