@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +35,15 @@ DEFAULT_OUT = RESULTS / "corpus_precision.json"
 DEFAULT_OUTS = {"transformers": DEFAULT_OUT, "styles": RESULTS / "corpus_styles_precision.json"}
 
 
+def analyzer_info() -> dict:
+    """The adopter package that was imported, and the git commit of its checkout."""
+    import adopter
+
+    pkg = Path(adopter.__file__).resolve().parent
+    proc = subprocess.run(["git", "-C", str(pkg.parent), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return {"adopter": str(pkg), "git_commit": proc.stdout.strip() if proc.returncode == 0 else None}
+
+
 def run_corpus(name: str, out: Path) -> int:
     corpus = corpus_eval.load_corpus(corpus_eval.CORPORA[name])
     files = corpus_eval.corpus_files(corpus)
@@ -44,6 +54,7 @@ def run_corpus(name: str, out: Path) -> int:
     score = corpus_eval.evaluate(corpus, report.matches, files)
     data = corpus_eval.report_json(corpus, score, report, files)
     data["python"] = platform.python_version()
+    data["analyzer"] = analyzer_info()
     print(corpus_eval.format_report(data))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

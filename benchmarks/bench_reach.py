@@ -21,7 +21,9 @@ lines, status)::
 ``--compare BASELINE.json``: sites gained and lost per tree and rule against a saved run; a site
 is keyed by (rule, file, class, function, lines), the file being its path inside the tree
 (``models/resnet.py``, ``bert/modeling_bert.py``: basenames repeat inside torchvision and timm);
-a site present in both with another status is listed as a status change. Which analyzer ran
+a site present in both with another status is listed as a status change; a site whose reported
+location moved (e.g. a Sequential pair reported where it is built instead of where it is called)
+is one lost and one gained site. Scan errors are compared per file. Which analyzer ran
 (``adopter`` package path, its git commit and whether its tree had local changes) is recorded.
 """
 from __future__ import annotations
@@ -170,16 +172,18 @@ def scan_tree(name: str, jobs: int, cache: Path = CACHE) -> dict:
 # ---------------------------------------------------------------- comparison
 
 
-def _sites(tree: dict) -> dict[tuple, str]:
-    out = {}
+def _sites(tree: dict) -> dict[tuple, list[str]]:
+    """site key -> the statuses of the matches reported there (a key can be reported more than once)."""
+    out: dict[tuple, list[str]] = {}
     for rel, sites in tree.get("per_file", {}).items():
         for s in sites:
-            out[(s["rule"], rel, s["class"], s["function"], tuple(s["lines"]))] = s["status"]
-    return out
+            out.setdefault((s["rule"], rel, s["class"], s["function"], tuple(s["lines"])), []).append(s["status"])
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def compare(result: dict, baseline: dict) -> dict:
-    """Per tree and rule: sites gained / lost vs ``baseline``, and sites whose status changed."""
+    """Per tree and rule: sites gained / lost vs ``baseline`` (as multisets: a site reported twice
+    counts twice), and sites present in both whose statuses changed."""
     out = {}
     for name, tree in result["trees"].items():
         base = baseline.get("trees", {}).get(name)
@@ -190,18 +194,34 @@ def compare(result: dict, baseline: dict) -> dict:
         rules = sorted({k[0] for k in now} | {k[0] for k in before})
         per_rule = {}
         for rule in rules:
-            gained = sorted(k for k in now.keys() - before.keys() if k[0] == rule)
-            lost = sorted(k for k in before.keys() - now.keys() if k[0] == rule)
-            changed = sorted(k for k in now.keys() & before.keys() if k[0] == rule and now[k] != before[k])
+            keys = sorted((k for k in now.keys() | before.keys() if k[0] == rule), key=_order)
+            gained, lost, changed = [], [], []
+            for k in keys:
+                n_now, n_before = len(now.get(k, [])), len(before.get(k, []))
+                if n_now > n_before:
+                    gained += [_site_json(k, now[k][-1])] * (n_now - n_before)
+                if n_before > n_now:
+                    lost += [_site_json(k, before[k][-1])] * (n_before - n_now)
+                if n_now and n_before and now[k] != before[k]:
+                    changed.append({**_site_json(k, "/".join(now[k])), "was": "/".join(before[k])})
             per_rule[rule] = {
-                "baseline": sum(k[0] == rule for k in before),
-                "now": sum(k[0] == rule for k in now),
-                "gained": [_site_json(k, now[k]) for k in gained],
-                "lost": [_site_json(k, before[k]) for k in lost],
-                "status_changed": [{**_site_json(k, now[k]), "was": before[k]} for k in changed],
+                "baseline": sum(len(v) for k, v in before.items() if k[0] == rule),
+                "now": sum(len(v) for k, v in now.items() if k[0] == rule),
+                "gained": gained,
+                "lost": lost,
+                "status_changed": changed,
             }
-        out[name] = per_rule
+        errors_now = sorted(e["file"] for e in tree.get("errors", []))
+        errors_before = sorted(e["file"] for e in base.get("errors", []))
+        out[name] = {"rules": per_rule,
+                     "errors": {"baseline": errors_before, "now": errors_now}}
     return out
+
+
+def _order(key: tuple) -> tuple:
+    """Sort key for site keys (the class is None for module-level functions)."""
+    rule, rel, cls, function, lines = key
+    return (rule, rel, cls or "", function or "", lines)
 
 
 def _site_json(key: tuple, status: str) -> dict:
@@ -235,7 +255,9 @@ def format_comparison(comp: dict, baseline_path: str, limit: int = 25) -> str:
         if "skipped" in per_rule:
             lines.append(f"{name}: not compared ({per_rule['skipped']})")
             continue
-        lines.append(f"{name}:")
+        errors = per_rule["errors"]
+        per_rule = per_rule["rules"]
+        lines.append(f"{name}: scan errors {len(errors['baseline'])} -> {len(errors['now'])}")
         lines.append(f"  {'rule':<20}{'baseline':>9}{'now':>6}{'gained':>8}{'lost':>6}{'status changed':>16}")
         for rule, c in per_rule.items():
             lines.append(f"  {rule:<20}{c['baseline']:>9}{c['now']:>6}{len(c['gained']):>8}{len(c['lost']):>6}"
