@@ -294,3 +294,145 @@ def test_optimize_torchvision_style_resnet(bottleneck):
         fused = {c.function for c in calls.calls if c.kernel == "conv_bn" and c.backend != "original"}
         if not train:  # eval folds every pair, downsample included (counted where it is built)
             assert fused == {f"{block}.forward", "ResNet._make_layer", "ResNet.forward"}
+
+
+# ---------------------------------------------------------------- runtime reach
+
+
+RUNTIME_TYPED = "tests/fixtures/reach/runtime_typed.py"
+
+
+def test_runtime_typed_layers_are_unknown_statically():
+    from pathlib import Path
+
+    src = Path(RUNTIME_TYPED).read_text()
+    assert [m for m in scan_source(src, RUNTIME_TYPED, all_rules()) if m.status == "static"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("norm", "act", "expected"), [
+    (nn.BatchNorm2d, "gelu", ["Conv_BatchNorm", "biased_GeLU"]),
+    (nn.BatchNorm2d, "relu", ["Conv_BatchNorm"]),
+    (lambda c: nn.GroupNorm(2, c), "gelu", ["biased_GeLU"]),
+])
+def test_optimize_confirms_types_from_the_trace(norm, act, expected):
+    """What the source leaves unknown (a norm class passed by the caller, a conv from an imported
+    factory, an activation from a table) is typed from the built model, rewritten with guarded
+    kernels and checked equivalent; other types at run time are no match."""
+    from adopter import optimize
+    from tests.fixtures.reach.runtime_typed import Net
+
+    x = torch.randn(2, 3, 8, 8)
+    cls = optimize(Net, init_kwargs={"norm_layer": norm, "act": act}, example_inputs={"x": x})
+    report = cls.adopter_report
+    assert sorted(a.rule for a in report.applied) == expected, report.summary()
+    assert report.equivalence.equivalent
+    torch.manual_seed(0)
+    original = Net(norm, act).eval()
+    optimized = cls(norm, act).eval()
+    optimized.load_state_dict(original.state_dict())
+    torch.testing.assert_close(optimized(x), original(x), rtol=1e-5, atol=1e-5)
+
+
+def test_factory_selecting_by_a_constant_argument():
+    """``get_activation_fn("gelu")`` written with the constant: the factory's branch is decided;
+    with the name coming from a constructor argument it stays a condition (the caller chooses)."""
+    src = HEADER + """
+def get_activation_fn(name):
+    if name == "relu":
+        return F.relu
+    elif name == "gelu":
+        return F.gelu
+    raise RuntimeError(name)
+
+class Fixed(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.act = get_activation_fn("gelu")
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+class Chosen(nn.Module):
+    def __init__(self, d, activation="gelu"):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.act = get_activation_fn(activation)
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+"""
+    _src, ms = _scan(src)
+    got = sorted((m.class_name, m.status) for m in ms if m.rule == "biased_GeLU")
+    assert got == [("Chosen", "conditional"), ("Fixed", "static")]
+
+
+def test_sequential_built_differently_by_its_callers_keeps_both():
+    """VGG's ``make_layers(cfg, batch_norm=...)``: a call with ``batch_norm=False`` does not hide
+    the pairs the ``batch_norm=True`` path builds."""
+    got = _found(HEADER + """
+def make_layers(cfg, batch_norm=False):
+    layers = []
+    c = 3
+    for v in cfg:
+        conv2d = nn.Conv2d(c, v, 3, padding=1)
+        if batch_norm:
+            layers += [conv2d, nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
+        else:
+            layers += [conv2d, nn.ReLU(inplace=True)]
+        c = v
+    return nn.Sequential(*layers)
+
+class VGG(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.plain = make_layers([8, 8])
+        self.bn = make_layers([8, 8], batch_norm=True)
+
+    def forward(self, x):
+        return self.bn(x) + self.plain(x)
+""")
+    assert [g[:3] for g in got] == [("Conv_BatchNorm", None, "make_layers")]
+
+
+def test_factory_from_the_package(tmp_path):
+    """A factory in another module of the scanned file's package (relative or absolute import,
+    re-exported by the package): read, never imported; several possible returns -> conditional."""
+    pkg = tmp_path / "mypkg"
+    (pkg / "layers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers" / "__init__.py").write_text("from .conv import create_conv2d, make_norm\n")
+    (pkg / "layers" / "conv.py").write_text(textwrap.dedent("""
+        from torch import nn
+
+        def create_conv2d(cin, cout, k, **kwargs):
+            return nn.Conv2d(cin, cout, k, padding=k // 2, **kwargs)
+
+        def make_norm(c, kind="bn"):
+            if kind == "bn":
+                return nn.BatchNorm2d(c)
+            return nn.GroupNorm(1, c)
+    """))
+    model = pkg / "model.py"
+    model.write_text(textwrap.dedent("""
+        from torch import nn
+        from .layers import create_conv2d
+        from mypkg.layers import make_norm
+
+        class ConvBn(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.conv = create_conv2d(c, c, 3)
+                self.bn = nn.BatchNorm2d(c)
+                self.conv2 = create_conv2d(c, c, 1)
+                self.bn2 = make_norm(c)
+                self.bn3 = make_norm(c, "gn")
+
+            def forward(self, x):
+                x = self.bn(self.conv(x))
+                x = self.bn2(self.conv2(x))
+                return self.bn3(x)
+    """))
+    ms = scan_source(model.read_text(), str(model), all_rules())
+    assert sorted((m.lines[0], m.status) for m in ms) == [(16, "static"), (17, "static")]

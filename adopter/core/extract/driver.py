@@ -7,11 +7,12 @@ import ast
 import os
 import re
 
+from adopter.core.dsl import Arg, Const, Layer, Var
 from adopter.core.extract.init_bindings import _InitExtractor
 from adopter.core.extract.interp import _Interp
 from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _is_module, _span
 from adopter.core.extract.values import _TEST_NAMES, _UNPARSED, SOURCE_LINES, UNKNOWN_TYPE
-from adopter.core.structures import ClassInfo, FileStructures, SequentialBuild, SequentialEntry
+from adopter.core.structures import ClassInfo, FileStructures, InitBinding, SequentialBuild, SequentialEntry
 
 _SELF_ATTR = re.compile(r"\bself\.([A-Za-z_][A-Za-z_0-9]*)(?!\s*(?:=(?!=)|:[^=\n]*=(?!=)))")
 
@@ -36,9 +37,12 @@ def _attr_uses(cls: _ClassCtx, lines: list[str]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(sorted(v)) for k, v in uses.items()}
 
 
-def extract_source(text: str, filename: str = "<string>") -> FileStructures:
+def extract_source(text: str, filename: str = "<string>", type_hints: dict | None = None) -> FileStructures:
     """Extract the model structures of one Python source file (never imports or runs it).
 
+    ``type_hints``: ``{(class name, "self.<attr>"): (layer type, ...)}`` observed at run time (the
+    classes of a traced model's submodules); used only for attributes whose type the source does
+    not resolve (a norm class passed in by the caller, a factory imported from elsewhere).
     Raises ``SyntaxError`` unchanged when ``text`` does not parse.
     """
     _LAST_PARSE[:] = [None, None]  # the previous file's tree is not kept alive meanwhile
@@ -50,7 +54,7 @@ def extract_source(text: str, filename: str = "<string>") -> FileStructures:
     # (\n, \r\n, \r; not at form feeds)
     SOURCE_LINES[:] = text.encode().splitlines(keepends=True)
     try:
-        return _extract_tree(tree, filename, text.splitlines())
+        return _extract_tree(tree, filename, text.splitlines(), type_hints or {})
     finally:
         _UNPARSED.clear()
         _TEST_NAMES.clear()
@@ -71,7 +75,34 @@ def parsed_tree(text: str) -> ast.Module | None:
     return None
 
 
-def _extract_tree(tree: ast.Module, filename: str, lines: list[str]) -> FileStructures:
+def _unresolved(type_: str) -> bool:
+    """A binding type that says nothing about the layer: unknown, or a function (a factory)
+    defined outside torch."""
+    last = type_.rsplit(".", 1)[-1]
+    return type_ == UNKNOWN_TYPE or (not type_.startswith("torch.") and last[:1].islower())
+
+
+def _apply_type_hints(fc: _File, hints: dict) -> None:
+    by_class: dict[str, list] = {}
+    for (class_name, attr), types in hints.items():
+        by_class.setdefault(class_name, []).append((attr, tuple(types)))
+    for name, items in by_class.items():
+        cls = fc.classes.get(name)
+        if cls is None:
+            continue
+        for attr, types in items:
+            own = [b for c in cls.mro() for b in c.bindings if b.attr == attr and b.container is None]
+            if (own and not all(_unresolved(b.layer.type) for b in own)) or not types:
+                continue
+            # constructor arguments are not in the trace: opaque values a pattern may bind
+            unknown_args = tuple(Arg(Const(f"<{attr} argument {i} at run time>")) for i in range(4))
+            cls.bindings = [b for b in cls.bindings if not (b.attr == attr and b.container is None)] + [
+                InitBinding(attr=attr, layer=Layer(t, unknown_args, Var(attr)), conditional=len(types) > 1, runtime=True)
+                for t in types
+            ]
+
+
+def _extract_tree(tree: ast.Module, filename: str, lines: list[str], type_hints: dict) -> FileStructures:
     fc = _File(tree, filename)
     # bases and module-ness first: bindings of subclasses are looked up through them
     for cls in fc.classes.values():
@@ -93,6 +124,8 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str]) -> FileStru
         init = cls.methods.get("__init__")
         if init is not None:
             cls.bindings = _InitExtractor(fc, cls, init).run()
+    if type_hints:
+        _apply_type_hints(fc, type_hints)
     # Sequentials built anywhere else (``_make_layer``, a factory nobody here calls): visited
     # for their entries only
     for owner, fdef in _functions_building_sequentials(fc, lines):
@@ -136,21 +169,27 @@ def _functions_building_sequentials(fc: _File, lines: list[str]):
 def _sequential_builds(fc: _File) -> tuple[SequentialBuild, ...]:
     out = []
     for rec in fc.seq_builds.values():
-        call = rec.call
-        entries = []
-        for _name, entry in rec.entries:
-            vals = [v for v in entry.values if v[3] is not None and v[0] != UNKNOWN_TYPE]
-            types = tuple(dict.fromkeys(v[0] for v in vals))
-            expr = entry.expr
-            span = _span(expr, rec.function, rec.stmt) if expr is not None and hasattr(expr, "lineno") else None
-            entries.append(SequentialEntry(types, vals[0][1] if vals else (), span, entry.many))
-        f = call.func
-        out.append(SequentialBuild(
-            class_name=rec.class_name, function=rec.function, span=_span(call, rec.function, rec.stmt),
-            callee=(f.lineno, f.col_offset, f.end_lineno, f.end_col_offset), entries=tuple(entries),
-        ))
+        for alternative in rec.alternatives:
+            out.append(_sequential_build(rec, alternative))
     out.sort(key=lambda b: (b.span.line, b.span.col))
     return tuple(out)
+
+
+def _sequential_build(rec, alternative) -> SequentialBuild:
+    """One way a recorded ``nn.Sequential(...)`` call was built, as plain data."""
+    call = rec.call
+    entries = []
+    for _name, entry in alternative:
+        vals = [v for v in entry.values if v[3] is not None and v[0] != UNKNOWN_TYPE]
+        types = tuple(dict.fromkeys(v[0] for v in vals))
+        expr = entry.expr
+        span = _span(expr, rec.function, rec.stmt) if expr is not None and hasattr(expr, "lineno") else None
+        entries.append(SequentialEntry(types, vals[0][1] if vals else (), span, entry.many))
+    f = call.func
+    return SequentialBuild(
+        class_name=rec.class_name, function=rec.function, span=_span(call, rec.function, rec.stmt),
+        callee=(f.lineno, f.col_offset, f.end_lineno, f.end_col_offset), entries=tuple(entries),
+    )
 
 
 def torch_base_of(structures: FileStructures, type_: str) -> str | None:

@@ -38,7 +38,7 @@ class SeqBuildRecord:
     function: str
     call: ast.Call
     stmt: ast.AST | None
-    entries: list  # [(child name or None, _Entry)]
+    alternatives: list  # [[(child name or None, _Entry)], ...]: one per distinct way it was built
 
 
 def _const_args(call: ast.Call) -> tuple[Arg, ...]:
@@ -54,6 +54,52 @@ def _const_args(call: ast.Call) -> tuple[Arg, ...]:
         else:
             out.append(Arg(Const(_unparse(k.value)), k.arg))
     return tuple(out)
+
+
+def _constant_defaults(fn: ast.FunctionDef) -> dict[str, object]:
+    """Parameters of ``fn`` whose default is a constant (``activation: str = "gelu"``)."""
+    a = fn.args
+    params = list(a.posonlyargs) + list(a.args)
+    pairs = list(zip(params[len(params) - len(a.defaults):], a.defaults)) if a.defaults else []
+    pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+    return {p.arg: d.value for p, d in pairs if type(d) is ast.Constant}
+
+
+def _ends_here(st: ast.stmt, consts: dict[str, object]) -> bool:
+    """The statement leaves the function on every way through it (in a factory's evaluation)."""
+    t = type(st)
+    if t in (ast.Return, ast.Raise):
+        return True
+    if t is ast.If:
+        taken = _fold(st.test, consts) if consts else None
+        branches = [st.body] if taken is True else [st.orelse] if taken is False else [st.body, st.orelse]
+        return all(b and _ends_here(b[-1], consts) for b in branches)
+    return False
+
+
+def _fold(test: ast.AST, consts: dict[str, object]) -> bool | None:
+    """The value of an ``if`` test over constant parameters (``activation == "gelu"``,
+    ``name in ("relu", "gelu")``, ``not flag``), or None when it depends on anything else."""
+    t = type(test)
+    if t is ast.Name:
+        return bool(consts[test.id]) if test.id in consts else None
+    if t is ast.UnaryOp and type(test.op) is ast.Not:
+        inner = _fold(test.operand, consts)
+        return None if inner is None else not inner
+    if t is ast.Compare and len(test.ops) == 1 and type(test.left) is ast.Name and test.left.id in consts:
+        left, op, right = consts[test.left.id], type(test.ops[0]), test.comparators[0]
+        if type(right) is ast.Constant:
+            if op in (ast.Eq, ast.Is):
+                return left == right.value
+            if op in (ast.NotEq, ast.IsNot):
+                return left != right.value
+        if type(right) in (ast.Tuple, ast.List, ast.Set) and all(type(e) is ast.Constant for e in right.elts):
+            values = [e.value for e in right.elts]
+            if op is ast.In:
+                return left in values
+            if op is ast.NotIn:
+                return left not in values
+    return None
 
 
 class _InitExtractor:
@@ -78,6 +124,11 @@ class _InitExtractor:
         self.sweep = sweep
         self.visiting: set[str] = set()
         self.loop_depth = 0
+        # parameters of a factory holding a constant its caller wrote (``get_act("gelu")``, or
+        # the factory's own default when the caller left it out): ``if name == "relu":`` is
+        # decided with them. Never ``__init__``'s own defaults: its caller may pass anything.
+        self.consts: dict[str, object] = {}
+        self.pending_consts: dict[str, object] = {}
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
@@ -119,6 +170,15 @@ class _InitExtractor:
                 passed.append((names[i], arg))
         known = set(names) | {p.arg for p in a.kwonlyargs}
         passed += [(k.arg, k.value) for k in call.keywords if k.arg in known]
+        consts = _constant_defaults(fn)
+        for name, arg in passed:
+            if type(arg) is ast.Constant:
+                consts[name] = arg.value
+            elif type(arg) is ast.Name and arg.id in self.consts:
+                consts[name] = self.consts[arg.id]
+            else:
+                consts.pop(name, None)
+        self.pending_consts = consts
         for name, arg in passed:
             vals = [v for v in self.values(arg) if v[3] is not None]
             refs = self.class_refs(arg) if type(arg) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
@@ -128,14 +188,27 @@ class _InitExtractor:
                 out.pop(name, None)  # a value we cannot resolve: unknown, not the default
         return out
 
-    def factory_values(self, fn: ast.FunctionDef, call: ast.Call, owner: str | None) -> list[tuple]:
-        """What a factory function/method defined in this file returns when ``call`` calls it
-        (``conv3x3(inplanes, planes)`` -> ``nn.Conv2d(...)`` built in its body). The sites are
-        the constructions inside the factory; [] when nothing resolves."""
+    def factory_values(self, fn: ast.FunctionDef, call: ast.Call, owner: str | None, home: _File | None = None) -> list[tuple]:
+        """What a factory function/method defined in this file (or, ``home``, another module of
+        its package) returns when ``call`` calls it (``conv3x3(inplanes, planes)`` ->
+        ``nn.Conv2d(...)`` built in its body). The sites are the constructions inside the
+        factory; [] when nothing resolves."""
         if fn.name in self.visiting or len(self.visiting) > _MAX_FACTORY_DEPTH:
             return []
         params = self.bound_parameters(fn, call, skip_self=owner is not None)
-        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns)
+        if home is not None:
+            # the body is evaluated with its own module's names; what it builds is noted there
+            saved_fc, saved_cls = self.fc, self.cls
+            self.fc, self.cls = home, None
+            try:
+                return self.factory_values_in_scope(fn, params, owner)
+            finally:
+                self.fc, self.cls = saved_fc, saved_cls
+        return self.factory_values_in_scope(fn, params, owner)
+
+    def factory_values_in_scope(self, fn: ast.FunctionDef, params: dict, owner: str | None) -> list[tuple]:
+        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts)
+        self.consts = self.pending_consts
         self.visiting.add(fn.name)
         self.qual = f"{owner}.{fn.name}" if owner else fn.name
         self.local, self.lists, self.returns = params, {}, []
@@ -146,11 +219,12 @@ class _InitExtractor:
             return self.returns
         finally:
             self.visiting.discard(fn.name)
-            self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns = saved
+            self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts = saved
 
     def helper(self, fn: ast.FunctionDef, conditional: bool):
         """``self._init_weights_of_x(config)`` called from ``__init__``: its bindings count too."""
-        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns)
+        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts)
+        self.consts = {}
         self.visiting.add(fn.name)
         self.qual = f"{self.cls.name}.{fn.name}"
         self.local, self.lists, self.returns = self.parameter_defaults(fn, skip_self=True), {}, None
@@ -159,7 +233,7 @@ class _InitExtractor:
             self.block(fn.body, conditional)
         finally:
             self.visiting.discard(fn.name)
-            self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns = saved
+            self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts = saved
 
     # -- resolution
     def callee_types(self, f) -> list[str]:
@@ -242,6 +316,12 @@ class _InitExtractor:
                 if made:
                     return made
             out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
+            if len(out) == 1 and not out[0][0].startswith("torch."):
+                found = self.fc.package_function(out[0][0])
+                if found is not None:
+                    made = self.factory_values(found[1], v, None, found[0])
+                    if made:
+                        return made
             if any(ty == _SEQUENTIAL for ty, _a, _k, _s in out):
                 self.note_sequential(v)
             return out
@@ -288,15 +368,19 @@ class _InitExtractor:
         rec = self.fc.seq_builds.get(id(call))
         if rec is None:
             cls_name = self.qual.split(".")[0] if "." in self.qual else None
-            self.fc.seq_builds[id(call)] = SeqBuildRecord(cls_name, self.qual, call, self.stmt, entries)
+            self.fc.seq_builds[id(call)] = SeqBuildRecord(cls_name, self.qual, call, self.stmt, [entries])
             return
-        # built again (a factory called from several places): each entry may be any of the
-        # values seen, unless the number of entries differs (then the first is kept)
-        if len(rec.entries) == len(entries):
-            for (_n, old), (_m, new) in zip(rec.entries, entries):
-                for v in new.values:
-                    if all(v[0] != o[0] for o in old.values):
-                        old.values.append(v)
+        # built again (a factory called from several places, with other arguments): each entry
+        # may be any of the values seen; another number of entries is another alternative
+        for known in rec.alternatives:
+            if len(known) == len(entries):
+                for (_n, old), (_m, new) in zip(known, entries):
+                    for v in new.values:
+                        if all(v[0] != o[0] for o in old.values):
+                            old.values.append(v)
+                return
+        if len(rec.alternatives) < 4:
+            rec.alternatives.append(entries)
 
     def sequential_entries(self, call: ast.Call) -> list | None:
         """[(child name or None, _Entry)] of ``nn.Sequential(...)``; None when not a plain construction."""
@@ -373,7 +457,7 @@ class _InitExtractor:
         if build is not None:
             # the entries as resolved where the Sequential is built (maybe in a factory)
             variant: list | None = []
-            for name, entry in build.entries:
+            for name, entry in build.alternatives[-1]:
                 vals = [v for v in entry.values if v[3] is not None]
                 items.append((f"{prefix}[{name}]" if name is not None else f"{prefix}[*]", vals))
                 if name is None or not name.isdigit():
@@ -406,6 +490,8 @@ class _InitExtractor:
         for st in body:
             self.stmt = st
             self.statement(st, conditional)
+            if self.returns is not None and _ends_here(st, self.consts):
+                break  # what follows a return (or a decided branch that returns) never runs
 
     def statement(self, st, conditional: bool):
         t = type(st)
@@ -428,8 +514,11 @@ class _InitExtractor:
         elif t is ast.Expr and type(st.value) is ast.Call:
             self.call_stmt(st.value, conditional)
         elif t is ast.If:
-            self.block(st.body, True)
-            self.block(st.orelse, True)
+            taken = _fold(st.test, self.consts) if self.consts else None
+            if taken is not False:
+                self.block(st.body, taken is None or conditional)
+            if taken is not True:
+                self.block(st.orelse, taken is None or conditional)
         elif t in (ast.For, ast.AsyncFor, ast.While):
             # elements appended in a loop stand for any number of elements
             self.loop_depth += 1
@@ -463,6 +552,7 @@ class _InitExtractor:
             self.record(attr, vals, conditional or type(value) in (ast.IfExp, ast.BoolOp))
         elif tt is ast.Name:
             name = tg.id
+            self.consts.pop(name, None)
             vt = type(value)
             if vt in (ast.List, ast.Tuple):
                 self.lists[name] = [self.entry(e) for e in value.elts]

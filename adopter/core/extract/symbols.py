@@ -160,6 +160,8 @@ class _File:
         self.partials: dict[str, ast.Call] = {}
         # ``nn.Sequential(...)`` constructions seen while resolving values, by id of the call
         self.seq_builds: dict[int, object] = {}
+        # (module, function name) -> (its _File, FunctionDef) or None: package factories read so far
+        self.package_cache: dict[tuple[str, str], object] = {}
         self._name_cache: dict[str, _V] = {}
         self._collect(tree.body)
 
@@ -204,6 +206,13 @@ class _File:
                             if fq is not None:
                                 self.imports[name] = fq
 
+    def package_function(self, fq: str) -> tuple[_File, ast.FunctionDef] | None:
+        """A function imported from the scanned file's own package (``from .create_conv2d import
+        create_conv2d``, ``from timm.layers import create_conv2d`` inside ``timm/``): its
+        defining file, read and parsed (never imported), and its definition; None otherwise.
+        Re-exports through a package ``__init__`` are followed (two levels)."""
+        return _package_function(self, fq, 2)
+
     def fqn(self, dotted: str) -> str | None:
         head, _, rest = dotted.partition(".")
         base = self.imports.get(head)
@@ -213,6 +222,72 @@ class _File:
 
     def class_type(self, name: str) -> str:
         return f"{self.module}.{name}"
+
+
+# A module of the package larger than this is not read for a factory (modeling_utils-sized
+# files hold no layer factories, and parsing them would dominate the scan).
+_MAX_PACKAGE_MODULE_BYTES = 150_000
+
+
+def _module_path(fc: _File, module: str) -> str | None:
+    """The file of ``module`` (``.create_conv2d``, ``..layers``, ``timm.layers.mlp``) inside the
+    scanned file's package, or None."""
+    if fc.filename.startswith("<"):
+        return None
+    here = os.path.dirname(os.path.abspath(fc.filename))
+    if module.startswith("."):
+        level = len(module) - len(module.lstrip("."))
+        base = here
+        for _ in range(level - 1):
+            base = os.path.dirname(base)
+        parts = [p for p in module[level:].split(".") if p]
+    else:
+        parts = module.split(".")
+        base = here
+        for _ in range(8):  # the package root: an ancestor named like the import's first part
+            if os.path.basename(base) == parts[0] and os.path.isfile(os.path.join(base, "__init__.py")):
+                break
+            parent = os.path.dirname(base)
+            if parent == base:
+                return None
+            base = parent
+        else:
+            return None
+        if os.path.basename(base) != parts[0]:
+            return None
+        parts = parts[1:]
+    target = os.path.join(base, *parts)
+    for candidate in (target + ".py", os.path.join(target, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _package_function(fc: _File, fq: str, depth: int):
+    module, _, name = fq.rpartition(".")
+    if not module or not name or not name[:1].islower():
+        return None
+    cache = fc.package_cache
+    key = (module, name)
+    if key in cache:
+        return cache[key]
+    cache[key] = None  # cycles
+    path = _module_path(fc, module)
+    if path is None or os.path.getsize(path) > _MAX_PACKAGE_MODULE_BYTES:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    other = _File(tree, path)
+    other.package_cache = cache
+    fdef = other.functions.get(name)
+    found = (other, fdef) if fdef is not None else None
+    if found is None and depth > 0 and name in other.imports:
+        found = _package_function(other, other.imports[name], depth - 1)
+    cache[key] = found
+    return found
 
 
 def _is_module(fc: _File, cls: _ClassCtx, seen=()) -> bool:
