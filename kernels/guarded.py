@@ -3,8 +3,9 @@
 A rewrite never changes ``__init__``: ``self.dropout``, ``self.LayerNorm``, ``self.dense`` stay
 the user's modules (same parameter names and state dict; PEFT ``target_modules``, tensor-parallel
 plans and checkpoints keep working). The rewritten ``forward`` passes them to one of these
-functions, e.g. ``dropout_add_layer_norm(self.dropout, self.LayerNorm, h, residual)``, which
-checks *at run time* what it got:
+functions, e.g. ``dropout_add_layer_norm(self.dropout, self.LayerNorm, h, residual)`` (or, for a
+functional dropout, ``F.dropout`` itself with the arguments the source passed it), which checks *at
+run time* what it got:
 
 * module types (the exact torch classes, or subclasses that do not override ``forward``), no
   forward/backward hooks on them (a hook would be skipped by the fused path), no global hooks;
@@ -136,20 +137,63 @@ def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: 
 # ---------------------------------------------------------------- Dropout + add + LayerNorm
 
 
-def dropout_add_layer_norm(dropout: nn.Module, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> Any:
-    """``norm(dropout(x) + residual)``; with ``nn.Dropout`` and ``nn.LayerNorm`` one fused kernel
-    each way on CUDA (dropout mask regenerated in the backward), the unfused ops otherwise.
-    ``x`` may be in half precision with a float32 ``residual`` (autocast)."""
-    reason = _context_reason(x, residual) or _plain(dropout, nn.Dropout) or _plain(norm, nn.LayerNorm)
-    if not reason and dropout.inplace:
-        reason = "in-place Dropout"
+def _f_dropout_args(p: Any = 0.5, training: Any = True, inplace: Any = False) -> tuple[Any, Any, Any]:
+    """``F.dropout``'s arguments after ``input``, with its defaults."""
+    return p, training, inplace
+
+
+def _dropout_setting(dropout: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, str]:
+    """``(p, training, "")`` of what ``dropout(x, *args, **kwargs)`` computes when the fused kernel
+    can compute it (a plain ``nn.Dropout`` module, or ``F.dropout`` with a probability in [0, 1]
+    and a bool ``training``, not in place), else ``(None, None, why not)``."""
+    if isinstance(dropout, nn.Module):
+        why = _plain(dropout, nn.Dropout) or ("Dropout called with extra arguments" if args or kwargs else "")
+        if not why and dropout.inplace:
+            why = "in-place Dropout"
+        return (None, None, why) if why else (dropout.p, dropout.training, "")
+    if dropout is not F.dropout:
+        return None, None, f"dropout is {getattr(dropout, '__name__', type(dropout).__name__)}, not F.dropout"
+    try:
+        p, training, inplace = _f_dropout_args(*args, **kwargs)
+    except TypeError:
+        return None, None, "F.dropout with unexpected arguments"
+    if inplace:
+        return None, None, "in-place F.dropout"
+    if type(training) is not bool:
+        return None, None, "F.dropout training flag is not a bool"
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        return None, None, "F.dropout probability is not a number in [0, 1]"
+    return float(p), training, ""
+
+
+def dropout_add_layer_norm(
+    dropout: Any, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor, *drop_args: Any, prenorm: bool = False,
+    **drop_kwargs: Any,
+) -> Any:
+    """``norm(dropout(x, *drop_args, **drop_kwargs) + residual)``; with ``prenorm=True`` the pair
+    ``(h, norm(h))`` of the sum ``h = dropout(x, ...) + residual`` and its normalization (a pre-norm
+    block keeps the sum as its next residual).
+
+    ``dropout`` is what the source called: an ``nn.Dropout`` module (``self.dropout``), or the
+    functional ``F.dropout`` with the arguments the source passed it after the input
+    (``dropout_add_layer_norm(F.dropout, self.norm, y, x, p=self.p, training=self.training)``:
+    ``F.dropout``'s defaults ``p=0.5, training=True`` apply as in the source). With a plain
+    ``nn.Dropout``/``F.dropout`` (probability in [0, 1], bool ``training``, not in place) and a
+    plain ``nn.LayerNorm``: one fused kernel each way on CUDA (dropout mask regenerated in the
+    backward), the unfused ops otherwise; anything else runs the original computation. ``x`` may
+    be in half precision with a float32 ``residual`` (autocast)."""
+    reason = _context_reason(x, residual) or _plain(norm, nn.LayerNorm)
+    p = training = None
+    if not reason:
+        p, training, reason = _dropout_setting(dropout, drop_args, drop_kwargs)
     if not reason and (not isinstance(residual, torch.Tensor) or x.shape != residual.shape):
         reason = "residual is not a tensor of x's shape"
     if reason:
         _fallback("dropout_add_layer_norm", reason)
-        return norm(dropout(x) + residual)
+        h = dropout(x, *drop_args, **drop_kwargs) + residual
+        return (h, norm(h)) if prenorm else norm(h)
     out = _dropout_add_layer_norm(
-        x, residual, norm.normalized_shape, norm.weight, norm.bias, norm.eps, dropout.p, dropout.training
+        x, residual, norm.normalized_shape, norm.weight, norm.bias, norm.eps, p, training, prenorm=prenorm
     )
     record("dropout_add_layer_norm", last_backend())
     return out

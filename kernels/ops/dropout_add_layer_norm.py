@@ -25,17 +25,19 @@ def dropout_add_layer_norm_reference(
     return F.layer_norm(F.dropout(x, p, training) + residual, normalized_shape, weight, bias, eps)
 
 
-def dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, eps, p, training):
+def dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, eps, p, training, prenorm=False):
     """Torch backend: the unfused ops, adding the residual in place into dropout's fresh output
     (one allocation less; ~10% faster fwd+bwd on CPU at BERT-base shapes, see benchmarks/results).
 
     In place only when the sum keeps dropout's dtype and shape: a float32 residual added to a half
-    ``x`` (autocast) gives a float32 sum, as ``dropout(x) + residual`` does."""
+    ``x`` (autocast) gives a float32 sum, as ``dropout(x) + residual`` does. ``prenorm``: returns
+    ``(sum, layer_norm(sum))``."""
     if training and p > 0.0 and x.shape == residual.shape and x.dtype == residual.dtype:
         h = F.dropout(x, p, True).add_(residual)  # dropout's backward needs its mask, not its output
     else:
         h = F.dropout(x, p, training) + residual  # in eval dropout returns x itself: no in-place
-    return F.layer_norm(h, normalized_shape, weight, bias, eps)
+    out = F.layer_norm(h, normalized_shape, weight, bias, eps)
+    return (h, out) if prenorm else out
 
 
 def _triton_supported(x, residual, weight, bias, n_cols: int) -> bool:
@@ -62,8 +64,12 @@ def dropout_add_layer_norm(
     p: float = 0.0,
     training: bool = True,
     seed: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``F.layer_norm(F.dropout(x, p, training) + residual, normalized_shape, weight, bias, eps)``.
+    prenorm: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``F.layer_norm(F.dropout(x, p, training) + residual, normalized_shape, weight, bias, eps)``;
+    with ``prenorm`` the pair ``(h, F.layer_norm(h, ...))`` of the sum ``h = F.dropout(x, p,
+    training) + residual`` and its normalization (a pre-norm block keeps the sum as its next
+    residual), both differentiable.
 
     On the triton backend one kernel does dropout (mask from ``seed`` via Philox, regenerated in the
     backward, never stored), the add and the normalization. ``seed`` (an int, or a one-element
@@ -87,7 +93,7 @@ def dropout_add_layer_norm(
         ),
     )
     if backend != "triton":
-        return dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, eps, p, training)
+        return dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, eps, p, training, prenorm)
     from .triton_layer_norm import DropoutAddLayerNormFunction
 
     # as F.layer_norm of `dropout(x) + residual`: the promoted dtype (float32 under CUDA autocast)
@@ -100,5 +106,7 @@ def dropout_add_layer_norm(
         seed = seed_tensor(seed, x.device)
     w = weight.contiguous() if weight is not None else None
     b = bias.contiguous() if bias is not None else None
+    if prenorm:
+        return DropoutAddLayerNormFunction.apply(x, residual, w, b, n_cols, eps, p_eff, seed, out_dtype, True)
     return DropoutAddLayerNormFunction.apply(x, residual, w, b, n_cols, eps, p_eff, seed, out_dtype)
 

@@ -28,7 +28,7 @@ def _cases(dt: str):
     p, f32 = "*" + dt, "*fp32"
     ln_fwd = dict(X=p, R=p, W=p, B=p, Y=p, H=p, Mean=f32, Rstd=f32, N="i32", eps="fp32", p="fp32",
                   scale="fp32", Seed="*i64")
-    ln_bwd = dict(DY=p, H=p, W=p, Mean=f32, Rstd=f32, DX=p, DR=p, DW=f32, DB=f32, M="i32", N="i32",
+    ln_bwd = dict(DY=p, H=p, DHO=p, W=p, Mean=f32, Rstd=f32, DX=p, DR=p, DW=f32, DB=f32, M="i32", N="i32",
                   p="fp32", scale="fp32", Seed="*i64", rows_per_program="i32")
     return [
         (ln._dropout_add_layer_norm_fwd, ln_fwd,
@@ -36,14 +36,21 @@ def _cases(dt: str):
         (ln._dropout_add_layer_norm_fwd, {**ln_fwd, "W": f32, "Y": f32},  # fp32 weight, autocast output
          dict(HAS_DROPOUT=False, HAS_WEIGHT=True, HAS_BIAS=False, STORE_H=False, BLOCK_N=32)),
         (ln._dropout_add_layer_norm_bwd, ln_bwd,
-         dict(HAS_DROPOUT=True, HAS_WEIGHT=True, HAS_BIAS=True, NEED_DX=True, NEED_DR=True, BLOCK_N=1024)),
+         dict(HAS_DROPOUT=True, HAS_WEIGHT=True, HAS_BIAS=True, NEED_DX=True, NEED_DR=True, HAS_DHO=False,
+              BLOCK_N=1024)),
+        # prenorm: the sum is an output too, its gradient is added
+        (ln._dropout_add_layer_norm_bwd, ln_bwd,
+         dict(HAS_DROPOUT=True, HAS_WEIGHT=True, HAS_BIAS=True, NEED_DX=True, NEED_DR=True, HAS_DHO=True,
+              BLOCK_N=1024)),
         # half x with a float32 residual (autocast): float32 sum, output, weight and residual grad
         (ln._dropout_add_layer_norm_fwd, {**ln_fwd, "R": f32, "W": f32, "B": f32, "Y": f32, "H": f32},
          dict(HAS_DROPOUT=True, HAS_WEIGHT=True, HAS_BIAS=True, STORE_H=True, BLOCK_N=1024)),
-        (ln._dropout_add_layer_norm_bwd, {**ln_bwd, "DY": f32, "H": f32, "W": f32, "DR": f32},
-         dict(HAS_DROPOUT=True, HAS_WEIGHT=True, HAS_BIAS=True, NEED_DX=True, NEED_DR=True, BLOCK_N=1024)),
+        (ln._dropout_add_layer_norm_bwd, {**ln_bwd, "DY": f32, "H": f32, "DHO": f32, "W": f32, "DR": f32},
+         dict(HAS_DROPOUT=True, HAS_WEIGHT=True, HAS_BIAS=True, NEED_DX=True, NEED_DR=True, HAS_DHO=True,
+              BLOCK_N=1024)),
         (ln._dropout_add_layer_norm_bwd, ln_bwd,
-         dict(HAS_DROPOUT=False, HAS_WEIGHT=False, HAS_BIAS=False, NEED_DX=True, NEED_DR=False, BLOCK_N=64)),
+         dict(HAS_DROPOUT=False, HAS_WEIGHT=False, HAS_BIAS=False, NEED_DX=True, NEED_DR=False, HAS_DHO=False,
+              BLOCK_N=64)),
         (bg._bias_gelu_fwd, dict(Y=p, B=p, OUT=p, numel="i32", N="i32"),
          dict(HAS_BIAS=True, APPROX_TANH=False, BLOCK=1024)),
         (bg._bias_gelu_fwd, dict(Y=p, B=f32, OUT=p, numel="i64", N="i32"),

@@ -5,7 +5,9 @@ with the same Philox stream (``tl.rand``); the seed is a one-element int64 tenso
 (drawn on the device, never synced to the host). ``x`` and ``residual`` may differ in dtype (half
 ``x``, float32 ``residual`` under autocast): dropout is rounded in ``x``'s dtype, the sum
 ``h = dropout(x) + residual`` in their promoted dtype, exactly as the unfused reference
-materializes it, and ``h`` is stored in that dtype for the backward.
+materializes it, and ``h`` is stored in that dtype for the backward. With ``prenorm`` the stored
+``h`` is also an output (the sum a pre-norm block keeps as its next residual): the backward adds
+its incoming gradient to the normalization's, in ``h``'s dtype as autograd sums the two uses.
 """
 from __future__ import annotations
 
@@ -53,10 +55,10 @@ def _dropout_add_layer_norm_fwd(
 
 @triton.jit
 def _dropout_add_layer_norm_bwd(
-    DY, H, W, Mean, Rstd, DX, DR, DW, DB,
+    DY, H, DHO, W, Mean, Rstd, DX, DR, DW, DB,
     M, N, p, scale, Seed, rows_per_program,
     HAS_DROPOUT: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NEED_DX: tl.constexpr, NEED_DR: tl.constexpr, BLOCK_N: tl.constexpr,
+    NEED_DX: tl.constexpr, NEED_DR: tl.constexpr, HAS_DHO: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -73,6 +75,7 @@ def _dropout_add_layer_norm_bwd(
     offset = row_start.to(tl.int64) * N
     DY += offset
     H += offset
+    DHO += offset
     DX += offset
     DR += offset
     for row in range(row_start, row_end):
@@ -91,6 +94,10 @@ def _dropout_add_layer_norm_bwd(
         c1 = tl.sum(xhat * wdy, axis=0) / N
         c2 = tl.sum(wdy, axis=0) / N
         dh = (wdy - (xhat * c1 + c2)) * rstd
+        if HAS_DHO:
+            # the sum is also an output: autograd adds both gradients in h's dtype
+            dho = tl.load(DHO + cols, mask=in_row, other=0.0).to(tl.float32)
+            dh = (dh.to(H.dtype.element_ty).to(tl.float32) + dho).to(H.dtype.element_ty).to(tl.float32)
         if NEED_DR:
             tl.store(DR + cols, dh.to(DR.dtype.element_ty), mask=in_row)
         if NEED_DX:
@@ -101,6 +108,7 @@ def _dropout_add_layer_norm_bwd(
             tl.store(DX + cols, dh.to(DX.dtype.element_ty), mask=in_row)
         DY += N
         H += N
+        DHO += N
         DX += N
         DR += N
     if HAS_WEIGHT:
@@ -110,23 +118,28 @@ def _dropout_add_layer_norm_bwd(
 
 
 class DropoutAddLayerNormFunction(torch.autograd.Function):
-    """``layer_norm(dropout(x, p) + residual)`` over the last ``N`` elements of each row.
+    """``layer_norm(dropout(x, p) + residual)`` over the last ``N`` elements of each row; with
+    ``prenorm`` the pair ``(h, layer_norm(h))`` of the sum ``h = dropout(x, p) + residual`` and its
+    normalization.
 
     ``seed``: a one-element int64 tensor on ``x``'s device (or an int), read only when ``p > 0``;
     saved for the backward, which regenerates the mask from it.
     """
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, n_cols, eps, p, seed, out_dtype):
+    def forward(ctx, x, residual, weight, bias, n_cols, eps, p, seed, out_dtype, prenorm=False):
         x2 = as_rows(x, n_cols)
         r2 = as_rows(residual, n_cols)
         rows = x2.shape[0]
         h_dtype = torch.promote_types(x.dtype, residual.dtype)
         y = torch.empty((rows, n_cols), dtype=out_dtype, device=x.device)
         need_grad = any(ctx.needs_input_grad[:4])
-        # without grad h is not stored: H only tells the kernel h's dtype (any tensor of that dtype)
-        if need_grad:
-            h = torch.empty((rows, n_cols), dtype=h_dtype, device=x.device)
+        # without grad (and not returned) h is not stored: H only tells the kernel h's dtype
+        h_out = None
+        if need_grad or prenorm:
+            # allocated in x's shape: the prenorm output is this tensor itself, not a view made here
+            h_out = torch.empty(x.shape, dtype=h_dtype, device=x.device)
+            h = h_out.view(rows, n_cols)
         else:
             h = next((t for t in (r2, x2, y) if t.dtype == h_dtype), None)
             if h is None:
@@ -143,18 +156,29 @@ class DropoutAddLayerNormFunction(torch.autograd.Function):
                 y, h, mean, rstd,
                 n_cols, eps, p, scale, seed_t if seed_t is not None else mean,
                 HAS_DROPOUT=has_dropout, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-                STORE_H=need_grad, BLOCK_N=block, num_warps=row_num_warps(block),
+                STORE_H=need_grad or prenorm, BLOCK_N=block, num_warps=row_num_warps(block),
             )
-        ctx.save_for_backward(h if need_grad else None, weight, bias, mean, rstd, seed_t)
-        ctx.meta = (n_cols, p, scale, has_dropout, x.dtype, residual.dtype, x.shape)
+        ctx.save_for_backward(h_out if need_grad else None, weight, bias, mean, rstd, seed_t)
+        ctx.meta = (n_cols, p, scale, has_dropout, x.dtype, residual.dtype, x.shape, out_dtype)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zeros to read)
+        if prenorm:
+            return h_out, y.view(x.shape)
         return y.view(x.shape)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, *grads):
         h, weight, bias, mean, rstd, seed = ctx.saved_tensors
-        n_cols, p, scale, has_dropout, x_dtype, r_dtype, shape = ctx.meta
+        n_cols, p, scale, has_dropout, x_dtype, r_dtype, shape, out_dtype = ctx.meta
         need_dx, need_dr, need_dw, need_db = ctx.needs_input_grad[:4]
+        # prenorm: grads = (d sum, d normalized), either None when that output is not used further
+        dh_out, dy = grads if len(grads) == 2 else (None, grads[0])
+        if dy is None and dh_out is None:
+            return (None,) * 10
+        if dy is None:
+            dy = torch.zeros(shape, dtype=out_dtype, device=h.device)
+        h = as_rows(h, n_cols)
         dy2 = as_rows(dy, n_cols)
+        dho2 = as_rows(dh_out, n_cols) if dh_out is not None else None
         rows = dy2.shape[0]
         dev = dy.device
         dx = torch.empty((rows, n_cols), dtype=x_dtype, device=dev) if need_dx else None
@@ -165,17 +189,18 @@ class DropoutAddLayerNormFunction(torch.autograd.Function):
         block = row_block(n_cols, 4)
         if rows > 0:
             _dropout_add_layer_norm_bwd[(programs,)](
-                dy2, h, weight if weight is not None else dy2, mean, rstd,
+                dy2, h, dho2 if dho2 is not None else dy2, weight if weight is not None else dy2, mean, rstd,
                 dx if dx is not None else dy2, dr if dr is not None else dy2,
                 dw_part if dw_part is not None else mean, db_part if db_part is not None else mean,
                 rows, n_cols, p, scale, seed if seed is not None else mean, triton.cdiv(rows, programs),
                 HAS_DROPOUT=has_dropout, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-                NEED_DX=bool(need_dx), NEED_DR=bool(need_dr), BLOCK_N=block, num_warps=row_num_warps(block),
+                NEED_DX=bool(need_dx), NEED_DR=bool(need_dr), HAS_DHO=dho2 is not None, BLOCK_N=block,
+                num_warps=row_num_warps(block),
             )
         dw = dw_part.sum(0).to(weight.dtype).view(weight.shape) if need_dw else None
         db = db_part.sum(0).to(bias.dtype).view(bias.shape) if need_db else None
         return (
             dx.view(shape) if dx is not None else None,
             dr.view(shape) if dr is not None else None,
-            dw, db, None, None, None, None, None,
+            dw, db, None, None, None, None, None, None,
         )

@@ -3,30 +3,39 @@
 Rewrite (the codemod below), forward only — ``__init__`` and the modules stay:
     h = self.dropout(h); h = self.LayerNorm(h + r)
  => h = dropout_add_layer_norm(self.dropout, self.LayerNorm, h, r)
+    h = F.dropout(h, p=self.p, training=self.training); h = self.norm(h + r)
+ => h = dropout_add_layer_norm(F.dropout, self.norm, h, r, p=self.p, training=self.training)
+    x = x + self.drop1(y); ...; z = self.norm2(x)            (pre-norm: the sum is kept)
+ => x, norm2_out = dropout_add_layer_norm(self.drop1, self.norm2, y, x, prenorm=True); ...; z = norm2_out
 
-``adopter.kernels.dropout_add_layer_norm`` runs the fused kernel when, at run time, the modules
-are a plain ``nn.Dropout`` and ``nn.LayerNorm`` and the shapes agree, and
-``self.LayerNorm(self.dropout(h) + r)`` otherwise.
+``adopter.kernels.dropout_add_layer_norm`` runs the fused kernel when, at run time, the dropout is
+a plain ``nn.Dropout`` (or ``F.dropout`` with a probability and a bool ``training``), the norm a
+plain ``nn.LayerNorm`` and the shapes agree, and the original ``norm(dropout(h, ...) + r)``
+otherwise.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 
 from adopter.core.codemod.base import (
     ChainPlan,
     Codemod,
     arg_text,
+    fresh_local,
     kernel_name,
     match_function,
     matched_exprs,
     module_handle,
+    pos,
     separate_calls,
 )
-from adopter.core.codemod.context import FileContext, Skip
-from adopter.core.codemod.edits import Edit
+from adopter.core.codemod.context import FileContext, Skip, has_call, loads, stores
+from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
 from adopter.core.dsl import Layer, TensorOp
 from adopter.core.match import MatchContext
+from adopter.core.match.source import function_ast
 from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
 from adopter.core.rules._common import DROPOUT, LAYER_NORM, first_of, intermediates_unused
 from adopter.core.structures import Match
@@ -37,19 +46,34 @@ init:
     torch.nn.Dropout($p) -> $drop; torch.nn.LayerNorm($shape, eps=$eps) -> $ln
 forward:
     torch.nn.Dropout@$drop($x) -> $y; $y + $res -> $sum; torch.nn.LayerNorm@$ln($sum) -> $out
+
+# functional dropout (Bart, Whisper, research code): F.dropout(y, p=..., training=...)
+rule Dropout_LayerNorm
+init:
+    torch.nn.LayerNorm($shape, eps=$eps) -> $ln
+forward:
+    torch.nn.functional.dropout($x) -> $y; $y + $res -> $sum; torch.nn.LayerNorm@$ln($sum) -> $out
 """
 
 DOC = """\
 Fuses a dropout, a residual add and a layer norm into one kernel. A match is a call of
-a ``torch.nn.Dropout`` module whose output is added (``+``, either operand order, nested
-or through assignments) to another tensor, the sum being the input of a
-``torch.nn.LayerNorm`` module call, all on one control-flow path of a ``forward`` (or a
-helper it calls), with both modules bound in ``__init__`` of the class (or a base class
-in the same file). Not a match: functional ``nn.functional.dropout``; LayerNorm before
-Dropout (embeddings); other norm classes (RMSNorm, custom LayerNorm); Dropout and
-LayerNorm that are not connected through the add; a dropout output or sum that is also
-read by another node outside the three matched ones (fusion would drop it); the same
-module used as both layers."""
+a ``torch.nn.Dropout`` module bound in ``__init__``, or of the functional
+``torch.nn.functional.dropout`` (``F.dropout``/``nn.functional.dropout``, any spelling of its
+``p``/``training`` arguments), whose output is added (``+``, either operand order, nested or
+through assignments) to another tensor, the sum being the input of a ``torch.nn.LayerNorm``
+module call, all on one control-flow path of a ``forward`` (or a helper it calls), with the
+modules bound in ``__init__`` of the class (or a base class in the same file). The sum may also
+be kept (pre-norm blocks: ``x = x + self.drop1(y)`` then ``self.norm2(x)`` while ``x`` is also
+the next residual) when it is assigned to a name (``s = a + b``) and the LayerNorm call reads
+that name in a later statement of the same block, with only plain assignments without calls
+that do not rebind it in between, and nothing in its statement that runs before it or makes it
+conditional; the rewrite then takes both the sum and its normalization from the kernel
+(``prenorm=True``). Not a match: ``torch.dropout``/``x.dropout`` and other dropout functions;
+LayerNorm before Dropout (embeddings); other norm classes (RMSNorm, custom LayerNorm); Dropout
+and LayerNorm that are not connected through the add; a dropout output that is also read by
+another node (fusion would drop it); a kept sum whose LayerNorm call lies in another block
+(``if``), behind code with calls, or after the sum's name is rebound; the same module used as
+both layers."""
 
 
 def _dropout_is_not_layernorm(ctx: MatchContext) -> str | None:
@@ -59,9 +83,141 @@ def _dropout_is_not_layernorm(ctx: MatchContext) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- the kept sum (pre-norm)
+
+# Inside the LayerNorm's statement these make it run conditionally or repeatedly.
+_CONDITIONAL = (
+    ast.IfExp, ast.BoolOp, ast.Compare, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
+    ast.Lambda, ast.Await,
+)
+_NORM_STATEMENTS = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return)
+_EFFECTS = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)
+
+
+def _plain_names(target: ast.expr) -> bool:
+    if isinstance(target, ast.Name):
+        return True
+    return isinstance(target, (ast.Tuple, ast.List)) and all(_plain_names(t) for t in target.elts)
+
+
+def _between_obstacle(stmt: ast.stmt, name: str, handle_names: set[str]) -> str | None:
+    """Why ``stmt`` (between the add and the LayerNorm call) keeps the LayerNorm from running
+    at the add instead: it is not a plain assignment without calls, or it rebinds the sum or
+    what the LayerNorm reference reads."""
+    if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+        return None
+    if isinstance(stmt, ast.Assign):
+        plain = all(_plain_names(t) for t in stmt.targets)
+    elif isinstance(stmt, ast.AnnAssign):
+        plain = isinstance(stmt.target, ast.Name)
+    else:
+        plain = False
+    if not plain or has_call(stmt):
+        return "is not a plain assignment to names without calls"
+    clash = stores(stmt) & ({name} | handle_names)
+    if clash:
+        return f"rebinds {', '.join(sorted(clash))}"
+    return None
+
+
+def prenorm_obstacle(fn: ast.AST, add: ast.BinOp, norm: ast.Call) -> str | None:
+    """Why the LayerNorm call ``norm`` cannot run at the add ``add`` (in function ``fn``) with the
+    sum kept under its name (the pre-norm rewrite), or None. Plain ``ast``: the scan's
+    precondition and the codemod ask the same question."""
+    parents = {child: node for node in ast.walk(fn) for child in ast.iter_child_nodes(node)}
+
+    def statement(node: ast.AST) -> ast.AST | None:
+        while node is not None and not isinstance(node, ast.stmt):
+            node = parents.get(node)
+        return node
+
+    add_stmt, norm_stmt = statement(add), statement(norm)
+    if not (
+        isinstance(add_stmt, ast.Assign)
+        and add_stmt.value is add
+        and len(add_stmt.targets) == 1
+        and isinstance(add_stmt.targets[0], ast.Name)
+    ):
+        return "the sum is not assigned to a name of its own (`s = a + b`)"
+    name = add_stmt.targets[0].id
+    if not (len(norm.args) == 1 and not norm.keywords and isinstance(norm.args[0], ast.Name) and norm.args[0].id == name):
+        return f"the LayerNorm does not read {name!r} itself"
+    owner = parents.get(add_stmt)
+    block = next(
+        (b for b in (getattr(owner, f, None) for f in ("body", "orelse", "finalbody")) if isinstance(b, list) and add_stmt in b),
+        [],
+    )
+    if norm_stmt not in block or block.index(norm_stmt) <= block.index(add_stmt):
+        return (
+            f"the LayerNorm call (line {norm.lineno}) is not in a later statement of the add's block "
+            f"(line {add.lineno}): the code between is not straight-line"
+        )
+    handle_names = loads(norm.func)
+    if has_call(norm.func):
+        return "the LayerNorm is not a module reference"
+    for stmt in block[block.index(add_stmt) + 1:block.index(norm_stmt)]:
+        why = _between_obstacle(stmt, name, handle_names)
+        if why:
+            return f"line {stmt.lineno} between the add and the LayerNorm {why}"
+    if not isinstance(norm_stmt, _NORM_STATEMENTS):
+        return f"the LayerNorm call is part of a {type(norm_stmt).__name__.lower()} statement"
+    ancestors = set()
+    node = parents.get(norm)
+    while node is not None and node is not norm_stmt:
+        if isinstance(node, _CONDITIONAL) or isinstance(node, ast.comprehension):
+            return "the LayerNorm call runs conditionally or repeatedly within its statement"
+        ancestors.add(node)
+        node = parents.get(node)
+    inside = set(ast.walk(norm))
+    for sub in ast.walk(norm_stmt):
+        if (
+            isinstance(sub, _EFFECTS)
+            and sub not in ancestors
+            and sub not in inside
+            and (sub.lineno, sub.col_offset) < (norm.lineno, norm.col_offset)
+        ):
+            return "code with calls runs before the LayerNorm call in its statement"
+    return None
+
+
+def _exact(fn: ast.AST, span, kind: type) -> ast.AST | None:
+    key = (span.line, span.col, span.end_line, span.end_col)
+    return next(
+        (n for n in ast.walk(fn) if isinstance(n, kind)
+         and (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) == key),
+        None,
+    )
+
+
+_SUM_UNUSED = intermediates_unused("$sum")
+
+
+def _sum_unused_or_kept(ctx: MatchContext) -> str | None:
+    """The sum is read only by the LayerNorm (post-norm), or it is kept in a form the pre-norm
+    rewrite takes over (:func:`prenorm_obstacle`)."""
+    reason = _SUM_UNUSED(ctx)
+    if reason is None:
+        return None
+    add = next((mn.node for mn in ctx.match.nodes if isinstance(mn.node, TensorOp)), None)
+    norm = next((mn.node for mn in ctx.match.nodes if isinstance(mn.node, Layer) and mn.node.type.endswith("LayerNorm")), None)
+    if ctx.source is None or add is None or norm is None or add.span is None or norm.span is None:
+        return reason
+    if (add.span.function, add.span.inlined_at) != (norm.span.function, norm.span.inlined_at) or not add.span.function:
+        return f"{reason}, and the add and the LayerNorm lie in different functions"
+    fn = function_ast(ctx.source, add.span.function, add.span.line)
+    add_node = _exact(fn, add.span, ast.BinOp) if fn is not None else None
+    norm_node = _exact(fn, norm.span, ast.Call) if fn is not None else None
+    if add_node is None or norm_node is None:
+        return reason
+    why = prenorm_obstacle(fn, add_node, norm_node)
+    return f"{reason}, and {why}" if why else None
+
+
 # ---------------------------------------------------------------- codemod
 
 KERNEL = "dropout_add_layer_norm"
+F_DROPOUT = "torch.nn.functional.dropout"
+F_DROPOUT_PARAMETERS = ("input", "p", "training", "inplace")
 
 
 class DropoutLayerNorm(Codemod):
@@ -70,34 +226,35 @@ class DropoutLayerNorm(Codemod):
     def analyze(self, match: Match, ctx: FileContext) -> Edit:
         exprs = matched_exprs(match, ctx)
         fn = match_function(match, ctx, exprs)
-        drop = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith("Dropout")), None)
+        drop_node, drop = next(
+            ((n, e) for n, e in exprs if isinstance(n, Layer) and (n.type.endswith("Dropout") or n.type == F_DROPOUT)),
+            (None, None),
+        )
         add = next((e for n, e in exprs if isinstance(n, TensorOp) and n.op == "+"), None)
         norm = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith("LayerNorm")), None)
         if not (isinstance(drop, ast.Call) and isinstance(add, ast.BinOp) and isinstance(norm, ast.Call)):
-            raise Skip("match does not have a Dropout call, a `+` and a LayerNorm call")
-        if len(drop.args) != 1 or drop.keywords or len(norm.args) != 1 or norm.keywords:
-            raise Skip("Dropout/LayerNorm calls must take exactly one tensor")
+            raise Skip("match does not have a dropout call, a `+` and a LayerNorm call")
+        if len(norm.args) != 1 or norm.keywords:
+            raise Skip("the LayerNorm call must take exactly one tensor")
+        if drop_node.type == F_DROPOUT:
+            x, extra = self._functional_arguments(ctx, drop)
+            dropout = module_handle(ctx, drop, "dropout function")
+        else:
+            if len(drop.args) != 1 or drop.keywords:
+                raise Skip("the Dropout call must take exactly one tensor")
+            x, extra = drop.args[0], []
+            dropout = module_handle(ctx, drop, "Dropout")
         separate_calls(drop, norm)
-        drop_module = module_handle(ctx, drop, "Dropout")
         norm_module = module_handle(ctx, norm, "LayerNorm")
-        # Which operand of the add is the dropout output? (nested call or its assigned name)
-        drop_stmt = ctx.statement_of(drop)
-        drop_out = drop if drop_stmt is ctx.statement_of(add) else None
-        residual = None
-        for this, other in ((add.left, add.right), (add.right, add.left)):
-            if this is drop or (
-                drop_out is None
-                and isinstance(this, ast.Name)
-                and isinstance(drop_stmt, ast.Assign)
-                and len(drop_stmt.targets) == 1
-                and isinstance(drop_stmt.targets[0], ast.Name)
-                and drop_stmt.targets[0].id == this.id
-            ):
-                residual = other
-                break
-        if residual is None:
-            raise Skip("the `+` does not read the dropout output")
-        if norm.args[0] is not add:
+        residual = self._residual(ctx, drop, add)
+        if residual is add.left and self._inside(drop, add) and has_call(residual) and has_call(x):
+            raise Skip("the residual and the dropout input both have calls: the kernel call would swap their order")
+        spec, kernel = kernel_name(ctx, KERNEL)
+        args = [dropout, norm_module, arg_text(ctx, x), arg_text(ctx, residual)]
+        args += [arg_text(ctx, e) if k is None else f"{k}={arg_text(ctx, e)}" for k, e in extra]
+        moved = [(drop.func, drop), (x, drop), *((e, drop) for _, e in extra), (residual, add)]
+        nested = norm.args[0] is add
+        if not nested:
             add_stmt = ctx.statement_of(add)
             arg = norm.args[0]
             if not (
@@ -107,13 +264,107 @@ class DropoutLayerNorm(Codemod):
                 and [t.id for t in add_stmt.targets if isinstance(t, ast.Name)] == [arg.id]
             ):
                 raise Skip("the LayerNorm does not read the sum")
-        spec, kernel = kernel_name(ctx, KERNEL)
-        plan = ChainPlan(ctx, fn, [drop, add, norm])
-        plan.anchor_text = (
-            f"{kernel}({drop_module}, {norm_module}, {arg_text(ctx, drop.args[0])}, {arg_text(ctx, residual)})"
+        if not nested and self._read_in_loop_before(ctx, fn, add):
+            forward = self._prenorm(ctx, fn, drop, add, norm, args, moved, kernel)
+        else:
+            try:
+                plan = ChainPlan(ctx, fn, [drop, add, norm])
+                plan.anchor_text = f"{kernel}({', '.join(args)})"
+                plan.moved = moved
+                forward = plan.build()
+            except Skip as post_norm:
+                if nested:
+                    raise
+                # the sum is read elsewhere too: keep it (pre-norm form)
+                try:
+                    forward = self._prenorm(ctx, fn, drop, add, norm, args, moved, kernel)
+                except Skip as pre_norm:
+                    if str(pre_norm) == str(post_norm):
+                        raise post_norm from None
+                    raise Skip(f"{post_norm}; keeping the sum: {pre_norm}") from None
+        return Edit(rule=self.rule, forward=forward, imports=(spec,))
+
+    @staticmethod
+    def _inside(node: ast.AST, container: ast.AST) -> bool:
+        return (node.lineno, node.col_offset) >= (container.lineno, container.col_offset) and (
+            node.end_lineno, node.end_col_offset) <= (container.end_lineno, container.end_col_offset)
+
+    @staticmethod
+    def _functional_arguments(ctx: FileContext, call: ast.Call) -> tuple[ast.expr, list[tuple[str | None, ast.expr]]]:
+        """``F.dropout``'s input and its other arguments as written (``(keyword or None, expr)``)."""
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            raise Skip("the F.dropout call uses *args or **kwargs")
+        if len(call.args) > len(F_DROPOUT_PARAMETERS):
+            raise Skip("the F.dropout call has more arguments than F.dropout takes")
+        unknown = [k.arg for k in call.keywords if k.arg not in F_DROPOUT_PARAMETERS]
+        if unknown:
+            raise Skip(f"the F.dropout call passes {', '.join(unknown)}, which F.dropout does not take")
+        x = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "input"), None)
+        if x is None:
+            raise Skip("the F.dropout call has no input")
+        extra: list[tuple[str | None, ast.expr]] = [(None, a) for a in call.args[1:]]
+        extra += [(k.arg, k.value) for k in call.keywords if k.arg != "input"]
+        if any(has_call(e) for _, e in extra):
+            raise Skip("the F.dropout arguments have calls: they would run in another order")
+        return x, extra
+
+    @staticmethod
+    def _residual(ctx: FileContext, drop: ast.Call, add: ast.BinOp) -> ast.expr:
+        """The operand of the add that is not the dropout output (a nested call or its assigned name)."""
+        drop_stmt = ctx.statement_of(drop)
+        nested = drop_stmt is ctx.statement_of(add)
+        for this, other in ((add.left, add.right), (add.right, add.left)):
+            if this is drop or (
+                not nested
+                and isinstance(this, ast.Name)
+                and isinstance(drop_stmt, ast.Assign)
+                and len(drop_stmt.targets) == 1
+                and isinstance(drop_stmt.targets[0], ast.Name)
+                and drop_stmt.targets[0].id == this.id
+            ):
+                return other
+        raise Skip("the `+` does not read the dropout output")
+
+    @staticmethod
+    def _read_in_loop_before(ctx: FileContext, fn: ast.AST, add: ast.BinOp) -> bool:
+        """The sum's name is read earlier in a loop body holding the add (the next iteration reads
+        this iteration's sum): the statement assigning it must stay."""
+        add_stmt = ctx.statement_of(add)
+        name = add_stmt.targets[0].id
+        node = ctx.parent(add_stmt)
+        while node is not None and node is not fn:
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+                return any(
+                    isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                    and (n.lineno, n.col_offset) < (add_stmt.lineno, add_stmt.col_offset)
+                    for n in ast.walk(node)
+                )
+            node = ctx.parent(node)
+        return False
+
+    def _prenorm(self, ctx: FileContext, fn: ast.AST, drop: ast.Call, add: ast.BinOp, norm: ast.Call,
+                 args: list[str], moved: list, kernel: str) -> ForwardEdit:
+        """``s = r + drop(y); ...; norm(s)`` -> ``s, <fresh> = kernel(..., prenorm=True); ...; <fresh>``."""
+        why = prenorm_obstacle(fn, add, norm)
+        if why:
+            raise Skip(why)
+        add_stmt, norm_stmt = ctx.statement_of(add), ctx.statement_of(norm)
+        name = add_stmt.targets[0].id
+        func = norm.func
+        base = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else "norm"
+        out = fresh_local(ctx, fn, f"{base}_out", set())
+        plan = ChainPlan(ctx, fn, [drop, add])
+        plan.anchor_text = f"{kernel}({', '.join(args)}, prenorm=True)"
+        plan.moved = moved
+        forward = plan.build()
+        return replace(
+            forward,
+            statements=forward.statements + (pos(ctx, norm_stmt),),
+            expr_edits=forward.expr_edits + (
+                ExprEdit(ctx.char_span(add_stmt.targets[0]), f"{name}, {out}"),
+                ExprEdit(ctx.char_span(norm), out),
+            ),
         )
-        plan.moved = [(drop.func, drop), (drop.args[0], drop), (residual, add)]
-        return Edit(rule=self.rule, forward=plan.build(), imports=(spec,))
 
 # ---------------------------------------------------------------- runtime
 
@@ -131,8 +382,8 @@ def _runtime_check(site: RuntimeSite) -> tuple[str | None, str]:
             shapes = op.input_shapes
             if len(shapes) == 2 and None not in shapes and shapes[0] != shapes[1]:
                 return f"residual add broadcasts ({list(shapes[0])} + {list(shapes[1])})", ""
-    p = drop.p if drop is not None else "?"
-    return None, f"Dropout(p={p}) + LayerNorm{tuple(ln.normalized_shape)} eps={ln.eps}"
+    dropout = f"Dropout(p={drop.p})" if drop is not None else "F.dropout"
+    return None, f"{dropout} + LayerNorm{tuple(ln.normalized_shape)} eps={ln.eps}"
 
 
 RUNTIME = Runtime(
@@ -153,5 +404,5 @@ RULE = Rule(
     codemod=DropoutLayerNorm(),
     runtime=RUNTIME,
     fixtures="Dropout_LayerNorm",
-    preconditions=(intermediates_unused("$y", "$sum"), _dropout_is_not_layernorm),
+    preconditions=(intermediates_unused("$y"), _sum_unused_or_kept, _dropout_is_not_layernorm),
 )
