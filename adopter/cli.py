@@ -47,7 +47,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     for name, path in COMMANDS.items():
         module = importlib.import_module(path)
         modules[name] = module
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=EXIT_STATUS_HELP,
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP), epilog=EXIT_STATUS_HELP,
                                             formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser, modules
 

@@ -352,7 +352,9 @@ def optimize(
     rule_objects = _resolve_rules(rules)
     matches, rejected = pipe.scan(list(files.values()), rule_objects)
     for m in rejected:
-        report.skipped.append(SkippedRewrite(m.rule, m.file, m.lines, f"precondition: {m.reason}"))
+        # refused: the pattern fits but a precision precondition of the kernel fails (its code says which)
+        why = f"refused ({m.code}): {m.reason}" if m.status == "refused" else f"precondition: {m.reason}"
+        report.skipped.append(SkippedRewrite(m.rule, m.file, m.lines, why))
 
     # trace: keep confirmed matches; untraceable -> static matches, with a warning
     untraceable = ""
@@ -372,7 +374,12 @@ def optimize(
         )
         warnings.warn(message, AdopterWarning, stacklevel=2)
         report.warnings.append(message)
-        candidates = list(matches)
+        # a conditional match needs the trace to settle it: without one it is not applied
+        candidates = [m for m in matches if m.status != "conditional"]
+        for m in matches:
+            if m.status == "conditional":
+                report.skipped.append(SkippedRewrite(
+                    m.rule, m.file, m.lines, f"conditional ({m.code}): {m.condition}; no trace settled it"))
     else:
         report.traced = True
         candidates = [m for m in confirmed if m.status == "confirmed"]

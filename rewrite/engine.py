@@ -26,7 +26,9 @@ from adopter.core.codemod.sequential import SEQUENTIAL_CODEMOD
 from adopter.core.rules import find_rule
 from adopter.core.structures import Match
 
-__all__ = ["FileRewrite", "MatchOutcome", "RewriteResult", "codemod_for", "rewrite_file", "rewrite_source"]
+__all__ = [
+    "FileRewrite", "MatchOutcome", "RewriteResult", "codemod_for", "rewrite_file", "rewrite_source", "unsettled_reason",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,18 @@ class RewriteResult:
     @property
     def skipped(self) -> list[MatchOutcome]:
         return [o for o in self.outcomes if not o.applied]
+
+
+def unsettled_reason(match: Match) -> str:
+    """Why ``match`` must not be rewritten as it stands ("" when it may): a ``refused`` match
+    (a precision precondition of the kernel fails) never; a ``conditional`` one only after a
+    trace confirmed it (its status is then ``confirmed``)."""
+    if match.status == "refused":
+        return f"refused ({match.code}): {match.reason}"
+    if match.status == "conditional":
+        return (f"conditional ({match.code}): {match.condition}; not applied without a trace confirming it "
+                "(adopter optimize, adopter scan --model)")
+    return ""
 
 
 def codemod_for(match: Match, rules: Sequence = ()):
@@ -173,6 +187,10 @@ def rewrite_source(
             deferred = True
             continue
         seen_keys[key] = index
+        unsettled = unsettled_reason(match)
+        if unsettled:
+            outcomes[index] = MatchOutcome(match, False, unsettled)
+            continue
         # Rules without a hand-written codemod (user rules): synthesized from their DSL target.
         codemod = codemod_for(match, rules)
         if codemod is None:

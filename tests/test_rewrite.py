@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -175,8 +176,10 @@ class M(nn.Module):
 
 
 def test_runtime_activation_is_decided_at_run_time():
-    # ACT2FN[config.hidden_act] cannot be resolved statically: the rewrite hands the activation
-    # module to the guarded kernel, which fuses only a GeLU it computes (no config is baked in).
+    # ACT2FN[config.hidden_act] cannot be resolved statically (no configuration file here): the
+    # match is conditional and a static rewrite leaves it; once a trace confirmed it, the rewrite
+    # hands the activation module to the guarded kernel, which fuses only a GeLU it computes (no
+    # config is baked in).
     text = '''from torch import nn
 from transformers.activations import ACT2FN
 
@@ -191,7 +194,10 @@ class Intermediate(nn.Module):
         return self.act(self.dense(x))
 '''
     matches = scan_source(text, "m.py", all_rules())
-    result = rewrite_source(text, matches, filename="m.py")
+    assert [(m.status, m.code) for m in matches] == [("conditional", "needs-config")]
+    unconfirmed = rewrite_source(text, matches, filename="m.py")
+    assert not unconfirmed.changed and unconfirmed.outcomes[0].reason.startswith("conditional (needs-config)")
+    result = rewrite_source(text, [replace(m, status="confirmed") for m in matches], filename="m.py")
     assert [o.applied for o in result.outcomes] == [True]
     assert "return linear_gelu(self.dense, self.act, x)" in result.new_text
     assert _init_bodies(result.new_text) == _init_bodies(text)
@@ -534,7 +540,7 @@ def test_two_matches_on_one_line_reach_fixed_point_in_one_run(tmp_path):
 
 class M(nn.Module):
     def forward(self, s):
-        p = nn.functional.softmax(s, dim=1) * nn.functional.softmax(s, 2)
+        p = nn.functional.softmax(s.view(2, 3), dim=1) * nn.functional.softmax(s.view(2, 3, 4), 2)
         q = nn.Softmax(dim=-1)(s)
         return p + q
 '''
@@ -542,7 +548,7 @@ class M(nn.Module):
     first = rewrite_file(path, write=True)
     assert first.status == "changed"
     new = path.read_text()
-    assert "p = softmax(s, dim=1) * softmax(s, dim=2)" in new
+    assert "p = softmax(s.view(2, 3), dim=1) * softmax(s.view(2, 3, 4), dim=2)" in new
     assert "q = softmax(s, dim=-1)" in new
     second = rewrite_file(path, write=True)
     assert second.status == "unchanged" and path.read_text() == new

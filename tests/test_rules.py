@@ -1,6 +1,8 @@
 """Fixture tests per rule: every ``tests/fixtures/rules/**/*.py`` lists the matches it must
-produce (``# expect: RULE Class.function``), and produces no others (all nine rules run
-on every fixture, so each file is also a negative test for the rules it does not list).
+produce (``# expect: RULE Class.function``, a plain ``static`` match; ``# expect: RULE
+Class.function conditional:CODE`` or ``refused:CODE`` for a match of a precision class), and
+produces no others (all nine rules run on every fixture, so each file is also a negative test
+for the rules it does not list).
 A fixture whose expectation needs an extraction feature not there yet says so with
 ``# xfail: reason``."""
 
@@ -20,15 +22,20 @@ def expected(path: Path) -> Counter:
     out = Counter()
     for line in path.read_text().splitlines():
         if line.startswith("# expect:"):
-            rule, where = line[len("# expect:"):].split()
-            out[(rule, where)] += 1
+            rule, where, *status = line[len("# expect:"):].split()
+            out[(rule, where, *status)] += 1
     return out
+
+
+def _status_tag(m) -> tuple:
+    return () if m.status == "static" else (f"{m.status}:{m.code}",)
 
 
 def found(path: Path) -> Counter:
     report = scan_paths([path], all_rules())
     assert report.errors == []
-    return Counter((m.rule, f"{m.class_name}.{m.function}" if m.class_name else m.function) for m in report.matches)
+    return Counter((m.rule, f"{m.class_name}.{m.function}" if m.class_name else m.function, *_status_tag(m))
+                   for m in report.matches)
 
 
 def _xfail_reason(path: Path) -> str | None:

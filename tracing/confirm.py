@@ -16,6 +16,10 @@ by the match's rule name. For every static :class:`Match`:
   ``ACT2FN[config.hidden_act]``, q/k/v projections with different in_features...).
 * ``untraced`` — no trace is available, or the class is not part of this model.
 
+A ``conditional`` match (the source does not settle whether the kernel applies, e.g. the
+activation behind ``ACT2FN[config.hidden_act]``) is settled the same way (its ``condition`` is
+kept); a ``refused`` one (a precision precondition fails) is returned unchanged.
+
 Runtime sequences of a rule (``Runtime.sequence``) that no static match covers come back as
 ``runtime-only`` matches.
 """
@@ -431,9 +435,11 @@ def confirm_matches(
             capture = capture_model(model, example_inputs, leaf_modules=leaf_modules_of(rules or all_rules()))
         except CaptureError as exc:
             reason = f"model could not be traced: {exc}"
-            return [replace(m, status="untraced", reason=reason) for m in matches]
+            return [m if m.status == "refused" else replace(m, status="untraced", reason=reason) for m in matches]
     index = TraceIndex.build(capture)
-    out = [_confirm_one(index, m, model, find_rule(m.rule, rules)) for m in matches]
+    # A refused match stays refused (a precision precondition fails whatever runs); a conditional
+    # one is settled here like a static one (confirmed, rejected...), keeping its condition.
+    out = [m if m.status == "refused" else _confirm_one(index, m, model, find_rule(m.rule, rules)) for m in matches]
     if runtime_only:
         files = scanned_files if scanned_files is not None else {m.file for m in matches} or None
         extra = find_runtime_only(index, model, matches, rules or all_rules())

@@ -4,8 +4,24 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
+
+from adopter.core.structures import PRECISION_CODES
 
 HELP = "find places in model source where a kernel rule applies (static; optional runtime confirmation)"
+
+DESCRIPTION = """\
+Find places in model source where a kernel rule applies, without importing the scanned code.
+
+Each match has a status: `static` (the kernel applies), `conditional` (it applies only under a
+configuration the source does not settle: the condition is shown; `--model` settles it by
+tracing: confirmed or rejected), or `refused` (the pattern fits but a precision precondition
+of the kernel fails; shown with its code). Codes:
+""" + "".join(textwrap.fill(text, 96, initial_indent=f"  {code:<17}", subsequent_indent=" " * 19) + "\n"
+              for code, text in PRECISION_CODES.items()) + """\
+Only `static` (and, with --model, `confirmed`) matches are predictions; `adopter rewrite` never
+applies a conditional or refused match. With --model every match gets a runtime status
+(confirmed, not-executed, untraced, rejected, runtime-only); refused ones stay refused."""
 
 PROGRESS_MIN_FILES = 20
 
@@ -71,6 +87,19 @@ def _format_lines(lines: list[int]) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
+def _status_text(m) -> str:
+    """``static``, ``conditional (needs-config: GeLU only if ...)``, ``refused (dim-not-last: ...)``,
+    ``confirmed (runs ...; condition: ...)``."""
+    if m.status == "refused":
+        return f"refused ({m.code}: {m.reason})"
+    if m.status == "conditional":
+        return f"conditional ({m.code}: {m.condition})" + (f" [{m.reason}]" if m.reason else "")
+    detail = [m.reason] if m.reason else []
+    if m.condition:
+        detail.append(f"{m.code or 'condition'}: {m.condition}")
+    return m.status + (f" ({'; '.join(detail)})" if detail else "")
+
+
 def format_text(report, confirmed: bool, skipped: int = 0) -> str:
     out: list[str] = []
     by_file: dict[str, list] = {}
@@ -81,7 +110,7 @@ def format_text(report, confirmed: bool, skipped: int = 0) -> str:
         rows = []
         for m in sorted(by_file[file], key=lambda m: (m.lines[:1] or [0], m.rule)):
             where = f"{m.class_name}.{m.function}" if m.class_name else m.function
-            status = m.status + (f" ({m.reason})" if m.reason else "")
+            status = _status_text(m)
             rows.append((f"line {_format_lines(m.lines)}", m.rule, where, status))
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         for r in rows:
@@ -93,9 +122,17 @@ def format_text(report, confirmed: bool, skipped: int = 0) -> str:
         out.append("")
     counts = report.counts()
     summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    found = sum(counts.values())
+    conditional = sum(m.status == "conditional" for m in report.matches)
+    refused = report.refused_counts()
+    if conditional:
+        summary += f"; {conditional} conditional"
+    if refused:
+        summary += f"; refused {sum(refused.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
+    matched_files = len({m.file for m in report.matches if m.status != "refused"})
     out.append(
-        f"{len(report.matches)} match{'es' if len(report.matches) != 1 else ''} in {len(by_file)} "
-        f"file{'s' if len(by_file) != 1 else ''} ({report.files_scanned} scanned, "
+        f"{found} match{'es' if found != 1 else ''} in {matched_files} "
+        f"file{'s' if matched_files != 1 else ''} ({report.files_scanned} scanned, "
         + (f"{skipped} skipped (not Python), " if skipped else "")
         + f"{len(report.errors)} "
         f"error{'s' if len(report.errors) != 1 else ''}, {report.seconds:.2f} s)" + (f": {summary}" if summary else "")

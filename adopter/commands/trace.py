@@ -89,7 +89,8 @@ def run(args) -> int:
         reason = f"model could not be traced: {exc}"
         from dataclasses import replace
 
-        report.matches = [replace(m, status="untraced", reason=reason) for m in report.matches]
+        report.matches = [m if m.status == "refused" else replace(m, status="untraced", reason=reason)
+                          for m in report.matches]
         print(f"adopter trace: could not trace {args.model}: {exc}; static matches reported as untraced",
               file=sys.stderr)
         code = 1

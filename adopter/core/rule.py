@@ -128,6 +128,11 @@ class Rule:
     # A precondition violated on one path through the matched statements vetoes the
     # match on every path (the fused code would run on all of them).
     veto_across_paths: bool = True
+    # The codemod joins matched statements that lie in different blocks by hoisting (paper
+    # Fig. 4: statements before an ``if`` copied into every branch, those after it to the end of
+    # every branch): a match it cannot join is refused (``branch-straddle``). False for a codemod
+    # that handles blocks itself (attention: an ``if mask is not None`` around the add is absorbed).
+    hoisting: bool = True
     # A layer class defined in the scanned file that derives from a ``torch.nn`` layer named in
     # the patterns and defines no method but ``__init__`` (so its forward is the parent's) is
     # matched as that parent (EfficientNet's ``EfficientNetDepthwiseConv2d(nn.Conv2d)``).

@@ -38,15 +38,30 @@ class ScanError:
 
 @dataclass
 class ScanReport:
+    """``matches``: every match found, in file order — ``static`` and ``conditional`` ones and
+    the ``refused`` ones (the pattern fits but a precision precondition fails; see
+    :data:`adopter.core.match.PRECISION_CODES`): only ``static`` (after a trace, ``confirmed``)
+    matches are predictions of where a kernel applies."""
+
     files_scanned: int
     seconds: float
     errors: list[ScanError] = field(default_factory=list)
     matches: list[Match] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
+        """Matches per rule, ``refused`` ones left out (see :meth:`refused_counts`)."""
         out: dict[str, int] = {}
         for m in self.matches:
-            out[m.rule] = out.get(m.rule, 0) + 1
+            if m.status != "refused":
+                out[m.rule] = out.get(m.rule, 0) + 1
+        return out
+
+    def refused_counts(self) -> dict[str, int]:
+        """``refused`` matches per precision code."""
+        out: dict[str, int] = {}
+        for m in self.matches:
+            if m.status == "refused":
+                out[m.code] = out.get(m.code, 0) + 1
         return out
 
     def to_json(self) -> dict:
@@ -111,6 +126,17 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[0] if msg else ''}".rstrip(": ")
 
 
+def with_refused(structures, rules: Iterable, text: str) -> list[Match]:
+    """The matches of one file plus its ``refused`` ones (the pattern fits, a precision
+    precondition fails: reported with their code, never rewritten), in source order."""
+    rejected: list[Match] = []
+    matches = match_structures(structures, rules, rejected, source=text)
+    refused = [m for m in rejected if m.status == "refused"]
+    if not refused:
+        return matches
+    return sorted(matches + refused, key=lambda m: (m.lines[:1] or [0], m.rule))
+
+
 def scan_file(path: str | os.PathLike, rules: Iterable) -> list[Match]:
     p = Path(path)
     text = p.read_text(encoding="utf-8")
@@ -136,7 +162,7 @@ def _scan_one(name: str, rules: list) -> tuple[list[Match], ScanError | None]:
     except Exception as exc:  # an extraction bug must not stop the scan
         return [], ScanError(name, "extraction failed: " + _one_line(exc))
     try:
-        return match_structures(structures, rules, source=text), None
+        return with_refused(structures, rules, text), None
     except Exception as exc:
         return [], ScanError(name, "matching failed: " + _one_line(exc))
 

@@ -109,9 +109,30 @@ class FileStructures:
 
 # ---------------------------------------------------------------- matching
 
+# Precision classes (issue 11): a match the pattern fits but whose kernel is not provably
+# applicable is reported ``conditional`` (a configuration decides; a trace settles it) or
+# ``refused`` (a precondition of the kernel fails), never as a plain match. Code -> what it means.
+PRECISION_CODES = {
+    "needs-config": "the layer (an activation looked up from a key, a module bound on some branches only) is "
+                    "the one the kernel computes only under some configurations",
+    "dim-not-last": "the normalised dimension is not provably the last one (the kernel normalises rows)",
+    "not-a-layernorm": "the norm is looked up (dict, factory) and is not provably an nn.LayerNorm",
+    "branch-straddle": "the matched statements lie under different branches (or a loop) and the rewrite "
+                       "cannot bring them into one block",
+    "torchscript": "the code is compiled by torch.jit.script, which cannot call the Python kernel",
+}
+
 # "rejected" (tracing): the sequence executes but a runtime-only precondition fails (the
 # activation behind ACT2FN[...] is not a GeLU, q/k/v projections differ in in_features...).
-MatchStatus = Literal["static", "confirmed", "not-executed", "untraced", "runtime-only", "rejected"]
+# "conditional" (static): the pattern fits and the kernel applies only under a configuration the
+# source does not settle (``Match.condition`` says which); a trace settles it (confirmed or
+# rejected). "refused" (static): the pattern fits but a precision precondition fails — the kernel
+# is not provably applicable (``Match.code`` names the class, ``reason`` says why). Only
+# ``static`` and ``confirmed`` matches are predictions; only ``confirmed`` ones (``static`` ones
+# for ``adopter rewrite``) are ever rewritten.
+MatchStatus = Literal[
+    "static", "confirmed", "not-executed", "untraced", "runtime-only", "rejected", "conditional", "refused"
+]
 
 
 @dataclass(frozen=True)
@@ -147,6 +168,12 @@ class Match:
     # Set for a pair of ``nn.Sequential`` entries: the ``nn.Sequential(...)`` call building them
     # (the nodes are the entry expressions; ``function`` is the building function).
     sequential: Span | None = None
+    # Precision class (see :data:`adopter.core.match.PRECISION_CODES`): why a match is
+    # ``conditional`` or ``refused`` (``needs-config``, ``dim-not-last``...); kept after a trace
+    # settles a conditional match.
+    code: str = ""
+    # What a ``conditional`` match needs to hold ("GeLU only if config.hidden_act in {...}").
+    condition: str = ""
 
     @property
     def lines(self) -> list[int]:
@@ -172,4 +199,6 @@ class Match:
             "status": self.status,
             **({"built_in": f"nn.Sequential at line {self.sequential.line}"} if self.sequential else {}),
             **({"reason": self.reason} if self.reason else {}),
+            **({"code": self.code} if self.code else {}),
+            **({"condition": self.condition} if self.condition else {}),
         }

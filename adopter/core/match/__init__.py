@@ -9,7 +9,12 @@ so only data-connected nodes match. Then the init pattern is matched, in any ord
 against the ``__init__`` bindings of the class (and of its bases in the same file),
 sharing the bindings made by the forward pattern (``@$drop`` links the called module
 to its ``self.dropout = nn.Dropout(...)``). Finally the rule's preconditions run;
-each returns a reason string when the match must be dropped.
+each returns a reason string when the match must be dropped — or a :class:`Refusal` (a
+precision class, :data:`PRECISION_CODES`) when the pattern fits but the kernel is not provably
+applicable: the match is then reported ``refused`` with that code, and a precondition may
+instead mark it ``conditional`` (it holds only under a configuration a trace settles). The
+classes every rule shares (``torchscript``, ``branch-straddle``, a matched module whose type
+depends on the configuration) are checked by :mod:`adopter.core.match.precision`.
 
 Node matching details (all documented because rules depend on them):
 
@@ -51,6 +56,7 @@ Modules:
     context        ``MatchContext`` (what preconditions see) and data-flow helpers
     local_layers   same-file layer subclasses and folded same-file helper functions
     post           path-variant choice, re-homing, cross-path veto, overlaps
+    precision      precision classes shared by every rule (refused / conditional matches)
     driver         ``match_structures``: every rule on every path of one file
     source         one function's ``ast`` without parsing the whole file
     source_uses    source-level reads: escaping intermediates, ``self.<attr>`` per class
@@ -58,7 +64,7 @@ Modules:
 
 from __future__ import annotations
 
-from adopter.core.match.context import MatchContext, RuleLike, reads, uses_outside
+from adopter.core.match.context import PRECISION_CODES, MatchContext, Refusal, RuleLike, reads, uses_outside
 from adopter.core.match.core import SIGNATURES, match_node, match_pattern, same_value
 from adopter.core.match.driver import match_structures
 from adopter.core.match.init_match import class_init_bindings, match_init
@@ -66,8 +72,10 @@ from adopter.core.match.local_layers import fold_inlined_calls, layer_subclass_a
 from adopter.core.match.post import optional_inputs, optional_module_attrs, variant_rank
 
 __all__ = [
+    "PRECISION_CODES",
     "SIGNATURES",
     "MatchContext",
+    "Refusal",
     "RuleLike",
     "class_init_bindings",
     "fold_inlined_calls",

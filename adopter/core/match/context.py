@@ -8,7 +8,30 @@ from typing import Any, Protocol
 
 from adopter.core.dsl import Layer, Node, RuleText, Value, Var
 from adopter.core.match.core import same_value
-from adopter.core.structures import ClassInfo, FileStructures, FunctionStructures, InitBinding, Match, PathStructure
+from adopter.core.structures import (
+    PRECISION_CODES,
+    ClassInfo,
+    FileStructures,
+    FunctionStructures,
+    InitBinding,
+    Match,
+    PathStructure,
+)
+
+
+class Refusal(str):
+    """A precondition failure of a precision class: the match is reported ``refused`` with
+    ``code`` (a key of :data:`PRECISION_CODES`) and this text as its reason, instead of being
+    dropped silently as a failure of a plain (returned ``str``) precondition is."""
+
+    code: str
+
+    def __new__(cls, code: str, reason: str) -> Refusal:
+        if code not in PRECISION_CODES:
+            raise ValueError(f"unknown precision code {code!r}")
+        out = super().__new__(cls, reason)
+        out.code = code
+        return out
 
 
 class RuleLike(Protocol):
@@ -58,6 +81,13 @@ class MatchContext:
                     rd.setdefault((v.name, v.version), []).append(i)
             self.path_cache["readers"] = rd
         return rd
+
+    def conditional(self, code: str, condition: str) -> None:
+        """Mark the match ``conditional``: it holds only if ``condition`` (a precondition that
+        calls this returns None: the match is kept, for a trace to settle)."""
+        if code not in PRECISION_CODES:
+            raise ValueError(f"unknown precision code {code!r}")
+        self.extra.setdefault("conditional", (code, condition))
 
     def binding(self, name: str) -> Value | None:
         return self.match.bindings.get(name)
@@ -116,3 +146,19 @@ def uses_outside(ctx: MatchContext, v: Value) -> list[Node]:
         positions = ctx.readers().get((v.name, v.version), [])
     nodes = ctx.path.nodes
     return [nodes[i] for i in sorted(set(positions)) if i not in inside and _reads_data(nodes[i], v)]
+
+
+def run_preconditions(preconditions, ctx: MatchContext) -> str | None:
+    """The first failure of ``preconditions`` on ``ctx`` (a :class:`Refusal` for a precision
+    class), or None; a passing precondition may have marked the match conditional
+    (:meth:`MatchContext.conditional`, read back with :func:`conditional_of`)."""
+    for pre in preconditions:
+        reason = pre(ctx)
+        if reason:
+            return reason
+    return None
+
+
+def conditional_of(ctx: MatchContext) -> tuple[str, str] | None:
+    """``(code, condition)`` when a precondition marked the match conditional."""
+    return ctx.extra.get("conditional")

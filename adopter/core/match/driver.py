@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from adopter.core.dsl import Layer
-from adopter.core.match.context import MatchContext, RuleLike
+from adopter.core.match.context import MatchContext, Refusal, RuleLike, conditional_of, run_preconditions
 from adopter.core.match.core import _PathIndex, _search
 from adopter.core.match.init_match import class_init_bindings, match_init
 from adopter.core.match.local_layers import fold_inlined_calls, layer_subclass_aliases
@@ -17,6 +17,7 @@ from adopter.core.match.post import (
     _VariantRanker,
     _veto_inconsistent_paths,
 )
+from adopter.core.match.precision import straddle_refusal, torchscript_refusal, type_dependence
 from adopter.core.match.sequential import is_sequential_expansion, match_sequentials
 from adopter.core.structures import (
     ClassInfo,
@@ -83,17 +84,22 @@ def _match_path(
             key = _dedup_key(homed)
             if found_on is not None:
                 found_on.setdefault(key, set()).add(path_id)
-            if veto and key in rejected:
-                continue
+            if veto and key in rejected and rejected[key].status != "refused":
+                continue  # (a refused key is still checked: a plain failure elsewhere outranks it)
             if not veto and key in accepted and ranker is None:
                 continue
             ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant, path_cache=path_cache,
                                source=source)
-            reason = None
-            for pre in rule.preconditions:
-                reason = pre(ctx)
-                if reason:
-                    break
+            reason = run_preconditions(rule.preconditions, ctx)
+            if not reason:
+                # precision classes every rule shares (the rule's own come from its preconditions)
+                entry = f"{fs.class_name}.{fs.function}" if fs.class_name else fs.function
+                reason = torchscript_refusal(m, entry, structures, source) or (
+                    straddle_refusal(m, source) if getattr(rule, "hoisting", True) else None)
+            cond = conditional_of(ctx) if not reason else None
+            if cond is not None:
+                m = replace(m, status="conditional", code=cond[0], condition=cond[1])
+                homed = _rehome(m, structures) if rehome else m
             extra = ctx.extra.get("extra_nodes")
             if not reason and extra:
                 # nodes a precondition found part of the match (attention projections)
@@ -104,11 +110,19 @@ def _match_path(
                 homed = _rehome(m, structures) if rehome else m
             if reason:
                 # The fused code would run on every path through these statements:
-                # a violation on any of them vetoes the match.
-                rejected.setdefault(key, replace(homed, reason=reason))
+                # a violation on any of them vetoes the match. A plain failure outranks a
+                # precision refusal: only a match every plain precondition accepts is "refused".
+                prev = rejected.get(key)
+                if isinstance(reason, Refusal):
+                    if prev is None:
+                        rejected[key] = replace(homed, status="refused", code=reason.code, reason=str(reason))
+                elif prev is None or prev.status == "refused":
+                    rejected[key] = replace(homed, status="static", code="", reason=reason)
                 if veto:
                     accepted.pop(key, None)
                 continue
+            if veto and key in rejected:
+                continue  # refused on another path
             kept = accepted.get(key)
             if kept is None or (
                 ranker is not None and kept.nodes != homed.nodes and ranker.rank(homed) < ranker.rank(kept)
@@ -185,6 +199,18 @@ def match_structures(
         if getattr(rule, "veto_across_paths", True):
             span_sets = span_sets_by.setdefault(id(rule_structures[i]), {})
             _veto_inconsistent_paths(rule_structures[i], accepted[i], rejected_by_rule[i], found_on[i], span_sets)
+    position_maps_by: dict[int, dict] = {}
+    for i, rule in enumerate(rules):
+        maps = position_maps_by.setdefault(id(rule_structures[i]), {})
+        for key, m, verdict in type_dependence(rule_structures[i], accepted[i], found_on[i], maps, source):
+            if isinstance(verdict, Refusal):
+                del accepted[i][key]
+                rejected_by_rule[i][key] = replace(m, status="refused", code=verdict.code, reason=str(verdict))
+            elif isinstance(verdict, str):
+                del accepted[i][key]
+                rejected_by_rule[i][key] = replace(m, reason=verdict)
+            else:
+                accepted[i][key] = replace(m, status="conditional", code=verdict[0], condition=verdict[1])
     results: list[Match] = []
     for i, rule in enumerate(rules):
         found = list(accepted[i].values())
@@ -198,6 +224,10 @@ def match_structures(
     in_sequential = {r.name for r in rules if getattr(r, "in_sequential", False)}
     if in_sequential:
         results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m))]
-        results.extend(match_sequentials(structures, rules))
+        for m in match_sequentials(structures, rules):
+            if m.status != "refused":
+                results.append(m)
+            elif rejected is not None:
+                rejected.append(m)
     results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
     return results

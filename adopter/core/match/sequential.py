@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 
 from adopter.core.dsl import Arg, Layer, Var
-from adopter.core.match.context import MatchContext, RuleLike
+from adopter.core.match.context import MatchContext, Refusal, RuleLike, conditional_of, run_preconditions
 from adopter.core.match.core import _PathIndex, _search
 from adopter.core.match.init_match import match_init
 from adopter.core.structures import (
@@ -50,9 +51,11 @@ def _paths(build: SequentialBuild) -> list[tuple[tuple[Layer, ...], tuple[InitBi
 
 
 def match_sequentials(structures: FileStructures, rules: Sequence[RuleLike]) -> list[Match]:
-    """Matches of the opted-in ``rules`` over consecutive entries of every built Sequential."""
+    """Matches of the opted-in ``rules`` over consecutive entries of every built Sequential
+    (``refused`` ones included: the caller reports them apart)."""
     rules = [r for r in rules if getattr(r, "in_sequential", False)]
     out: dict[tuple, Match] = {}
+    refused: dict[tuple, Match] = {}
     if not rules:
         return []
     for build in structures.sequentials:
@@ -80,9 +83,18 @@ def match_sequentials(structures: FileStructures, rules: Sequence[RuleLike]) -> 
                             m = Match(**{**m.__dict__, "init_nodes": init_nodes,
                                          "init_bindings": {k: v for k, v in ib.items() if k not in b}})
                         ctx = MatchContext(m, structures, fs, path, None, inits, positions, variant)
-                        if any(pre(ctx) for pre in rule.preconditions):
+                        reason = run_preconditions(rule.preconditions, ctx)
+                        if isinstance(reason, Refusal):
+                            refused.setdefault(m.key(), replace(m, status="refused", code=reason.code,
+                                                                reason=str(reason)))
+                        if reason:
                             continue
+                        cond = conditional_of(ctx)
+                        if cond is not None:
+                            m = replace(m, status="conditional", code=cond[0], condition=cond[1])
                         out.setdefault(m.key(), m)
+    # a pair refused for one combination of entry types and matched for another is reported matched
+    out.update({k: m for k, m in refused.items() if k not in out})
     return sorted(out.values(), key=lambda m: (m.lines[:1] or [0], m.rule))
 
 

@@ -277,3 +277,66 @@ def config_defines(modeling_file: str, attr: str, config_class: str | None = Non
             return True
         todo.extend(bases)
     return False
+
+
+_CONFIG_OWNER = re.compile(r"^(?:config|cfg|.*_config)$")
+
+
+def evaluate_config_condition(modeling_file: str, text: str, config_class: str | None = None) -> bool | None:
+    """The truth of a condition on configuration attributes (``config.num_groups == 1``,
+    ``hasattr(config, "x") and config.x``, ``not (self.config.flag)``) under the literal defaults
+    of the sibling ``configuration_*.py``; None when some part is not settled by them."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    unknown = object()
+
+    def attr_of(e: ast.expr) -> str | None:
+        if isinstance(e, ast.Attribute):
+            owner = e.value.attr if isinstance(e.value, ast.Attribute) else getattr(e.value, "id", "")
+            if _CONFIG_OWNER.match(owner or ""):
+                return e.attr
+        return None
+
+    def value(e: ast.expr):
+        if isinstance(e, ast.Constant):
+            return e.value
+        attr = attr_of(e)
+        if attr is not None:
+            defaults = config_defaults(modeling_file, attr, config_class)
+            if defaults and len(defaults) == 1 and None not in defaults:
+                return next(iter(defaults))
+            return unknown
+        if (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "hasattr" and len(e.args) == 2
+                and isinstance(e.args[1], ast.Constant) and isinstance(e.args[1].value, str)
+                and _CONFIG_OWNER.match(ast.unparse(e.args[0]).rsplit(".", 1)[-1])):
+            defined = config_defines(modeling_file, e.args[1].value, config_class)
+            return unknown if defined is None else defined
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+            v = value(e.operand)
+            return unknown if v is unknown else not v
+        if isinstance(e, ast.BoolOp):
+            vals = [value(x) for x in e.values]
+            decided = [bool(v) for v in vals if v is not unknown]
+            if isinstance(e.op, ast.And):
+                return False if False in decided else (True if len(decided) == len(vals) else unknown)
+            return True if True in decided else (False if len(decided) == len(vals) else unknown)
+        if isinstance(e, ast.Compare) and len(e.ops) == 1:
+            a, b = value(e.left), value(e.comparators[0])
+            if a is unknown or b is unknown:
+                return unknown
+            ops = {ast.Eq: lambda: a == b, ast.NotEq: lambda: a != b, ast.Is: lambda: a is b,
+                   ast.IsNot: lambda: a is not b, ast.Lt: lambda: a < b, ast.Gt: lambda: a > b,
+                   ast.LtE: lambda: a <= b, ast.GtE: lambda: a >= b}
+            op = ops.get(type(e.ops[0]))
+            if op is None:
+                return unknown
+            try:
+                return bool(op())
+            except TypeError:
+                return unknown
+        return unknown
+
+    out = value(tree)
+    return None if out is unknown else bool(out)

@@ -222,7 +222,25 @@ def _key_defaults(ctx: MatchContext, span, text: str, in_init: bool = True) -> t
     return None, ""
 
 
+_KEYS_TEXT = "{'gelu', 'gelu_new', 'gelu_pytorch_tanh', ...}"  # GELU_KEYS, shortened for reports
+
+
+def _constant_choice(text: str) -> tuple[str, object, object] | None:
+    """``'gelu' if c else 'relu'`` (a key chosen between two constants): ``(c, 'gelu', 'relu')``."""
+    try:
+        e = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(e, ast.IfExp) and isinstance(e.body, ast.Constant) and isinstance(e.orelse, ast.Constant):
+        return ast.unparse(e.test), e.body.value, e.orelse.value
+    return None
+
+
 def _activation_is_gelu(ctx: MatchContext) -> str | None:
+    """The activation looked up from a key is a GeLU: plain match when every default of the key
+    is a GeLU key; not a match when none is; ``conditional`` (``needs-config``) when the source
+    does not settle it (no resolvable default, defaults that differ, a choice between a GeLU and
+    another constant, an activation passed in from outside): a trace settles it."""
     act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
     if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
         return None
@@ -240,16 +258,34 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
             None,
         )
         if binding is None:
-            return None  # activation passed in from outside: unknown, runtime decides
+            ctx.conditional("needs-config", f"GeLU only if the activation {act} passed in is one")
+            return None
         texts = [binding.activation] if getattr(binding, "activation", None) else _activation_key_texts(binding.layer)
         span, in_init = binding.span, True
+    if not texts:
+        ctx.conditional("needs-config", f"GeLU only if the key of {act or 'the lookup'} is in {_KEYS_TEXT}")
     for text in texts:
+        choice = _constant_choice(text)
+        if choice is not None:
+            test, a, b = choice
+            ga, gb = a in GELU_KEYS, b in GELU_KEYS
+            if not (ga or gb):
+                return f"activation {text} is {a!r} or {b!r} (not GeLU)"
+            if not (ga and gb):
+                ctx.conditional("needs-config", f"GeLU only if {test if ga else f'not ({test})'} (key {text})")
+            continue
         defaults, where = _key_defaults(ctx, span, text, in_init)
         if not defaults or (None in defaults and len(defaults) > 1):
+            ctx.conditional("needs-config", f"GeLU only if {text} in {_KEYS_TEXT} (no configuration default "
+                                            "resolves it)")
             continue
-        if not any(isinstance(d, str) and d in GELU_KEYS for d in defaults):
-            shown = ", ".join(sorted(d if d == UNDEFINED else repr(d) for d in defaults))
+        gelu = {d for d in defaults if isinstance(d, str) and d in GELU_KEYS}
+        shown = ", ".join(sorted(d if d == UNDEFINED else repr(d) for d in defaults))
+        if not gelu:
             return f"activation {text} defaults to {shown} (not GeLU) in {where}"
+        if len(gelu) < len(defaults):
+            ctx.conditional("needs-config", f"GeLU only if {text} in {_KEYS_TEXT} (its defaults in {where}: "
+                                            f"{shown})")
     return None
 
 

@@ -84,4 +84,5 @@ RULE = Rule(
     dedup="class",
     rehome=False,
     veto_across_paths=False,
+    hoisting=False,  # the attention codemod interprets the core's blocks itself
 )

@@ -9,6 +9,7 @@ Rewrite (the codemod below):
 from __future__ import annotations
 
 import ast
+import re
 
 from adopter.core.codemod.base import (
     Codemod,
@@ -20,8 +21,11 @@ from adopter.core.codemod.base import (
 )
 from adopter.core.codemod.context import FileContext, Skip, call_arguments, is_self_attr
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, InitEdit
-from adopter.core.dsl import Layer
+from adopter.core.dsl import Const, Layer, TensorOp, Value, Var
+from adopter.core.match import MatchContext, Refusal
+from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime
+from adopter.core.rules._common import kwarg
 from adopter.core.structures import Match
 
 DSL = """
@@ -49,7 +53,13 @@ A match is every call of ``torch.nn.functional.softmax`` (however imported: ``F.
 ``forward``, or one constructed and called inline (``nn.Softmax(dim=-1)(x)``); one match per
 call site. Not a match: ``log_softmax``, ``gumbel_softmax``,
 sparse/masked softmax variants, user functions named ``softmax``, and calls in code that
-extraction does not reach (nested lambdas)."""
+extraction does not reach (nested lambdas). Refused (``dim-not-last``: the kernel normalises
+rows): a softmax whose ``dim`` is not provably the last dimension — only ``dim=-1`` is, or
+``dim=n`` when the input's rank is statically ``n + 1`` (it comes from a ``view``/``reshape``/
+``permute`` with explicit sizes, an ``einsum`` with explicit output subscripts, a matmul, a
+Linear..., traced back through rank-keeping ops), or a ``dim`` parameter that every call site
+in the file (and the default, where one omits it) sets to ``-1``; a softmax without ``dim`` is
+refused too. A ``dtype=`` argument is fine (the kernel takes it)."""
 
 
 # ---------------------------------------------------------------- codemod
@@ -127,6 +137,244 @@ class SoftmaxCodemod(Codemod):
         construct = f"self.{attr} = {local}({dim})"
         return Edit(rule=self.rule, forward=None, init=(InitEdit(replace=pos(ctx, stmt), construct=construct),), imports=(spec,))
 
+# ---------------------------------------------------------------- dim-not-last
+
+# ops whose output has the rank of their first tensor input
+_SAME_RANK = {
+    "torch.nn.Linear", "torch.nn.Dropout", "torch.nn.LayerNorm", "torch.nn.GELU", "torch.nn.ReLU", "torch.nn.SiLU",
+    "torch.nn.Tanh", "torch.nn.Sigmoid", "torch.nn.Identity", "torch.nn.Softmax",
+    "torch.nn.functional.linear", "torch.nn.functional.dropout", "torch.nn.functional.gelu",
+    "torch.nn.functional.relu", "torch.nn.functional.silu", "torch.nn.functional.softmax",
+    "torch.nn.functional.layer_norm", "torch.tanh", "torch.sigmoid", "torch.exp", "torch.relu", "torch.softmax",
+    "torch.clamp", "torch.where", "torch.masked_fill", "torch.transpose", "torch.Tensor.transpose",
+    "torch.Tensor.swapaxes", "torch.Tensor.float", "torch.Tensor.half", "torch.Tensor.bfloat16", "torch.Tensor.double",
+    "torch.Tensor.to", "torch.Tensor.type", "torch.Tensor.type_as", "torch.Tensor.contiguous",
+    "torch.Tensor.masked_fill", "torch.Tensor.masked_fill_", "torch.Tensor.clone", "torch.Tensor.detach",
+    "torch.Tensor.softmax", "torch.Tensor.mul", "torch.Tensor.div", "torch.Tensor.add", "torch.Tensor.sub",
+    "torch.Tensor.clamp", "torch.Tensor.exp", "torch.Tensor.tanh", "torch.Tensor.sigmoid", "torch.Tensor.neg",
+    "torch.Tensor.abs", "torch.Tensor.view_as", "torch.Tensor.reshape_as",
+}
+_SIZES = {"torch.Tensor.view", "torch.Tensor.reshape", "torch.reshape", "torch.Tensor.permute", "torch.permute",
+          "torch.Tensor.expand", "torch.Tensor.repeat"}
+
+
+def _int(v: Value | None) -> int | None:
+    if isinstance(v, Const):
+        try:
+            out = ast.literal_eval(v.text)
+        except (ValueError, SyntaxError):
+            return None
+        return out if type(out) is int else None
+    return None
+
+
+def _sizes_rank(args: list) -> int | None:
+    """Rank given by the size arguments of ``view``/``reshape``/``permute``."""
+    if not args or any(a.keyword for a in args):
+        return None
+    if len(args) == 1 and isinstance(args[0].value, Const):
+        try:
+            e = ast.parse(re.sub(r"#\d+", "", args[0].value.text), mode="eval").body
+        except SyntaxError:
+            return None
+        if isinstance(e, (ast.Tuple, ast.List)):
+            return None if any(isinstance(x, ast.Starred) for x in e.elts) else len(e.elts)
+        return 1 if _int(args[0].value) is not None else None
+    if any(isinstance(a.value, Const) and a.value.text.startswith("*") for a in args):
+        return None
+    return len(args)
+
+
+def _const_rank(ctx: MatchContext, text: str, depth: int) -> int | None:
+    """Rank of an expression kept as text: a number (0), or ``x[:, a:b, :]`` of a variable ``x``
+    of known rank (slices keep a dimension, an index drops one, ``None`` adds one)."""
+    try:
+        e = ast.parse(re.sub(r"#\d+", "", text), mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(e, ast.Constant) and type(e.value) in (int, float):
+        return 0
+    if not (isinstance(e, ast.Subscript) and isinstance(e.value, ast.Name)):
+        return None
+    parts = e.slice.elts if isinstance(e.slice, ast.Tuple) else [e.slice]
+    if any(isinstance(p, ast.Constant) and p.value is Ellipsis for p in parts):
+        return None
+    versions = [ver for (name, ver) in ctx.producers() if name == e.value.id]
+    if len(versions) != 1:
+        return None  # which version the text reads is not known
+    base = _rank(ctx, Var(e.value.id, versions[0]), depth + 1)
+    if base is None:
+        return None
+    delta = 0
+    for p in parts:
+        if isinstance(p, ast.Slice):
+            continue
+        if isinstance(p, ast.Constant) and p.value is None:
+            delta += 1
+        elif isinstance(p, (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp)):
+            delta -= 1  # an integer index (a tensor index would be another story: names count as ints)
+        else:
+            return None
+    return base + delta if len(parts) <= base else None
+
+
+def _rank(ctx: MatchContext, v: Value | None, depth: int = 0) -> int | None:
+    """The rank of ``v`` where the matched path makes it certain, else None."""
+    if isinstance(v, Const):
+        return _const_rank(ctx, v.text, depth) if depth <= 24 else None
+    if not isinstance(v, Var) or depth > 24:
+        return None
+    n = ctx.producers().get((v.name, v.version))
+    if n is None:
+        joined = ctx.function.sources.get(v) if ctx.function.sources else None
+        ranks = {_rank(ctx, s, depth + 1) for s in joined or ()}
+        return ranks.pop() if len(ranks) == 1 else None
+    args = [a for a in n.args]
+    tensors = [a.value for a in args if isinstance(a.value, Var) and a.keyword is None]
+    if isinstance(n, TensorOp):
+        if n.op == "@":
+            ranks = [_rank(ctx, a.value, depth + 1) for a in args]
+            return max(ranks) if len(ranks) == 2 and None not in ranks and min(ranks) >= 2 else None
+        ranks = [_rank(ctx, a.value, depth + 1) for a in args]
+        return max(ranks) if ranks and None not in ranks else None
+    if not isinstance(n, Layer):
+        return None
+    if n.type in _SIZES:
+        return _sizes_rank(args[1:])
+    if n.type in ("torch.matmul", "torch.Tensor.matmul"):
+        ranks = [_rank(ctx, t, depth + 1) for t in tensors[:2]]
+        return max(ranks) if len(ranks) == 2 and None not in ranks and min(ranks) >= 2 else None
+    if n.type in ("torch.bmm", "torch.baddbmm", "torch.Tensor.bmm"):
+        return 3
+    if n.type == "torch.einsum" and args and isinstance(args[0].value, Const):
+        eq = args[0].value.text.strip("'\"")
+        out = eq.split("->", 1)[1].strip() if "->" in eq else None
+        return len(out) if out is not None and "." not in out and out.isalpha() else None
+    if n.type in ("torch.flatten", "torch.Tensor.flatten") and tensors:
+        start, end = _int(kwarg(n, "start_dim", 1)), _int(kwarg(n, "end_dim", 2))
+        start = 0 if kwarg(n, "start_dim", 1) is None else start
+        end = -1 if kwarg(n, "end_dim", 2) is None else end
+        if start is None or end is None:
+            return None
+        if start >= 0 and end == -1:
+            return start + 1
+        r = _rank(ctx, tensors[0], depth + 1)
+        if r is None:
+            return None
+        s_, e_ = start % r if r else 0, end % r if r else 0
+        return r - (e_ - s_) if e_ >= s_ else None
+    if n.type in ("torch.Tensor.unsqueeze", "torch.unsqueeze") and tensors:
+        r = _rank(ctx, tensors[0], depth + 1)
+        return r + 1 if r is not None else None
+    if n.type in _SAME_RANK and tensors:
+        return _rank(ctx, tensors[0], depth + 1)
+    return None
+
+
+def _inline_dim(ctx: MatchContext, node: Layer) -> tuple[bool, Value | None]:
+    """``nn.Softmax(dim)(x)``: (found, the ``dim`` argument of the construction)."""
+    sp = node.span
+    if ctx.source is None or sp is None:
+        return False, None
+    fn = function_ast(ctx.source, sp.function, sp.line) if sp.function else parse_file(ctx.source)
+    for e in ast.walk(fn) if fn is not None else ():
+        if isinstance(e, ast.Call) and (e.lineno, e.col_offset) == (sp.line, sp.col) and isinstance(e.func, ast.Call):
+            ctor = e.func
+            for k in ctor.keywords:
+                if k.arg == "dim":
+                    return True, Const(ast.unparse(k.value))
+            return True, Const(ast.unparse(ctor.args[0])) if ctor.args else None
+    return False, None
+
+
+def _parameter_values(ctx: MatchContext, node: Layer, name: str) -> tuple[list[str], str]:
+    """Values a parameter ``name`` of the function holding ``node`` takes at the file's call
+    sites of that function (the default where a call omits it); ``[]`` when unknown."""
+    sp = node.span
+    if ctx.source is None or sp is None or not sp.function:
+        return [], "the source is not at hand"
+    fn = function_ast(ctx.source, sp.function, sp.line)
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [], f"{sp.function} not found"
+    a = fn.args
+    positional = [p.arg for p in a.posonlyargs + a.args]
+    if name not in positional + [p.arg for p in a.kwonlyargs]:
+        return [], f"{name} is not a parameter of {sp.function}"
+    defaults = dict(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    is_method = "." in sp.function and positional[:1] in (["self"], ["cls"])
+    index = positional.index(name) - (1 if is_method else 0) if name in positional else None
+    tree = parse_file(ctx.source)
+    values: list[str] = []
+    for call in ast.walk(tree) if tree is not None else ():
+        if not isinstance(call, ast.Call):
+            continue
+        f = call.func
+        if is_method:  # self.f(...), cls.f(...), Owner.f(...)
+            owner = sp.function.rsplit(".", 2)[-2]
+            if not (isinstance(f, ast.Attribute) and f.attr == fn.name and isinstance(f.value, ast.Name)
+                    and f.value.id in ("self", "cls", owner)):
+                continue
+        elif not (isinstance(f, ast.Name) and f.id == fn.name):
+            continue
+        if any(isinstance(x, ast.Starred) for x in call.args) or any(k.arg is None for k in call.keywords):
+            return [], f"a call at line {call.lineno} passes *args/**kwargs"
+        given = next((k.value for k in call.keywords if k.arg == name), None)
+        if given is None and index is not None and index < len(call.args):
+            given = call.args[index]
+        if given is None:
+            given = defaults.get(name)
+        if given is None:
+            return [], f"the call at line {call.lineno} leaves {name} unknown"
+        values.append(ast.unparse(given))
+    if not values:
+        return [], f"no call of {fn.name} in this file sets {name}"
+    return values, ""
+
+
+def _dim_is_last(ctx: MatchContext) -> str | None:
+    """``dim-not-last``: refuse a softmax whose ``dim`` is not provably the input's last dimension."""
+    node = ctx.match.nodes[0].node
+    if not isinstance(node, Layer):
+        return None
+    x = node.args[0].value if node.args else None
+    if node.type == "torch.nn.Softmax" and node.module is not None:
+        ib = ctx.match.init_nodes[0] if ctx.match.init_nodes else ctx.init_binding_for(node.module)
+        dim = kwarg(ib.layer, "dim", 0) if ib is not None else None
+        if ib is None:
+            return Refusal("dim-not-last", f"the construction of {node.module} is not known: its dim is unknown")
+    elif node.type == "torch.nn.Softmax":
+        found, dim = _inline_dim(ctx, node)
+        if not found:
+            return Refusal("dim-not-last", "the nn.Softmax(...) construction is not found: its dim is unknown")
+    else:
+        dim = kwarg(node, "dim", 1)
+    if dim is None:
+        return Refusal("dim-not-last", "softmax without dim (the implicit dim depends on the input's rank)")
+    if isinstance(dim, Var) and dim.version == 0 and not dim.name.startswith("self."):
+        values, why = _parameter_values(ctx, node, dim.name)
+        bad = [v for v in values if v != "-1"]
+        if not values or bad:
+            detail = why or f"a call site passes {bad[0]}"
+            return Refusal("dim-not-last", f"dim={dim.name} is not provably -1 ({detail})")
+        return None
+    d = _int(dim)
+    if d == -1:
+        return None
+    shown = dim.text if isinstance(dim, Const) else str(dim)
+    if d is None:
+        return Refusal("dim-not-last", f"dim={shown} is not a constant")
+    if d < 0:
+        return Refusal("dim-not-last", f"dim={d} is not the last dimension")
+    rank = _rank(ctx, x)
+    if rank is None:
+        return Refusal("dim-not-last", f"dim={d}: the input's rank is not known statically, so the dimension is "
+                                       "not provably the last")
+    if d != rank - 1:
+        return Refusal("dim-not-last", f"dim={d} of a {rank}-D input is not the last dimension")
+    return None
+
+
 RULE = Rule(
     name="softmax",
     kernel="adopter.kernels.softmax",
@@ -136,4 +384,5 @@ RULE = Rule(
     # nn.Softmax stays one node in a symbolic trace so its call site maps to the source line.
     runtime=Runtime(leaf_modules=("torch.nn.modules.activation.Softmax",)),
     fixtures="softmax",
+    preconditions=(_dim_is_last,),
 )
