@@ -109,12 +109,14 @@ def scan_source(
     rules: Iterable,
     rejected: list[Match] | None = None,
     superseded: list[Match] | None = None,
+    type_hints: dict | None = None,
 ) -> list[Match]:
     """Matches of ``rules`` in one source text (raises ``SyntaxError`` when it does not parse).
     Matches dropped by a rule precondition are appended to ``rejected`` when given, those
-    set aside for an overlapping match of the same rule to ``superseded``."""
+    set aside for an overlapping match of the same rule to ``superseded``. ``type_hints``: layer
+    types seen at run time for attributes the source leaves unresolved (see ``extract_source``)."""
     return match_structures(
-        extract_source(text, filename), list(rules), rejected, source=text, superseded=superseded
+        extract_source(text, filename, type_hints), list(rules), rejected, source=text, superseded=superseded
     )
 
 

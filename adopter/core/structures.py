@@ -32,6 +32,8 @@ class InitBinding:
     span: Span | None = None
     # ACT2FN[...]/get_activation(...) key as written (``'gelu'``, ``config.hidden_act``).
     activation: str | None = None
+    # the type comes from the trace (the class of the submodule at run time), not the source
+    runtime: bool = False
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,7 @@ def match_structures(
     in_sequential = {r.name for r in rules if getattr(r, "in_sequential", False)}
     if in_sequential:
         results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m))]
-        for m in match_sequentials(structures, rules):
+        for m in match_sequentials(structures, rules, dict(zip((r.name for r in rules), rule_aliases))):
             if m.status != "refused":
                 results.append(m)
             elif rejected is not None:

@@ -50,9 +50,13 @@ def _paths(build: SequentialBuild) -> list[tuple[tuple[Layer, ...], tuple[InitBi
     return out
 
 
-def match_sequentials(structures: FileStructures, rules: Sequence[RuleLike]) -> list[Match]:
+def match_sequentials(
+    structures: FileStructures, rules: Sequence[RuleLike], aliases: dict[str, dict[str, str]] | None = None
+) -> list[Match]:
     """Matches of the opted-in ``rules`` over consecutive entries of every built Sequential
-    (``refused`` ones included: the caller reports them apart)."""
+    (``refused`` ones included: the caller reports them apart). ``aliases``: per rule name, the
+    same-file layer classes it treats as torch layers."""
+    aliases = aliases or {}
     rules = [r for r in rules if getattr(r, "in_sequential", False)]
     out: dict[tuple, Match] = {}
     refused: dict[tuple, Match] = {}
@@ -65,8 +69,11 @@ def match_sequentials(structures: FileStructures, rules: Sequence[RuleLike]) -> 
         for nodes, inits in _paths(build):
             path = PathStructure(nodes)
             fs = FunctionStructures(build.class_name, function, (path,), build.span)
-            index = _PathIndex(path.nodes, {})
+            indexes: dict[str, _PathIndex] = {}
             for rule in rules:
+                index = indexes.get(rule.name)
+                if index is None:
+                    index = indexes[rule.name] = _PathIndex(path.nodes, {}, aliases.get(rule.name) or None)
                 for variant in rule.variants:
                     if not index.has_all(variant.forward.source):
                         continue
@@ -89,13 +96,25 @@ def match_sequentials(structures: FileStructures, rules: Sequence[RuleLike]) -> 
                                                                 reason=str(reason)))
                         if reason:
                             continue
-                        cond = conditional_of(ctx)
+                        cond = conditional_of(ctx) or _entry_types_condition(build, nodes, positions)
                         if cond is not None:
                             m = replace(m, status="conditional", code=cond[0], condition=cond[1])
                         out.setdefault(m.key(), m)
     # a pair refused for one combination of entry types and matched for another is reported matched
     out.update({k: m for k, m in refused.items() if k not in out})
     return sorted(out.values(), key=lambda m: (m.lines[:1] or [0], m.rule))
+
+
+def _entry_types_condition(build: SequentialBuild, nodes, positions) -> tuple[str, str] | None:
+    """An entry built by a factory that may return other layers (timm's ``create_conv2d``: Conv2d,
+    Conv2dSame, MixedConv2d...): the pair holds only when it returns the matched one."""
+    parts = []
+    for ni in positions:
+        others = [t for t in build.entries[ni].types if t != nodes[ni].type]
+        if others:
+            shown = ", ".join(sorted(t.rsplit(".", 1)[-1] for t in others))
+            parts.append(f"entry {ni} is {nodes[ni].type.replace('torch.nn.', 'nn.')}, not {shown}")
+    return ("needs-config", "; ".join(parts)) if parts else None
 
 
 def is_sequential_expansion(match: Match) -> bool:
