@@ -13,11 +13,11 @@ import textwrap
 
 import pytest
 import torch
+from adopter.rewrite import rewrite_source
 from torch import nn
 
 from adopter.core.rules import all_rules
 from adopter.core.scan import scan_source
-from adopter.rewrite import rewrite_source
 
 
 def _scan(src: str, filename: str = "/tmp/reach_case.py"):
@@ -255,8 +255,9 @@ def _applied(report):
 @pytest.mark.slow
 @pytest.mark.parametrize("bottleneck", [False, True])
 def test_optimize_torchvision_style_resnet(bottleneck):
-    from adopter import optimize
     from adopter.kernels import count_kernel_calls
+
+    from adopter import optimize
     from tests.fixtures.reach.tv_resnet import ResNet
 
     x = torch.randn(2, 3, 32, 32)

@@ -114,7 +114,6 @@ def test_styles_labels_point_at_the_labelled_code(styles_corpus, styles_files):
     assert {l["rule"] for l in styles_corpus["labels"]} == set(corpus_eval.RULE_ORDER)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 11 (analysis reach) in progress: the lead removes this xfail")
 def test_styles_no_false_positive_and_recall_per_rule(styles_score):
     score, report = styles_score
     problems = [f"scan error {e.file}: {e.message}" for e in report.errors]
