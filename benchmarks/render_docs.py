@@ -174,6 +174,17 @@ ENTRIES = [  # in running order: the test suite last, as it checks the documents
         fence="diff",
     ),
     Entry(
+        "readme-scan-reach",
+        ("adopter", "scan", "tests/fixtures/reach/tv_resnet.py", "tests/corpus/styles/lookalikes_acts.py"),
+        "README: a torchvision-style ResNet (helper convs, norm_layer, Sequential downsample) and look-alikes",
+    ),
+    Entry(
+        "readme-rewrite-reach",
+        ("adopter", "rewrite", "tests/fixtures/reach/tv_resnet.py"),
+        "README: the rewrite of that ResNet, as a diff (nothing written)",
+        fence="diff",
+    ),
+    Entry(
         "readme-python-api",
         ("python", "readme_snippets.py"),
         "README: what the README's Python blocks print (tests/test_readme_snippets.py compares it too)",
