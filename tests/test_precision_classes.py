@@ -140,10 +140,14 @@ def test_configuration_defaults_settle_the_key_and_the_branch(tmp_path):
     assert got["FromParameter"].status == "conditional"  # a parameter no caller in the file sets
 
 
-def test_configuration_default_selecting_another_layer_is_not_a_match(tmp_path):
+def test_configuration_default_selecting_another_layer_is_conditional(tmp_path):
+    """Defaults that pick the other layer do not make the site disappear: another configuration
+    runs it, so it stays a site, conditional (not a plain match), for a trace to settle."""
     config = CONFIG.replace("smooth=True", "smooth=False")
     got = by_class(scan(tmp_path, ACTIVATIONS, config=config), "biased_GeLU")
-    assert "ModuleChoice" not in got
+    assert got["ModuleChoice"].status == "conditional"
+    assert got["ModuleChoice"].code == "needs-config"
+    assert "false under the configuration defaults" in got["ModuleChoice"].condition
 
 
 FACTORY = """

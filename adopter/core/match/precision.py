@@ -535,9 +535,10 @@ def type_dependence(
 ) -> list[tuple]:
     """Accepted matches whose statements run on another path of their function with another type
     for a matched module (the pattern does not match there): ``[(key, match)]`` with the match
-    with a verdict: ``("needs-config", condition)`` (conditional), a :class:`Refusal`
-    (``not-a-layernorm``), or a plain reason (the configuration defaults bind the other type: not
-    a match). A condition the literal configuration defaults make true leaves the match as it is."""
+    with a verdict: ``("needs-config", condition)`` (conditional, also when the configuration
+    defaults bind the other type), a :class:`Refusal` (``not-a-layernorm``), or a plain reason (an
+    in-file factory builds another layer for the key it is given). A condition the literal
+    configuration defaults make true leaves the match as it is."""
     out = []
     for key, m in accepted.items():
         if m.status != "static" or m.sequential is not None:
@@ -586,12 +587,14 @@ def type_dependence(
                 continue
         if cond and not bound:
             # the literal configuration defaults may settle the condition (as they settle an
-            # activation key): true -> the plain match stands; false -> not a match by default
+            # activation key): true -> the plain match stands; false -> still a site, conditional
+            # (a configuration that makes it true runs it; the trace settles which)
             settled = _settled(structures.file, cond, bindings[0] if bindings else None, source)
             if settled is True:
                 continue
             if settled is False:
-                out.append((key, m, f"{attr} is {others} under the configuration defaults ({cond} is false)"))
+                out.append((key, m, ("needs-config", f"{attr} is {_short(matched_type)} only if {cond} "
+                                                     f"(false under the configuration defaults: {others})")))
                 continue
         if matched_type.endswith("LayerNorm"):
             how = f" ({cond})" if bound else f" (an nn.LayerNorm only if {cond})" if cond else ""
