@@ -2,16 +2,18 @@
 
 ``transformers`` (``tests/corpus/labels.json``): installed transformers modeling files, scanned in
 place. ``styles`` (``tests/corpus/styles/labels.json``): self-written non-HuggingFace model files
-kept in the repository. Both are scanned statically (nothing imported); matches are compared with
-the labels (same rule, file, class and overlapping forward lines). Only matches with status
+kept in the repository. ``heldout`` (``tests/corpus/heldout/labels.json``): self-written files
+labelled blind to the scanner (measured, not tuned on). All are scanned statically (nothing
+imported); matches are compared with the labels (same rule, file, class and overlapping forward lines). Only matches with status
 ``static``/``confirmed`` are predictions; others (``conditional``, ``refused``, ...) are listed
 apart. Prints precision and recall per rule and overall with every false positive and false
 negative, and writes one results file per corpus:
 
-    python benchmarks/bench_corpus.py [--corpus transformers|styles|all] [--out FILE]
+    python benchmarks/bench_corpus.py [--corpus transformers|styles|heldout|all] [--out FILE]
 
     transformers -> benchmarks/results/corpus_precision.json
     styles       -> benchmarks/results/corpus_styles_precision.json
+    heldout      -> benchmarks/results/corpus_heldout_precision.json
 
 Exit status 0 even when the scores miss the targets (it is a measurement; the targets are asserted
 by ``tests/test_corpus.py``); 2 when a requested corpus has no file that can be scanned.
@@ -32,7 +34,8 @@ import corpus_eval
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "corpus_precision.json"
-DEFAULT_OUTS = {"transformers": DEFAULT_OUT, "styles": RESULTS / "corpus_styles_precision.json"}
+DEFAULT_OUTS = {"transformers": DEFAULT_OUT, "styles": RESULTS / "corpus_styles_precision.json",
+                "heldout": RESULTS / "corpus_heldout_precision.json"}
 
 
 def analyzer_info() -> dict:
@@ -66,12 +69,12 @@ def run_corpus(name: str, out: Path) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", choices=("transformers", "styles", "all"), default="transformers",
+    ap.add_argument("--corpus", choices=("transformers", "styles", "heldout", "all"), default="transformers",
                     help="which labelled corpus to score (default: transformers)")
     ap.add_argument("--out", type=Path, default=None,
                     help="results file (JSON; only with a single corpus; default per corpus, see above)")
     args = ap.parse_args(argv)
-    names = ["transformers", "styles"] if args.corpus == "all" else [args.corpus]
+    names = ["transformers", "styles", "heldout"] if args.corpus == "all" else [args.corpus]
     if args.out is not None and len(names) > 1:
         ap.error("--out needs a single --corpus")
     status = 0

@@ -1,7 +1,8 @@
 """The scanner against the hand-labelled corpora: tests/corpus/labels.json (transformers files,
 guidelines in tests/corpus/README.md): no false positive, recall >= 0.97; tests/corpus/styles/
 (self-written non-HuggingFace files, tests/corpus/styles/README.md): no false positive, recall
->= 0.95 per rule.
+>= 0.95 per rule; tests/corpus/heldout/ (self-written, labelled blind to the scanner): the same
+targets, xfail (measured, not tuned).
 
 Scans only the labelled files (static, a few seconds). The labels are tied to the exact text of
 each file (sha256); files that changed since labelling are left out, and the tests skip when none
@@ -116,6 +117,44 @@ def test_styles_labels_point_at_the_labelled_code(styles_corpus, styles_files):
 
 def test_styles_no_false_positive_and_recall_per_rule(styles_score):
     score, report = styles_score
+    problems = [f"scan error {e.file}: {e.message}" for e in report.errors]
+    if score.fp:
+        problems.append(f"{len(score.fp)} false positive(s):\n{_listing(score.fp)}")
+    low = {rule: r for rule, r in score.per_rule().items()
+           if r["labels"] and (r["recall"] is None or r["recall"] < STYLES_RECALL_TARGET)}
+    if low:
+        missed = [o for o in score.fn if o.rule in low]
+        problems.append("recall < %s for %s; false negative(s):\n%s" % (
+            STYLES_RECALL_TARGET, ", ".join(f"{k} {v['recall']}" for k, v in low.items()), _listing(missed)))
+    if problems:
+        pytest.fail("\n".join(problems))
+
+
+# --- held-out corpus (self-written, labelled blind to the scanner; measured, not tuned) ----------
+
+
+@pytest.fixture(scope="module")
+def heldout_corpus():
+    return corpus_eval.load_corpus(corpus_eval.HELDOUT_LABELS_PATH)
+
+
+@pytest.fixture(scope="module")
+def heldout_files(heldout_corpus):
+    f = corpus_eval.corpus_files(heldout_corpus)
+    assert not f.stale, f"held-out corpus files changed since labelling (see its README): {f.stale}"
+    return f
+
+
+@pytest.fixture(scope="module")
+def heldout_score(heldout_corpus, heldout_files):
+    report = corpus_eval.scan(heldout_files)
+    assert report.files_scanned == len(heldout_files.paths)
+    return corpus_eval.evaluate(heldout_corpus, report.matches, heldout_files), report
+
+
+@pytest.mark.xfail(strict=False, reason="held-out corpus: measured, not tuned")
+def test_heldout_no_false_positive_and_recall_per_rule(heldout_score):
+    score, report = heldout_score
     problems = [f"scan error {e.file}: {e.message}" for e in report.errors]
     if score.fp:
         problems.append(f"{len(score.fp)} false positive(s):\n{_listing(score.fp)}")

@@ -1,8 +1,9 @@
 """Score the scanner against a hand-labelled corpus.
 
-Two corpora: ``labels.json`` (installed transformers modeling files, located with
-``importlib.util.find_spec``, never imported) and ``styles/labels.json`` (self-written files kept
-in the repository, paths relative to the labels file). A corpus whose JSON records a
+Three corpora: ``labels.json`` (installed transformers modeling files, located with
+``importlib.util.find_spec``, never imported), ``styles/labels.json`` and ``heldout/labels.json``
+(self-written files kept in the repository, paths relative to the labels file; ``heldout`` was
+labelled blind to the scanner and is measured, not tuned on). A corpus whose JSON records a
 ``transformers_version`` is of the first kind; any other is resolved next to its labels file.
 
 Used by ``tests/test_corpus.py`` (assertions) and ``benchmarks/bench_corpus.py`` (report).
@@ -28,7 +29,8 @@ from pathlib import Path
 
 LABELS_PATH = Path(__file__).with_name("labels.json")
 STYLES_LABELS_PATH = Path(__file__).with_name("styles") / "labels.json"
-CORPORA = {"transformers": LABELS_PATH, "styles": STYLES_LABELS_PATH}
+HELDOUT_LABELS_PATH = Path(__file__).with_name("heldout") / "labels.json"
+CORPORA = {"transformers": LABELS_PATH, "styles": STYLES_LABELS_PATH, "heldout": HELDOUT_LABELS_PATH}
 PREDICTION_STATUSES = ("static", "confirmed")
 RULE_ORDER = (
     "BertSelfAttention", "T5Attention", "GPT2Attention", "softmax", "Dropout_LayerNorm",
