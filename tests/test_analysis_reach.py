@@ -437,3 +437,36 @@ def test_factory_from_the_package(tmp_path):
     """))
     ms = scan_source(model.read_text(), str(model), all_rules())
     assert sorted((m.lines[0], m.status) for m in ms) == [(16, "static"), (17, "static")]
+
+
+@pytest.mark.slow
+def test_optimize_sequential_styles():
+    """Sequential subclasses (``super().__init__(*layers)``, ``add_module`` + ``super().forward``),
+    an ``nn.Sequential()`` grown with ``add_module`` and ``*[...] + [...]``: each pair rewritten
+    where it is built (a subclass derives from GuardedSequential), equivalent, same state dict."""
+    from adopter import optimize
+    from adopter.kernels import GuardedSequential, count_kernel_calls
+    from tests.fixtures.reach.sequential_styles import Net
+
+    x = torch.randn(2, 3, 8, 8)
+    cls = optimize(Net, example_inputs={"x": x})
+    report = cls.adopter_report
+    assert sorted((a.class_name or "", a.function) for a in report.applied) == [
+        ("", "_conv_bn"), ("Conv2dNormActivation", "__init__"), ("DenseLayer", "__init__"), ("Net", "__init__"),
+    ], report.summary()
+    assert report.equivalence.equivalent
+    torch.manual_seed(0)
+    original = Net().eval()
+    optimized = cls().eval()
+    assert list(optimized.state_dict()) == list(original.state_dict())
+    optimized.load_state_dict(original.state_dict())
+    assert isinstance(optimized.block, GuardedSequential) and isinstance(optimized.block, nn.Sequential)
+    with count_kernel_calls() as calls:
+        torch.testing.assert_close(optimized(x), original(x), rtol=1e-5, atol=1e-5)
+    fused = {c.function for c in calls.calls if c.kernel == "conv_bn" and c.backend != "original"}
+    assert fused == {"Conv2dNormActivation.__init__", "DenseLayer.__init__", "Net.__init__", "_conv_bn"}
+    # a GroupNorm passed at construction: no pair at run time, the Sequential runs as before
+    other = cls(norm_layer=lambda c: nn.GroupNorm(2, c)).eval()
+    reference = Net(norm_layer=lambda c: nn.GroupNorm(2, c)).eval()
+    other.load_state_dict(reference.state_dict())
+    torch.testing.assert_close(other(x), reference(x), rtol=1e-5, atol=1e-5)

@@ -33,20 +33,34 @@ class SequentialCodemod:
         if not isinstance(call, ast.Call):
             raise Skip("the nn.Sequential construction is not a call")
         func = call.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
-            # ``super().__init__(*layers)`` of an nn.Sequential subclass: the class itself
-            # would have to change
-            raise Skip("the entries are passed to super().__init__ of an nn.Sequential subclass")
         if call.keywords:
             raise Skip("nn.Sequential called with keywords")
-        stmt = ctx.statement_of(call)
         if ctx.enclosing_function(call) is None:
             raise Skip("the nn.Sequential is built outside a function")
         spec, local = kernel_name(ctx, KERNEL)
-        forward = ForwardEdit(
-            statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt), expr_edits=(ExprEdit(ctx.char_span(func), local),)
-        )
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
+            # ``super().__init__(...)`` of an nn.Sequential subclass (torchvision's
+            # Conv2dNormActivation, DenseNet's layers): the class derives from GuardedSequential
+            # instead, an nn.Sequential itself (same children, isinstance checks unchanged)
+            stmt, base = self._sequential_base(ctx, call)
+            edit = ExprEdit(ctx.char_span(base), local)
+        else:
+            stmt = ctx.statement_of(call)
+            edit = ExprEdit(ctx.char_span(func), local)
+        forward = ForwardEdit(statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt), expr_edits=(edit,))
         return Edit(rule=match.rule, forward=forward, imports=(spec,))
+
+    @staticmethod
+    def _sequential_base(ctx: FileContext, call: ast.Call) -> tuple[ast.ClassDef, ast.expr]:
+        name = ctx.enclosing_class_name(call)
+        cls = ctx.classes.get(name) if name else None
+        if cls is None:
+            raise Skip("super().__init__ outside a class")
+        bases = [b for b in cls.bases if ctx.segment(b).split(".")[-1] == "Sequential"]
+        if len(bases) != 1:
+            # the Sequential base is reached through another class of the file
+            raise Skip(f"{name} does not name nn.Sequential among its bases")
+        return cls, bases[0]
 
 
 SEQUENTIAL_CODEMOD = SequentialCodemod()

@@ -56,6 +56,17 @@ def _const_args(call: ast.Call) -> tuple[Arg, ...]:
     return tuple(out)
 
 
+def _calls_super_forward(fn: ast.FunctionDef) -> bool:
+    """``forward`` runs the Sequential's own (``super().forward(x)``), adding around it."""
+    for node in ast.walk(fn):
+        if (
+            type(node) is ast.Call and type(node.func) is ast.Attribute and node.func.attr == "forward"
+            and type(node.func.value) is ast.Call and _dotted(node.func.value.func) == "super"
+        ):
+            return True
+    return False
+
+
 def _constant_defaults(fn: ast.FunctionDef) -> dict[str, object]:
     """Parameters of ``fn`` whose default is a constant (``activation: str = "gelu"``)."""
     a = fn.args
@@ -124,6 +135,13 @@ class _InitExtractor:
         self.sweep = sweep
         self.visiting: set[str] = set()
         self.loop_depth = 0
+        # an nn.Sequential subclass adding its children one by one (``super().__init__()`` then
+        # ``self.add_module(...)``): (the super call, its entries so far)
+        self.own_build: tuple | None = None
+        self.own_build_stmt = None
+        # ``self.features = nn.Sequential()`` grown with ``self.features.add_module(...)``:
+        # target text -> id of the empty Sequential call
+        self.growing: dict[str, int] = {}
         # parameters of a factory holding a constant its caller wrote (``get_act("gelu")``, or
         # the factory's own default when the caller left it out): ``if name == "relu":`` is
         # decided with them. Never ``__init__``'s own defaults: its caller may pass anything.
@@ -134,7 +152,55 @@ class _InitExtractor:
         self.visiting = {self.fn.name}
         self.local = self.parameter_defaults(self.fn, skip_self=self.cls is not None)
         self.block(self.fn.body, False)
+        if self.own_build is not None and self.own_build[1]:
+            call, entries = self.own_build
+            rec = SeqBuildRecord(self.cls.name, f"{self.cls.name}.{self.fn.name}", call, self.own_build_stmt, [entries])
+            self.fc.seq_builds.setdefault(id(call), rec)
         return self.out
+
+    def is_sequential_subclass(self) -> bool:
+        """This class is an ``nn.Sequential`` subclass running its children in order (no
+        ``forward`` of its own here or in a same-file base)."""
+        if self.cls is None or self.fn.name != "__init__" or self.sweep:
+            return False
+        for c in self.cls.mro():
+            fwd = c.methods.get("forward")
+            if fwd is not None and not _calls_super_forward(fwd):
+                return False  # its own forward decides what runs
+        return any(b == _SEQUENTIAL for c in self.cls.mro() for b in c.bases)
+
+    def own_children(self, call: ast.Call) -> bool:
+        """``super().__init__(*layers)`` / ``self.add_module("conv", m)`` of an nn.Sequential
+        subclass: its own children, in order (a Sequential built by the class itself)."""
+        f = call.func
+        if type(f) is not ast.Attribute:
+            return False
+        if f.attr == "__init__" and type(f.value) is ast.Call and _dotted(f.value.func) == "super":
+            if not self.is_sequential_subclass():
+                return False
+            if call.args or call.keywords:
+                self.note_sequential(call)
+            else:
+                self.own_build, self.own_build_stmt = (call, []), self.stmt
+            return True
+        target = _dotted(f.value)
+        if f.attr == "add_module" and target in self.growing and len(call.args) > 1:
+            rec = self.fc.seq_builds.get(self.growing[target])
+            if rec is not None:
+                name = call.args[0].value if type(call.args[0]) is ast.Constant else None
+                entry = self.entry(call.args[1])
+                known = rec.alternatives[0]
+                unknown = name is None or entry.many or any(n is None for n, _e in known)
+                known.append((None if unknown else str(name), entry))
+            return False  # the binding of the element is recorded as before
+        if (
+            f.attr == "add_module" and type(f.value) is ast.Name and f.value.id == self.self_name
+            and self.own_build is not None and len(call.args) > 1
+        ):
+            name = call.args[0].value if type(call.args[0]) is ast.Constant else None
+            entry = self.entry(call.args[1])
+            self.own_build[1].append((None if name is None or entry.many else str(name), entry))
+        return False
 
     def parameter_defaults(self, fn: ast.FunctionDef, skip_self: bool) -> dict[str, list[tuple]]:
         """Parameters whose default is a class (``norm_layer: Type = nn.BatchNorm2d``,
@@ -347,6 +413,11 @@ class _InitExtractor:
                 fq = self.fc.fqn(d)
                 if fq and (fq.startswith("torch.") or fq.startswith("transformers.activations")):
                     return [(fq, (), None, v)]
+            elif d is not None and d.count(".") == 1:
+                # ``nn.Sequential(self.conv1, self.bn1)``: a layer this __init__ bound before
+                attr = "self." + d.split(".")[1]
+                return [(b.layer.type, b.layer.args, b.activation, v)
+                        for b in self.out if b.attr == attr and b.container is None]
             return []
         return []
 
@@ -406,8 +477,9 @@ class _InitExtractor:
         for a in args:
             if type(a) is ast.Starred:
                 v = a.value
-                if type(v) is ast.Name and v.id in self.lists:
-                    for el in self.lists[v.id]:
+                listed = self.list_entries(v)
+                if listed is not None:
+                    for el in listed:
                         entries.append((None if unknown_position or el.many else str(len(entries)), el))
                         unknown_position = unknown_position or el.many
                 else:
@@ -416,6 +488,23 @@ class _InitExtractor:
                 continue
             entries.append((None if unknown_position else str(len(entries)), _Entry(self.values(a), a)))
         return entries
+
+    def list_entries(self, v: ast.AST) -> list | None:
+        """Entries of a list expression: a list built before, ``[a, b]``, ``[a] + layers``."""
+        t = type(v)
+        if t is ast.Name and v.id in self.lists:
+            return self.lists[v.id]
+        if t in (ast.List, ast.Tuple):
+            return [self.entry(e) for e in v.elts]
+        if t is ast.BinOp and type(v.op) is ast.Add:
+            left, right = self.list_entries(v.left), self.list_entries(v.right)
+            if left is not None and right is not None:
+                return left + right
+        if t is ast.IfExp:
+            # ``([nn.ReLU()] if relu else [])``: some entries, how many is not known here
+            values = [x for branch in (v.body, v.orelse) for e in (self.list_entries(branch) or []) for x in e.values]
+            return [_Entry(values, v, many=True)]
+        return None
 
     def entry(self, e: ast.AST) -> _Entry:
         if type(e) is ast.Starred:
@@ -538,6 +627,14 @@ class _InitExtractor:
 
     def assign(self, tg, value, conditional: bool):
         tt = type(tg)
+        target = _dotted(tg)
+        if target is not None:
+            self.growing.pop(target, None)
+            if (
+                type(value) is ast.Call and not value.args and not value.keywords
+                and self.callee_types(value.func) == [_SEQUENTIAL]
+            ):
+                self.growing[target] = id(value)
         if tt is ast.Attribute and type(tg.value) is ast.Name and tg.value.id == self.self_name:
             attr = f"self.{tg.attr}"
             if self.cls is not None and type(value) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp):
@@ -575,6 +672,8 @@ class _InitExtractor:
 
     def call_stmt(self, call: ast.Call, conditional: bool):
         f = call.func
+        if self.own_children(call):
+            return
         if (
             self.cls is not None and type(f) is ast.Attribute and type(f.value) is ast.Name
             and f.value.id == self.self_name and f.attr in self.cls.methods and f.attr not in self.visiting
