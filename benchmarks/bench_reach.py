@@ -4,7 +4,7 @@ Scans three source trees statically with ``adopter.core.scan.scan_paths`` (all b
 nothing imported or run):
 
 * timm (``timm/models/*.py``, ``timm/layers/*.py``) from the ``timm==1.0.31`` wheel;
-* torchvision (``torchvision/models/**/*.py``) from the ``torchvision==0.29.2`` wheel
+* torchvision (``torchvision/models/**/*.py`` and ``ops/misc.py``, home of Conv2dNormActivation) from the ``torchvision==0.29.2`` wheel
   (skipped, with the reason recorded, when the wheel cannot be downloaded);
 * the installed transformers (``models/*/modeling_*.py``, located, never imported).
 
@@ -102,8 +102,10 @@ def tree_files(name: str, cache: Path = CACHE) -> tuple[Path, list[Path], dict]:
     if name == "torchvision":
         wheel = fetch_wheel("torchvision", TORCHVISION_VERSION, cache)
         root = unpack(wheel, cache) / "torchvision"
-        files = sorted(root.glob("models/**/*.py"))
-        return root, files, {"wheel": wheel.name, "version": TORCHVISION_VERSION, "globs": ["models/**/*.py"]}
+        # ops/misc.py holds Conv2dNormActivation, the conv+norm+act block the model files build on
+        files = sorted(root.glob("models/**/*.py")) + [root / "ops" / "misc.py"]
+        return root, files, {"wheel": wheel.name, "version": TORCHVISION_VERSION,
+                             "globs": ["models/**/*.py", "ops/misc.py"]}
     if name == "transformers":
         root = transformers_models_dir()
         files = sorted(root.glob("*/modeling_*.py"))
