@@ -444,8 +444,9 @@ def test_optimize_sequential_styles():
     """Sequential subclasses (``super().__init__(*layers)``, ``add_module`` + ``super().forward``),
     an ``nn.Sequential()`` grown with ``add_module`` and ``*[...] + [...]``: each pair rewritten
     where it is built (a subclass derives from GuardedSequential), equivalent, same state dict."""
-    from adopter import optimize
     from adopter.kernels import GuardedSequential, count_kernel_calls
+
+    from adopter import optimize
     from tests.fixtures.reach.sequential_styles import Net
 
     x = torch.randn(2, 3, 8, 8)
