@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from adopter.config_flip import FlipCheck
@@ -302,43 +302,15 @@ def _resolve_rules(rules) -> list[Any]:
 
 
 def _runtime_reach(subject, files, texts, matches, confirmed, rule_objects, pipe) -> list[Match]:
-    """Matches the source alone could not type (a norm class passed in by a caller, a factory
-    from another package), found with the submodule classes of the traced model and confirmed
-    against the trace like the others; the runtime-only reports they cover are dropped."""
-    from adopter.core.scan import scan_source
-    from adopter.tracing import runtime_type_hints
-
+    """Matches the source alone could not type, from the traced model (see
+    :func:`adopter.tracing.runtime_types.runtime_reach`); part of the default scan step only."""
     if pipe.scan is not _default_scan:
         return confirmed  # a replaced scan step (tests, plug-ins) defines the matches alone
-    hints = runtime_type_hints(subject.model, files.values())
-    if not hints:
-        return confirmed
-    known = {m.key() for m in matches}
-    extra: list[Match] = []
-    for name, path in files.items():
-        file_hints = hints.get(os.path.realpath(path))
-        if not file_hints:
-            continue
-        try:
-            found = scan_source(texts[name], path, rule_objects, type_hints=file_hints)
-        except SyntaxError:
-            continue
-        extra += [m for m in found if m.key() not in known and m.status in ("static", "conditional")]
-    if not extra:
-        return confirmed
-    extra = [replace(m, reason=m.reason or "layer types from the trace") for m in extra]
-    checked = pipe.confirm(subject.model, subject.example_inputs, extra, rule_objects)
-    checked = [
-        m if m.status == "runtime-only" else replace(m, reason=f"{m.reason}; layer types from the trace")
-        for m in checked
-    ]
-    new = [m for m in checked if m.status != "runtime-only"]
-    lines = {(m.rule, os.path.realpath(m.file), line) for m in new if m.status == "confirmed" for line in m.lines}
-    kept = [
-        m for m in confirmed
-        if not (m.status == "runtime-only" and any((m.rule, os.path.realpath(m.file), ln) in lines for ln in m.lines))
-    ]
-    return kept + new
+    from adopter.tracing import runtime_reach
+
+    by_path = {os.path.realpath(path): texts[name] for name, path in files.items()}
+    return runtime_reach(subject.model, subject.example_inputs, matches, confirmed, by_path, rule_objects,
+                         texts=by_path, confirm=pipe.confirm)
 
 
 def optimize(

@@ -471,3 +471,24 @@ def test_optimize_sequential_styles():
     reference = Net(norm_layer=lambda c: nn.GroupNorm(2, c)).eval()
     other.load_state_dict(reference.state_dict())
     torch.testing.assert_close(other(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_runtime_reach_types_what_the_source_left_unknown():
+    """The tracing step alone (what ``adopter scan --model``/``trace`` run): the submodule
+    classes of the built model type the attributes the scan left unresolved, and the matches
+    they allow are confirmed against the trace."""
+    from pathlib import Path
+
+    from adopter.tracing import runtime_reach, runtime_type_hints
+    from tests.fixtures.reach.runtime_typed import Net
+
+    path = str(Path(RUNTIME_TYPED).resolve())
+    model = Net()
+    hints = runtime_type_hints(model, [path])[path]
+    assert hints[("ConvNormAct", "self.bn")] == ("torch.nn.BatchNorm2d",)
+    assert hints[("ConvNormAct", "self.conv")] == ("torch.nn.Conv2d",)
+    found = runtime_reach(model, {"x": torch.randn(2, 3, 8, 8)}, [], [], [path], all_rules())
+    assert sorted((m.rule, m.status) for m in found) == [("Conv_BatchNorm", "confirmed"), ("biased_GeLU", "confirmed")]
+    assert all("layer types from the trace" in m.reason for m in found)
+    relu = runtime_reach(Net(act="relu"), {"x": torch.randn(2, 3, 8, 8)}, [], [], [path], all_rules())
+    assert sorted((m.rule, m.status) for m in relu) == [("Conv_BatchNorm", "confirmed")]

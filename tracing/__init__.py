@@ -10,13 +10,15 @@ Importing this package imports torch; `adopter scan` imports it only with ``--mo
 """
 
 from .capture import Capture, CaptureError, LayerTracer, capture_model
-from .confirm import confirm_matches, confirm_model_id
+from .confirm import confirm_matches
+from .confirm_model import confirm_model_id
 from .models import BuiltModel, TracingError, build_model, known_model_ids, make_example_inputs
 from .runtime_only import find_runtime_only
-from .runtime_types import runtime_type_hints
+from .runtime_types import runtime_reach, runtime_type_hints
 from .source_map import NodeSource, map_nodes
 
 __all__ = [
+    "runtime_reach",
     "runtime_type_hints",
     "BuiltModel",
     "Capture",

@@ -450,27 +450,7 @@ def confirm_matches(
     return out
 
 
-# ------------------------------------------------------------------ model ids
-
-
-def confirm_model_id(
-    matches: Sequence[Match],
-    model_id: str,
-    device: str | None = None,
-    *,
-    scanned_files: Iterable[str] | None = None,
-    **build_kwargs,
-) -> list[Match]:
-    """Build ``model_id`` (see :func:`adopter.tracing.models.build_model`) and confirm ``matches``
-    (raises :class:`~adopter.tracing.models.TracingError` when the model cannot be built or fed)."""
-    from .models import build_model
-
-    built = build_model(model_id, device=device, **build_kwargs)
-    attn = getattr(built.config, "_attn_implementation", None)
-    out = confirm_matches(built.model, built.example_inputs, matches, scanned_files=scanned_files)
-    if attn:
-        out = [with_config_note(m, attn) for m in out]
-    return out
+# ------------------------------------------------------------------ notes on reasons
 
 
 def with_config_note(match: Match, attn: str) -> Match:

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from torch import nn
 
-from .confirm import _class_file
+from adopter.core.structures import Match
+
+from .confirm import _class_file, confirm_matches
 
 
 def _torch_name(cls: type) -> str | None:
@@ -43,3 +48,57 @@ def runtime_type_hints(model: nn.Module, files) -> dict[str, dict[tuple[str, str
             if t not in types:
                 types.append(t)
     return {f: {k: tuple(v) for k, v in d.items()} for f, d in seen.items()}
+
+
+def runtime_reach(
+    model: nn.Module,
+    example_inputs,
+    matches: Sequence[Match],
+    confirmed: Sequence[Match],
+    files: Iterable[str],
+    rules: Sequence,
+    *,
+    texts: dict[str, str] | None = None,
+    confirm: Callable[..., list[Match]] | None = None,
+) -> list[Match]:
+    """``confirmed`` plus the matches the source alone could not type, found with the submodule
+    classes of ``model`` (:func:`runtime_type_hints`) and confirmed against the trace like the
+    others; the ``runtime-only`` reports those matches cover are dropped.
+
+    ``matches``: the static matches already confirmed (not looked for again); ``texts``: the
+    files' decoded text by real path when the caller has it (else read as UTF-8); ``confirm``:
+    ``(model, inputs, matches, rules) -> matches`` (default :func:`confirm_matches`)."""
+    from adopter.core.scan import scan_source
+
+    files = [os.path.realpath(str(f)) for f in files]
+    hints = runtime_type_hints(model, files)
+    if not hints:
+        return list(confirmed)
+    known = {m.key() for m in matches}
+    extra: list[Match] = []
+    for path in files:
+        file_hints = hints.get(path)
+        if not file_hints:
+            continue
+        try:
+            text = (texts or {}).get(path)
+            if text is None:
+                text = Path(path).read_text(encoding="utf-8")
+            found = scan_source(text, path, rules, type_hints=file_hints)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        extra += [m for m in found if m.key() not in known and m.status in ("static", "conditional")]
+    if not extra:
+        return list(confirmed)
+    if confirm is None:
+        checked = confirm_matches(model, example_inputs, extra, rules=rules, runtime_only=False)
+    else:
+        checked = [m for m in confirm(model, example_inputs, extra, rules) if m.status != "runtime-only"]
+    new = [replace(m, reason=f"{m.reason}; layer types from the trace" if m.reason else "layer types from the trace")
+           for m in checked]
+    lines = {(m.rule, os.path.realpath(m.file), line) for m in new if m.status == "confirmed" for line in m.lines}
+    kept = [
+        m for m in confirmed
+        if not (m.status == "runtime-only" and any((m.rule, os.path.realpath(m.file), ln) in lines for ln in m.lines))
+    ]
+    return kept + new

@@ -172,6 +172,7 @@ def run(args) -> int:
         kwargs = {}
         if "scanned_files" in inspect.signature(confirm_model_id).parameters:
             kwargs["scanned_files"] = [str(f) for f in files]
+            kwargs["rules"] = rules
         try:
             report.matches = list(confirm_model_id(report.matches, args.model, device=args.device, **kwargs))
         except UserError:

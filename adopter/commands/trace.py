@@ -54,7 +54,14 @@ def run(args) -> int:
         raise UserError("--model ID is required (known model ids: " + ", ".join(known_model_ids()) + ")")
     from adopter.commands.scan import format_text, select_rules
     from adopter.core.scan import scan_paths
-    from adopter.tracing import CaptureError, TracingError, build_model, capture_model, confirm_matches
+    from adopter.tracing import (
+        CaptureError,
+        TracingError,
+        build_model,
+        capture_model,
+        confirm_matches,
+        runtime_reach,
+    )
 
     rules = select_rules(args)
     overrides = _parse_overrides(args.overrides)
@@ -77,8 +84,12 @@ def run(args) -> int:
         capture_info = {"method": capture.method, "seconds": round(capture.seconds, 3)}
         if capture.errors:
             capture_info["failed"] = capture.errors
-        report.matches = confirm_matches(built.model, built.example_inputs, report.matches, capture=capture,
+        static = list(report.matches)
+        report.matches = confirm_matches(built.model, built.example_inputs, static, capture=capture,
                                          scanned_files=built.source_files)
+        # what the source left untyped, typed by the built model
+        report.matches = runtime_reach(built.model, built.example_inputs, static, report.matches,
+                                       built.source_files, rules)
         attn = getattr(built.config, "_attn_implementation", None)
         if attn:
             from adopter.tracing.confirm import with_config_note
