@@ -480,6 +480,7 @@ def test_runtime_reach_types_what_the_source_left_unknown():
     from pathlib import Path
 
     from adopter.tracing import runtime_reach, runtime_type_hints
+
     from tests.fixtures.reach.runtime_typed import Net
 
     path = str(Path(RUNTIME_TYPED).resolve())
