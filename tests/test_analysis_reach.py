@@ -493,3 +493,35 @@ def test_runtime_reach_types_what_the_source_left_unknown():
     assert all("layer types from the trace" in m.reason for m in found)
     relu = runtime_reach(Net(act="relu"), {"x": torch.randn(2, 3, 8, 8)}, [], [], [path], all_rules())
     assert sorted((m.rule, m.status) for m in relu) == [("Conv_BatchNorm", "confirmed")]
+
+
+def test_factory_constants_are_those_of_its_own_call():
+    """``block(c, act("relu"))``: the nested factory call evaluated for an argument does not
+    leak its constants into ``block``'s, whose own default decides its branch."""
+    from adopter.core.extract import extract_source
+
+    src = textwrap.dedent(HEADER + """
+def act(name):
+    if name == "gelu":
+        return nn.GELU()
+    return nn.ReLU()
+
+def block(c, a, kind="plain"):
+    if kind == "plain":
+        return nn.Sequential(nn.Linear(c, c), a)
+    return nn.Sequential(nn.Linear(c, c), nn.GELU(), nn.Linear(c, c))
+
+class M(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.b = block(c, act("relu"))
+
+    def forward(self, x):
+        return self.b(x)
+""")
+    fs = extract_source(src, "/tmp/reach_case.py")
+    m = next(c for c in fs.classes if c.name == "M")
+    # only the ``kind="plain"`` branch is what M builds: Linear then the ReLU ``act`` returned
+    assert sorted((b.container, b.layer.type) for b in m.init_bindings if b.container) == [
+        ("self.b[0]", "torch.nn.Linear"), ("self.b[1]", "torch.nn.ReLU"),
+    ]

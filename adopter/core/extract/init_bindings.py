@@ -67,13 +67,23 @@ def _calls_super_forward(fn: ast.FunctionDef) -> bool:
     return False
 
 
-def _constant_defaults(fn: ast.FunctionDef) -> dict[str, object]:
-    """Parameters of ``fn`` whose default is a constant (``activation: str = "gelu"``)."""
+def _positional_params(fn: ast.FunctionDef, skip_self: bool) -> list[ast.arg]:
     a = fn.args
     params = list(a.posonlyargs) + list(a.args)
+    return params[1:] if skip_self and params else params
+
+
+def _defaults(fn: ast.FunctionDef) -> list[tuple[ast.arg, ast.expr]]:
+    """(parameter, default expression) of every parameter of ``fn`` that has a default."""
+    a = fn.args
+    params = _positional_params(fn, skip_self=False)
     pairs = list(zip(params[len(params) - len(a.defaults):], a.defaults)) if a.defaults else []
-    pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
-    return {p.arg: d.value for p, d in pairs if type(d) is ast.Constant}
+    return pairs + [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+
+
+def _constant_defaults(fn: ast.FunctionDef) -> dict[str, object]:
+    """Parameters of ``fn`` whose default is a constant (``activation: str = "gelu"``)."""
+    return {p.arg: d.value for p, d in _defaults(fn) if type(d) is ast.Constant}
 
 
 def _ends_here(st: ast.stmt, consts: dict[str, object]) -> bool:
@@ -135,27 +145,19 @@ class _InitExtractor:
         self.sweep = sweep
         self.visiting: set[str] = set()
         self.loop_depth = 0
-        # an nn.Sequential subclass adding its children one by one (``super().__init__()`` then
-        # ``self.add_module(...)``): (the super call, its entries so far)
-        self.own_build: tuple | None = None
-        self.own_build_stmt = None
-        # ``self.features = nn.Sequential()`` grown with ``self.features.add_module(...)``:
-        # target text -> id of the empty Sequential call
+        # Sequentials grown with ``add_module``: ``self.features = nn.Sequential()`` then
+        # ``self.features.add_module(...)``, or an nn.Sequential subclass's ``super().__init__()``
+        # then ``self.add_module(...)``: target text -> id of the call building it
         self.growing: dict[str, int] = {}
         # parameters of a factory holding a constant its caller wrote (``get_act("gelu")``, or
         # the factory's own default when the caller left it out): ``if name == "relu":`` is
         # decided with them. Never ``__init__``'s own defaults: its caller may pass anything.
         self.consts: dict[str, object] = {}
-        self.pending_consts: dict[str, object] = {}
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
-        self.local = self.parameter_defaults(self.fn, skip_self=self.cls is not None)
+        self.local = self.parameter_defaults(self.fn)
         self.block(self.fn.body, False)
-        if self.own_build is not None and self.own_build[1]:
-            call, entries = self.own_build
-            rec = SeqBuildRecord(self.cls.name, f"{self.cls.name}.{self.fn.name}", call, self.own_build_stmt, [entries])
-            self.fc.seq_builds.setdefault(id(call), rec)
         return self.out
 
     def is_sequential_subclass(self) -> bool:
@@ -178,10 +180,9 @@ class _InitExtractor:
         if f.attr == "__init__" and type(f.value) is ast.Call and _dotted(f.value.func) == "super":
             if not self.is_sequential_subclass():
                 return False
-            if call.args or call.keywords:
-                self.note_sequential(call)
-            else:
-                self.own_build, self.own_build_stmt = (call, []), self.stmt
+            self.note_sequential(call)
+            if not call.args:
+                self.growing[self.self_name] = id(call)  # children follow through add_module
             return True
         target = _dotted(f.value)
         if f.attr == "add_module" and target in self.growing and len(call.args) > 1:
@@ -192,42 +193,26 @@ class _InitExtractor:
                 known = rec.alternatives[0]
                 unknown = name is None or entry.many or any(n is None for n, _e in known)
                 known.append((None if unknown else str(name), entry))
-            return False  # the binding of the element is recorded as before
-        if (
-            f.attr == "add_module" and type(f.value) is ast.Name and f.value.id == self.self_name
-            and self.own_build is not None and len(call.args) > 1
-        ):
-            name = call.args[0].value if type(call.args[0]) is ast.Constant else None
-            entry = self.entry(call.args[1])
-            self.own_build[1].append((None if name is None or entry.many else str(name), entry))
-        return False
+        return False  # the binding of the element is recorded as before
 
-    def parameter_defaults(self, fn: ast.FunctionDef, skip_self: bool) -> dict[str, list[tuple]]:
+    def parameter_defaults(self, fn: ast.FunctionDef) -> dict[str, list[tuple]]:
         """Parameters whose default is a class (``norm_layer: Type = nn.BatchNorm2d``,
         ``act_layer=partial(nn.GELU, approximate="tanh")``): the class unless a caller passes
         another (what a caller in another file passes is unknown here; the trace says)."""
-        a = fn.args
-        params = list(a.posonlyargs) + list(a.args)
-        if skip_self and params:
-            params = params[1:]
-        pairs = list(zip(params[len(params) - len(a.defaults):], a.defaults)) if a.defaults else []
-        pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
         out = {}
-        for p, d in pairs:
+        for p, d in _defaults(fn):
             refs = self.class_refs(d) if type(d) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
             if refs:
                 out[p.arg] = refs
         return out
 
-    def bound_parameters(self, fn: ast.FunctionDef, call: ast.Call, skip_self: bool) -> dict[str, list[tuple]]:
+    def bound_parameters(self, fn: ast.FunctionDef, call: ast.Call, skip_self: bool) -> tuple[dict, dict]:
         """Parameters of a factory ``fn`` as ``call`` (evaluated in the current scope) binds
-        them: class references and constructed layers passed in, else the defaults."""
-        out = self.parameter_defaults(fn, skip_self)
+        them: ``(layers, constants)`` — class references and constructed layers passed in, else
+        the defaults; constants the call writes, else the factory's constant defaults."""
+        out = self.parameter_defaults(fn)
         a = fn.args
-        params = list(a.posonlyargs) + list(a.args)
-        if skip_self and params:
-            params = params[1:]
-        names = [p.arg for p in params]
+        names = [p.arg for p in _positional_params(fn, skip_self)]
         passed: list[tuple[str, ast.AST]] = []
         for i, arg in enumerate(call.args):
             if type(arg) is ast.Starred:
@@ -244,7 +229,6 @@ class _InitExtractor:
                 consts[name] = self.consts[arg.id]
             else:
                 consts.pop(name, None)
-        self.pending_consts = consts
         for name, arg in passed:
             vals = [v for v in self.values(arg) if v[3] is not None]
             refs = self.class_refs(arg) if type(arg) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
@@ -252,7 +236,7 @@ class _InitExtractor:
                 out[name] = vals + refs
             else:
                 out.pop(name, None)  # a value we cannot resolve: unknown, not the default
-        return out
+        return out, consts
 
     def factory_values(self, fn: ast.FunctionDef, call: ast.Call, owner: str | None, home: _File | None = None) -> list[tuple]:
         """What a factory function/method defined in this file (or, ``home``, another module of
@@ -261,20 +245,20 @@ class _InitExtractor:
         factory; [] when nothing resolves."""
         if fn.name in self.visiting or len(self.visiting) > _MAX_FACTORY_DEPTH:
             return []
-        params = self.bound_parameters(fn, call, skip_self=owner is not None)
+        params, consts = self.bound_parameters(fn, call, skip_self=owner is not None)
         if home is not None:
             # the body is evaluated with its own module's names; what it builds is noted there
             saved_fc, saved_cls = self.fc, self.cls
             self.fc, self.cls = home, None
             try:
-                return self.factory_values_in_scope(fn, params, owner)
+                return self.factory_values_in_scope(fn, params, consts, owner)
             finally:
                 self.fc, self.cls = saved_fc, saved_cls
-        return self.factory_values_in_scope(fn, params, owner)
+        return self.factory_values_in_scope(fn, params, consts, owner)
 
-    def factory_values_in_scope(self, fn: ast.FunctionDef, params: dict, owner: str | None) -> list[tuple]:
+    def factory_values_in_scope(self, fn: ast.FunctionDef, params: dict, consts: dict, owner: str | None) -> list[tuple]:
         saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts)
-        self.consts = self.pending_consts
+        self.consts = consts
         self.visiting.add(fn.name)
         self.qual = f"{owner}.{fn.name}" if owner else fn.name
         self.local, self.lists, self.returns = params, {}, []
@@ -293,7 +277,7 @@ class _InitExtractor:
         self.consts = {}
         self.visiting.add(fn.name)
         self.qual = f"{self.cls.name}.{fn.name}"
-        self.local, self.lists, self.returns = self.parameter_defaults(fn, skip_self=True), {}, None
+        self.local, self.lists, self.returns = self.parameter_defaults(fn), {}, None
         self.self_name = fn.args.args[0].arg if fn.args.args else "self"
         try:
             self.block(fn.body, conditional)
