@@ -87,8 +87,8 @@ def match_sequentials(
                             if r is None:
                                 continue
                             init_nodes, ib = r
-                            m = Match(**{**m.__dict__, "init_nodes": init_nodes,
-                                         "init_bindings": {k: v for k, v in ib.items() if k not in b}})
+                            m = replace(m, init_nodes=init_nodes,
+                                        init_bindings={k: v for k, v in ib.items() if k not in b})
                         ctx = MatchContext(m, structures, fs, path, None, inits, positions, variant)
                         reason = run_preconditions(rule.preconditions, ctx)
                         if isinstance(reason, Refusal):
