@@ -74,7 +74,10 @@ def runtime_reach(
     hints = runtime_type_hints(model, files)
     if not hints:
         return list(confirmed)
-    known = {m.key() for m in matches}
+    def key(m: Match) -> tuple:  # the same match whichever spelling of its file's path
+        return (m.rule, os.path.realpath(m.file), *m.key()[2:])
+
+    known = {key(m) for m in matches}
     extra: list[Match] = []
     for path in files:
         file_hints = hints.get(path)
@@ -87,7 +90,7 @@ def runtime_reach(
             found = scan_source(text, path, rules, type_hints=file_hints)
         except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
             continue
-        extra += [m for m in found if m.key() not in known and m.status in ("static", "conditional")]
+        extra += [m for m in found if key(m) not in known and m.status in ("static", "conditional")]
     if not extra:
         return list(confirmed)
     if confirm is None:
