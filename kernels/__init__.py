@@ -24,6 +24,26 @@ from .qkv_module import FusedQKV
 from .softmax_module import Softmax  # not "softmax.py": that name is the function
 from .telemetry import KernelCall, count_kernel_calls, kernel_calls, reset_kernel_calls
 
+# The LLM rule pack's guarded kernels (issue 12), one module each; loaded on first use so
+# importing adopter.kernels stays cheap. name -> module under adopter.kernels.
+_LAZY = {
+    "rms_norm": "guarded_rms_norm",
+    "gated_mlp": "guarded_gated_mlp",
+    "rotary": "guarded_rotary",
+    "linear_cross_entropy": "guarded_linear_cross_entropy",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BACKEND_ENV_VAR",
     "FusedConv2dBatchNorm2d",
