@@ -170,9 +170,24 @@ def move_inputs(example_inputs: Any, device: torch.device | str | None) -> Any:
     return example_inputs
 
 
+def model_loss(outputs: Any) -> torch.Tensor | None:
+    """The loss the model computed itself (``outputs.loss``, ``outputs["loss"]``): a causal LM
+    given labels. None when there is none."""
+    if isinstance(outputs, Mapping):
+        loss = outputs.get("loss")
+    else:
+        loss = getattr(outputs, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.requires_grad else None
+
+
 def training_loss(outputs: Any, seed: int = 0) -> torch.Tensor | None:
-    """A scalar that depends on every differentiable output element with a distinct weight
-    (a fixed random projection, so errors cannot cancel out the way they could in a plain sum)."""
+    """What a training step back-propagates: the model's own loss when it computes one (that is
+    what training does, and what a fused LM-head loss replaces); otherwise a scalar that depends
+    on every differentiable output element with a distinct weight (a fixed random projection, so
+    errors cannot cancel out the way they could in a plain sum)."""
+    own = model_loss(outputs)
+    if own is not None:
+        return own.float()
     total = None
     generator = torch.Generator().manual_seed(seed)
     for _, tensor in flatten_tensors(outputs):
@@ -210,6 +225,10 @@ class EquivalenceResult:
     # BatchNorm running stats were at initialization and were calibrated first (see
     # _calibrate_fresh_batch_norm); the models' buffers are restored afterwards.
     calibrated_batch_norm: bool = False
+    # Outputs of the original's training forward that the optimized model does not return
+    # there (logits of a causal LM whose loss is fused with its head): its loss and every
+    # gradient are compared instead.
+    not_returned: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         if self.error:
@@ -220,6 +239,8 @@ class EquivalenceResult:
             f"buffers), max |diff| {self.max_abs_diff:.3g} at {self.worst or '-'} "
             f"(atol {self.tolerance.atol:g}, rtol {self.tolerance.rtol:g})"
             + ("; BatchNorm statistics calibrated first" if self.calibrated_batch_norm else "")
+            + (f"; not returned in training (loss and gradients compared): {', '.join(self.not_returned)}"
+               if self.not_returned else "")
         )
 
     def to_json(self) -> dict:
@@ -232,6 +253,7 @@ class EquivalenceResult:
             "rtol": self.tolerance.rtol,
             **({"error": self.error} if self.error else {}),
             "calibrated_batch_norm": self.calibrated_batch_norm,
+            **({"not_returned_in_training": self.not_returned} if self.not_returned else {}),
             "failures": [
                 {"name": f.name, "max_abs": f.max_abs, **({"note": f.note} if f.note else {})}
                 for f in self.failures[:20]
@@ -381,6 +403,7 @@ def check_equivalence(
             return fail(f"weights do not load: {one_line(exc)}")
 
     diffs: list[TensorDiff] = []
+    not_returned: list[str] = []
     was_training = (original.training, optimized.training)
     # The train-mode forward updates buffers (BatchNorm running stats): put them back after.
     saved_buffers = [
@@ -399,9 +422,16 @@ def check_equivalence(
             # train forward + backward
             expected = flatten_tensors(_run(original, inputs, True, seed))
             try:
-                actual = flatten_tensors(_run(optimized, inputs, True, seed))
+                actual_outputs = _run(optimized, inputs, True, seed)
             except Exception as exc:  # noqa: BLE001
                 return fail(f"optimized model fails in train mode: {one_line(exc)}")
+            actual = flatten_tensors(actual_outputs)
+            if model_loss(actual_outputs) is not None:
+                # The loss drove the backward: an output left out in training (None) is reported,
+                # the loss and every gradient below are what must agree.
+                present = {name for name, _ in actual}
+                not_returned = [name for name, _ in expected if name not in present]
+                expected = [(name, t) for name, t in expected if name in present]
             diffs += _compare_lists("train ", expected, actual, tol)
 
             param_names = {name for name, _ in original.named_parameters(remove_duplicate=False)}
@@ -447,6 +477,7 @@ def check_equivalence(
         error="" if diffs else "the model produced no tensors to compare",
         failures=sorted(failures, key=lambda d: -d.max_abs),
         calibrated_batch_norm=calibrated,
+        not_returned=not_returned,
     )
 
 

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from adopter.kernels import KernelCall, count_kernel_calls
-from adopter.verify import call_model, flatten_tensors, move_inputs
+from adopter.verify import call_model, flatten_tensors, model_loss, move_inputs
 
 # variant name -> zero-argument training step; read by the generated benchmark module.
 _STEPS: dict[str, Callable[[], None]] = {}
@@ -105,8 +105,13 @@ class BenchmarkResult:
 
 
 def training_step_loss(outputs: Any) -> torch.Tensor:
-    """Mean of every differentiable output (cheap; the equivalence check uses a random
-    projection instead, here only the cost matters and it must be identical for both)."""
+    """The model's own loss when it computes one (a causal LM given labels: what training
+    back-propagates); otherwise the mean of every differentiable output (cheap; the equivalence
+    check uses a random projection instead, here only the cost matters and it must be identical
+    for both)."""
+    own = model_loss(outputs)
+    if own is not None:
+        return own.float()
     terms = [
         t.float().mean() for _, t in flatten_tensors(outputs) if t.is_floating_point() and t.requires_grad
     ]

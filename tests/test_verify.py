@@ -432,3 +432,75 @@ def test_cli_gate_fails_end_to_end_when_rules_are_lost(tmp_path, capsys):
     assert any(f.startswith("applied rules: ") and "fused_QKV" in f for f in failed), failed
     assert json.loads((tmp_path / "bench.json").read_text())["benchmarks"]  # pytest-benchmark's JSON
     assert "regression gate" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- models that compute their own loss
+
+
+class TinyLM(nn.Module):
+    """A causal-LM-shaped module: returns ``{"loss", "logits"}`` given labels."""
+
+    def __init__(self, vocab=11, width=6, drop_logits_in_training=False, scale=1.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.drop_logits_in_training = drop_logits_in_training
+        self.scale = scale
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.embed(input_ids)) * self.scale
+        loss = None if labels is None else nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        if self.drop_logits_in_training and self.training and labels is not None:
+            logits = None
+        return {"loss": loss, "logits": logits}
+
+
+def _lm_inputs():
+    ids = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "labels": ids}
+
+
+def test_a_model_that_does_not_return_logits_in_training_is_compared_on_loss_and_gradients():
+    torch.manual_seed(0)
+    original = TinyLM()
+    fused = TinyLM(drop_logits_in_training=True)
+    result = check_equivalence(original, fused, _lm_inputs())
+    assert result.equivalent, result.summary()
+    assert result.not_returned == ["output.logits"]
+    assert "not returned in training" in result.summary()
+    assert result.to_json()["not_returned_in_training"] == ["output.logits"]
+    # the gradients still decide: a model whose loss differs is caught
+    wrong = TinyLM(drop_logits_in_training=True, scale=1.5)
+    assert not check_equivalence(original, wrong, _lm_inputs()).equivalent
+
+
+def test_training_step_and_equivalence_back_propagate_the_models_own_loss():
+    from adopter.verify import training_loss
+    from adopter.verify_bench import training_step_loss
+
+    outputs = TinyLM()(**_lm_inputs())
+    assert torch.equal(training_loss(outputs), outputs["loss"].float())
+    assert torch.equal(training_step_loss(outputs), outputs["loss"].float())
+    no_labels = TinyLM()(_lm_inputs()["input_ids"])
+    assert training_step_loss(no_labels).shape == ()  # the mean-of-outputs fallback
+
+
+def test_causal_lm_example_inputs_carry_labels_with_padding_ignored():
+    from adopter.tracing.models import make_example_inputs
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=50)
+    inputs = make_example_inputs(LlamaForCausalLM(config), config, batch_size=2, seq_len=8)
+    assert torch.equal(inputs["labels"][0], inputs["input_ids"][0])
+    padded = inputs["attention_mask"] == 0
+    assert padded.any() and (inputs["labels"][padded] == -100).all()
+    assert "labels" not in make_example_inputs(LlamaModel(config), config, batch_size=2, seq_len=8)
+
+
+def test_verify_takes_the_benchmark_shape_of_a_shipped_config():
+    from adopter.commands.verify import _shipped_verify_settings
+
+    assert _shipped_verify_settings("llama-tiny") == {"batch_size": 4, "seq_len": 512}
+    assert _shipped_verify_settings("tiny-bert") == {}
+    assert _shipped_verify_settings("no-such-model") == {}

@@ -159,6 +159,13 @@ def make_example_inputs(model: nn.Module, config, *, batch_size: int = 2, seq_le
         if "attention_mask" in names:
             # On meta the mask has the shape but no values: torch.export traces it symbolically.
             inputs["attention_mask"] = mask(seq_len)
+        if "labels" in names and _is_causal_lm(model):
+            # A causal LM trains on its own loss: labels are the input ids, padding ignored
+            # (-100, the loss's ignore_index), so the loss path of the model runs as in training.
+            labels = inputs["input_ids"].clone()
+            if "attention_mask" in inputs:
+                labels = labels.masked_fill(inputs["attention_mask"] == 0, -100)
+            inputs["labels"] = labels
     if "pixel_values" in names and "input_ids" not in names:
         size = getattr(config, "image_size", 224) if config is not None else 224
         size = size[0] if isinstance(size, (list, tuple)) else int(size)
@@ -180,6 +187,11 @@ def make_example_inputs(model: nn.Module, config, *, batch_size: int = 2, seq_le
     if "decoder_input_ids" in names and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = ids(max(2, seq_len // 2))
     return inputs
+
+
+def _is_causal_lm(model: nn.Module) -> bool:
+    """A transformers causal language model (``*ForCausalLM``: a next-token loss over its LM head)."""
+    return any(c.__name__.endswith("ForCausalLM") for c in type(model).__mro__)
 
 
 def _missing_required_inputs(model: nn.Module, inputs: dict) -> list[str]:

@@ -37,9 +37,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rules", default=None, help="comma-separated rule names (default: all rules)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"benchmark batch size (default {DEFAULT_BATCH_SIZE}, or the baseline's)")
+                        help=f"benchmark batch size (default: the baseline's, the shipped config's, else {DEFAULT_BATCH_SIZE})")
     parser.add_argument("--seq-len", type=int, default=None,
-                        help=f"benchmark sequence length, text models (default {DEFAULT_SEQ_LEN}, or the baseline's)")
+                        help=f"benchmark sequence length, text models (default: the baseline's, the shipped config's, else "
+                             f"{DEFAULT_SEQ_LEN})")
     parser.add_argument("--threads", type=int, default=None,
                         help=f"torch CPU threads (default {DEFAULT_THREADS}, or the baseline's): on a shared machine "
                              "multi-threaded step times swing tenfold, single-threaded ones by a few percent")
@@ -81,6 +82,16 @@ def _safe_name(model_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id.strip("/").replace("/", "__"))
 
 
+def _shipped_verify_settings(model: str) -> dict:
+    """``_adopter_verify`` of a shipped config (benchmark batch size / sequence length), or {}."""
+    from adopter import configs
+
+    try:
+        return dict(configs.load_config_dict(model).get("_adopter_verify") or {})
+    except (KeyError, ValueError, OSError):
+        return {}
+
+
 def run(args) -> int:
     from adopter.errors import UserError
     from adopter.verify_gate import PlotUnavailable, load_json, parse_threshold, require_matplotlib
@@ -108,10 +119,13 @@ def run(args) -> int:
     # A gate run measures with the baseline's settings unless told otherwise: ratios are only
     # comparable at the same batch size, sequence length and thread count.
     settings = (baseline or {}).get("benchmark") or {}
+    # then the shipped config's own benchmark shape (llama-tiny trains at 4 x 512 tokens: its
+    # LM-head loss is what the rule pack saves memory on), then the defaults.
+    model_settings = _shipped_verify_settings(args.model)
     if args.batch_size is None:
-        args.batch_size = int(settings.get("batch_size") or DEFAULT_BATCH_SIZE)
+        args.batch_size = int(settings.get("batch_size") or model_settings.get("batch_size") or DEFAULT_BATCH_SIZE)
     if args.seq_len is None:
-        args.seq_len = int(settings.get("seq_len") or DEFAULT_SEQ_LEN)
+        args.seq_len = int(settings.get("seq_len") or model_settings.get("seq_len") or DEFAULT_SEQ_LEN)
     if args.attn_implementation is None and baseline is not None:
         args.attn_implementation = (baseline.get("model") or {}).get("attn_implementation")
     if args.threads is None:
