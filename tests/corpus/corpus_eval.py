@@ -228,11 +228,13 @@ def _fp_reason(m, labels, negatives, credited, found) -> str:
 
 
 def scan(files: CorpusFiles):
-    """Static scan of the corpus files with every built-in rule -> ``ScanReport``."""
-    from adopter.core.rules import all_rules
+    """Static scan of the corpus files with the rules they are labelled for (``RULE_ORDER``:
+    a rule added later, such as the LLM rule pack, has no labels here and is measured by its
+    own benchmark) -> ``ScanReport``."""
+    from adopter.core.rules import get_rules
     from adopter.core.scan import scan_paths
 
-    return scan_paths([str(p) for _, p in sorted(files.paths.items())], all_rules())
+    return scan_paths([str(p) for _, p in sorted(files.paths.items())], get_rules(list(RULE_ORDER)))
 
 
 def corpus_name(corpus: dict) -> str:
