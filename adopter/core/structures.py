@@ -115,6 +115,10 @@ class FileStructures:
 # applicable is reported ``conditional`` (a configuration decides; a trace settles it) or
 # ``refused`` (a precondition of the kernel fails), never as a plain match. Code -> what it means.
 PRECISION_CODES = {
+    "logits-transformed": "the logits are changed between the LM head and the loss (soft-capping, scaling): the "
+                          "fused loss takes the head's output as the logits",
+    "logits-read": "the logits are read beside the loss (other than being returned): the fused loss never "
+                   "computes them",
     "needs-config": "the layer (an activation looked up from a key, a module bound on some branches only) is "
                     "the one the kernel computes only under some configurations",
     "dim-not-last": "the normalised dimension is not provably the last one (the kernel normalises rows)",
@@ -122,6 +126,8 @@ PRECISION_CODES = {
     "branch-straddle": "the matched statements lie under different branches (or a loop) and the rewrite "
                        "cannot bring them into one block",
     "torchscript": "the code is compiled by torch.jit.script, which cannot call the Python kernel",
+    "norm-variant": "the code normalizes like the kernel but computes a variant it does not (eps outside the "
+                    "square root, a bias, no float32 upcast, other casts, more than the norm)",
 }
 
 # "rejected" (tracing): the sequence executes but a runtime-only precondition fails (the

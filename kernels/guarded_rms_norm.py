@@ -1,0 +1,73 @@
+"""``rms_norm``: what a rewritten RMSNorm ``forward`` calls (rule ``RMSNorm``).
+
+The rewrite replaces the written-out normalization of a class's ``forward`` by one call, e.g.
+``return rms_norm(hidden_states, self.weight, self.variance_epsilon)`` (Llama) or
+``return rms_norm(x, self.weight, self.eps, offset=1.0, weight_before_cast=True, weight_fp32=True)``
+(Gemma): the keyword arguments say which form the source wrote (see
+:class:`~adopter.kernels.ops.rms_norm.RMSNormForm`), never a fact of a configuration. At run time
+the fused kernel (one saved float32 ``rstd`` per row; triton on CUDA) runs when
+
+* ``x`` is a floating tensor in float32/float16/bfloat16 and not an fx ``Proxy`` (a trace must
+  show the original ops), with a last dimension;
+* ``weight`` is a floating tensor of shape ``(x.shape[-1],)`` on ``x``'s device;
+* ``eps`` is a Python number (not a tensor, not a bool);
+
+and otherwise the form's eager formula runs, exactly as the source wrote it. Each call is counted
+in :mod:`adopter.kernels.telemetry` (fused backend, or ``original`` with the reason).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .backend import last_backend
+from .ops.common import is_proxy
+from .ops.rms_norm import INPUT_DTYPES, RMSNormForm, rms_norm_fused, rms_norm_reference
+from .telemetry import ORIGINAL, record
+
+__all__ = ["rms_norm"]
+
+KERNEL = "rms_norm"
+
+
+def _reason(x: Any, weight: Any, eps: Any) -> str:
+    """Why the fused kernel may not compute this call ("" when it may)."""
+    if is_proxy(x) or is_proxy(weight) or is_proxy(eps):
+        return "tracing"
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return "input is not a floating tensor"
+    if x.dtype not in INPUT_DTYPES:
+        return f"input dtype {x.dtype} (the kernel takes float32, float16, bfloat16)"
+    if x.dim() == 0:
+        return "input has no last dimension"
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        return "weight is not a floating tensor"
+    if tuple(weight.shape) != (x.shape[-1],):
+        return f"weight of shape {tuple(weight.shape)} for rows of {x.shape[-1]}"
+    if weight.device != x.device:
+        return "weight and input on different devices"
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return f"eps is a {type(eps).__name__}, not a number"
+    return ""
+
+
+def rms_norm(
+    x: Any,
+    weight: Any,
+    eps: Any,
+    *,
+    offset: float = 0.0,
+    weight_before_cast: bool = False,
+    weight_fp32: bool = False,
+    cast_to_half_weight: bool = False,
+) -> Any:
+    """The RMSNorm form the keywords name, applied to ``x`` over its last dimension (module doc)."""
+    form = RMSNormForm(offset, weight_before_cast, weight_fp32, cast_to_half_weight)
+    reason = _reason(x, weight, eps)
+    if reason:
+        record(KERNEL, ORIGINAL, reason)
+        return rms_norm_reference(x, weight, eps, form)
+    out = rms_norm_fused(x, weight, float(eps), form)
+    record(KERNEL, last_backend())
+    return out

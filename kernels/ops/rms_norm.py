@@ -1,0 +1,162 @@
+"""RMSNorm over the last dimension, in the written-out forms model code uses (pure torch).
+
+Every form normalizes in float32 — ``n = x.float() * rsqrt(mean(x.float() ** 2, -1) + eps)`` —
+and differs in how it scales by the weight and where it casts back (facts of the source, which
+the rewrite passes as keyword arguments, see :class:`RMSNormForm`):
+
+* Llama, Mistral, Qwen (default form):  ``weight * n.to(x.dtype)``
+* OLMo-2 (``weight_before_cast``):        ``(weight * n).to(x.dtype)``
+* Helium, Moshi (``+ weight_fp32``):      ``(weight.float() * n).to(x.dtype)``
+* Gemma (``+ offset=1.0``):               ``(n * (1.0 + weight.float())).to(x.dtype)``
+* T5LayerNorm (``cast_to_half_weight``):  ``h = x * rstd``; ``h.to(weight.dtype)`` when the weight is
+  fp16/bf16; ``weight * h``
+
+:func:`rms_norm_reference` is each form written out exactly as the source writes it (what a
+guarded call runs when the kernel may not). :class:`RMSNormFunction` computes the same values
+but keeps only the input (alive anyway: the caller's residual stream) and one float32 ``rstd``
+per row for the backward, which recomputes ``n`` from them; the eager code keeps the float32
+copy, the normalized tensor and its cast for autograd.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class RMSNormForm:
+    """How the source scales and casts around the float32 normalization (see the module doc).
+
+    ``offset``: the scale is ``offset + weight`` (Gemma's ``1.0 + weight.float()``);
+    ``weight_fp32``: the weight is cast to float32 before use (``weight.float()``);
+    ``weight_before_cast``: the scale multiplies the float32 ``n`` and the product is cast back to
+    the input dtype (OLMo-2, Gemma), instead of scaling ``n.to(x.dtype)`` (Llama);
+    ``cast_to_half_weight``: T5LayerNorm's form (cast to the weight's dtype when it is half,
+    never back to the input's); it takes no other option."""
+
+    offset: float = 0.0
+    weight_before_cast: bool = False
+    weight_fp32: bool = False
+    cast_to_half_weight: bool = False
+
+    def __post_init__(self):
+        if self.cast_to_half_weight and (self.offset or self.weight_before_cast or self.weight_fp32):
+            raise ValueError("cast_to_half_weight (T5LayerNorm's form) takes no other option")
+
+    def scale(self, weight: torch.Tensor) -> torch.Tensor:
+        """What multiplies the normalized value: ``weight``, ``weight.float()``, ``offset + ...``."""
+        scale = weight.float() if self.weight_fp32 else weight
+        return self.offset + scale if self.offset else scale
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps, form: RMSNormForm = RMSNormForm()) -> torch.Tensor:
+    """The form written out as model code writes it (dtype semantics included)."""
+    if form.cast_to_half_weight:  # T5LayerNorm.forward
+        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = x * torch.rsqrt(variance + eps)
+        if weight.dtype in HALF:
+            hidden_states = hidden_states.to(weight.dtype)
+        return weight * hidden_states
+    input_dtype = x.dtype
+    hidden_states = x.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    scale = form.scale(weight)
+    if form.weight_before_cast:
+        return (hidden_states * scale).to(input_dtype)
+    return scale * hidden_states.to(input_dtype)
+
+
+def _normalize(x32: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x32 * rstd, rstd)`` with ``rstd = rsqrt(mean(x32**2, -1, keepdim=True) + eps)``: one fused
+    aten op where torch has it (on CPU bitwise equal to the written-out ops, 5x faster), else those ops."""
+    fused = getattr(torch, "_fused_rms_norm", None)
+    if fused is not None:
+        try:
+            return fused(x32, [x32.shape[-1]], None, eps)
+        except (NotImplementedError, RuntimeError):  # no kernel for this device
+            pass
+    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return x32 * rstd, rstd
+
+
+def _output(x: torch.Tensor, n: torch.Tensor, weight: torch.Tensor, form: RMSNormForm) -> torch.Tensor:
+    """The form's output from the float32 ``n`` (same ops, same dtypes as the reference)."""
+    if form.cast_to_half_weight:
+        # T5 multiplies the uncast input, ``x * rstd``: that is n for the input dtypes taken here
+        h = n
+        if weight.dtype in HALF:
+            h = h.to(weight.dtype)
+        return weight * h
+    scale = form.scale(weight)
+    if form.weight_before_cast:
+        return (n * scale).to(x.dtype)
+    return scale * n.to(x.dtype)
+
+
+# Input dtypes the fused forms are exact for (T5's ``x * rstd`` is ``n`` only up to float32).
+INPUT_DTYPES = HALF + (torch.float32,)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """RMSNorm of one :class:`RMSNormForm` for an input in :data:`INPUT_DTYPES`; saves ``x``,
+    ``weight`` and a float32 ``rstd`` per row."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, form):
+        if x.dtype not in INPUT_DTYPES:
+            raise ValueError(f"RMSNormFunction takes {INPUT_DTYPES} inputs, got {x.dtype}")
+        n, rstd = _normalize(x.to(torch.float32), eps)
+        out = _output(x, n, weight, form)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.eps, ctx.form = eps, form
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        form = ctx.form
+        x32 = x.to(torch.float32)
+        if torch.is_grad_enabled():
+            # create_graph (double backward): rstd must depend on x in the graph, so recompute it
+            rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + ctx.eps)
+        n = x32 * rstd
+        # d loss / d n (float32) and the elementwise product whose row sum is the scale's gradient,
+        # through the casts each form makes (a cast's backward casts the gradient back)
+        if form.cast_to_half_weight:
+            h = n.to(weight.dtype) if weight.dtype in HALF else n
+            dn, dscale = (dy * weight).to(torch.float32), dy * h
+        else:
+            scale = form.scale(weight)
+            if form.weight_before_cast:
+                g = dy.to(torch.promote_types(torch.float32, scale.dtype))
+                dn, dscale = g * scale, g * n
+            else:
+                dn, dscale = (dy * scale).to(torch.float32), dy * n.to(x.dtype)
+        dx = dweight = None
+        if ctx.needs_input_grad[0]:
+            dn = dn.to(torch.float32)
+            dx = (rstd * (dn - n * (dn * n).mean(-1, keepdim=True))).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dweight = dscale.reshape(-1, dscale.shape[-1]).sum(0, dtype=torch.float32).to(weight.dtype)
+            dweight = dweight.reshape(weight.shape)
+        return dx, dweight, None, None
+
+
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, form: RMSNormForm = RMSNormForm()) -> torch.Tensor:
+    """:class:`RMSNormFunction` (torch) or the triton kernels, by :func:`~adopter.kernels.backend.select_backend`."""
+    from ..backend import select_backend, triton_dtype_ok
+    from .common import row_block
+
+    backend = select_backend(
+        "rms_norm", (x, weight),
+        has_triton=lambda: triton_dtype_ok(x, weight) and row_block(x.shape[-1]) > 0,
+    )
+    if backend == "triton":
+        from .triton_rms_norm import TritonRMSNormFunction
+
+        return TritonRMSNormFunction.apply(x, weight, eps, form)
+    return RMSNormFunction.apply(x, weight, eps, form)
