@@ -56,8 +56,8 @@ becomes ``rotary(x, cos, sin, rotate_half)``. A match needs: the same ``x`` in b
 name, attribute or subscript, optionally cast with ``.float()``/``.to(...)``: it is evaluated once
 instead of twice), and ``rotate_half`` a call of a module-level function of the same file (not
 rebound there, nor a parameter or local of the calling function) whose source is the half-split
-rotation: ``x1 = x[..., : x.shape[-1] // 2]``, ``x2 = x[..., x.shape[-1] // 2 :]`` (or
-``x1, x2 = x.chunk(2, dim=-1)``), ``return torch.cat((-x2, x1), dim=-1)``. Partial rotary
+rotation: ``x1 = x[..., : x.shape[-1] // 2]``, ``x2 = x[..., x.shape[-1] // 2 :]`` (``x.size(-1)``, the half
+in a local, ``cat`` imported from torch), ``return torch.cat((-x2, x1), dim=-1)``. Partial rotary
 (``q_rot = q[..., :rotary_dim]``, Phi/GPT-NeoX/StableLM) matches: the kernel rotates whatever it
 is given, with cos/sin of the same last dimension. Not a match (computes something else): an
 interleaved rotation (``x[..., ::2]``/``torch.stack(...).flatten(-2)``: GPT-J's
@@ -122,7 +122,6 @@ class _Rotation:
     ``x``, ``d`` (``x.shape[-1]``), ``h`` (``d // 2``), ``x1``/``x2`` (first/second half),
     ``-x1``/``-x2``, ``rot`` (``cat((-x2, x1), dim=-1)``)."""
 
-    param: str
     torch_modules: set[str]
     cat_names: set[str]
 
@@ -186,16 +185,6 @@ class _Rotation:
             raise _NotHalfSplit(f"it returns cat(({', '.join(got)}), dim=-1), not cat((-x2, x1), dim=-1)")
         return "rot"
 
-    def chunk(self, e: ast.expr, env: dict[str, str]) -> bool:
-        """``x.chunk(2, dim=-1)`` / ``torch.chunk(x, 2, dim=-1)``: the two halves for an even
-        last dimension (the only one the kernel takes)."""
-        if not isinstance(e, ast.Call) or not isinstance(e.func, ast.Attribute) or e.func.attr != "chunk":
-            return False
-        if self._is_x(e.func.value, env):
-            return len(e.args) >= 1 and _int_const(e.args[0]) == 2 and _last_dim_arg(e, 1)
-        return (isinstance(e.func.value, ast.Name) and e.func.value.id in self.torch_modules and len(e.args) >= 2
-                and self._is_x(e.args[0], env) and _int_const(e.args[1]) == 2 and _last_dim_arg(e, 2))
-
 
 def half_split_rotation(fn: ast.FunctionDef, tree: ast.Module) -> str:
     """"" when ``fn(x)`` computes ``cat((-x[..., h:], x[..., :h]), dim=-1)`` with
@@ -207,7 +196,7 @@ def half_split_rotation(fn: ast.FunctionDef, tree: ast.Module) -> str:
     if fn.decorator_list:
         return f"{fn.name} is decorated"
     modules, cats = _torch_names(tree)
-    rot = _Rotation(params[0].arg, modules, cats)
+    rot = _Rotation(modules, cats)
     env = {params[0].arg: "x"}
     body = list(fn.body)
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -219,9 +208,6 @@ def half_split_rotation(fn: ast.FunctionDef, tree: ast.Module) -> str:
             target = stmt.targets[0]
             if isinstance(target, ast.Name):
                 env[target.id] = rot.value(stmt.value, env)
-            elif (isinstance(target, ast.Tuple) and len(target.elts) == 2
-                  and all(isinstance(t, ast.Name) for t in target.elts) and rot.chunk(stmt.value, env)):
-                env[target.elts[0].id], env[target.elts[1].id] = "x1", "x2"
             else:
                 raise _NotHalfSplit(f"line {stmt.lineno} ({ast.unparse(stmt)}) is not part of the half-split rotation")
         if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
@@ -361,6 +347,8 @@ def rotary_parts(expr: ast.AST, tree: ast.Module, enclosing: ast.AST | None) -> 
                     and not call.keywords and not isinstance(call.args[0], ast.Starred)):
                 continue
             x = call.args[0]
+            why = (f"{ast.unparse(call)} rotates another tensor than the one multiplied by cos "
+                   f"({ast.unparse(plain)})")
             for x_there, cos in ((plain.left, plain.right), (plain.right, plain.left)):
                 if not _same(x_there, x):
                     continue
