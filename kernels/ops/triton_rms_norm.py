@@ -83,6 +83,9 @@ def _rms_norm_bwd(DY, X, W, Rstd, DX, DS, M, N, offset, rows_per_program,
         ds_acc += dy * scaled
         if NEED_DX:
             dn = dy * s
+            if ROUND_N != 0:
+                # eager multiplies in the output dtype; the cast's backward hands that rounded value on
+                dn = dn.to(DY.dtype.element_ty).to(tl.float32)
             c = tl.sum(dn * n, axis=0) / N
             dx = (dn - n * c) * rstd
             tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=in_row)

@@ -25,7 +25,7 @@ float32/half input, not traced) and otherwise runs the form's eager formula.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from adopter.core.codemod.base import Codemod, kernel_name, pos
 from adopter.core.codemod.context import FileContext, Skip
@@ -102,6 +102,7 @@ class Sym:
     args: tuple = ()
     kw: tuple = ()
     node: ast.AST | None = field(default=None, compare=False, hash=False)
+    text: str = field(default="", compare=False, hash=False)  # a constant as the source writes it
 
     def kwarg(self, name: str, position: int | None = None):
         for k, v in self.kw:
@@ -127,6 +128,7 @@ class _Evaluator:
 
     torch_names: set[str]
     methods: dict[str, ast.FunctionDef]
+    source: str
     inlined: list[str] = field(default_factory=list)
     depth: int = 0
 
@@ -145,10 +147,11 @@ class _Evaluator:
         if isinstance(node, ast.Name):
             return env.get(node.id, _unknown(node))
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):  # bools too (keepdim)
-            return Sym("const", node.value, node=node)
+            return Sym("const", node.value, node=node, text=ast.get_source_segment(self.source, node) or "")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
             inner = self.expr(node.operand, env)
-            return Sym("const", -inner.value, node=node) if inner.kind == "const" else _unknown(node)
+            return Sym("const", -inner.value, node=node, text=ast.get_source_segment(self.source, node) or "") \
+                if inner.kind == "const" else _unknown(node)
         if isinstance(node, ast.Attribute):
             path = self.torch_path(node)
             if path is not None and path in _FLOAT_DTYPES:
@@ -173,8 +176,10 @@ class _Evaluator:
         path = self.torch_path(func)
         if path in ("rsqrt", "sqrt", "mean", "pow", "square"):
             return Sym("op", path, args, kw, node=node)
+        # any other call: unknown, but what it is applied to stays visible (a norm inside it)
+        other = Sym("unknown", ast.unparse(node), args + tuple(v for _, v in kw), node=node)
         if not isinstance(func, ast.Attribute):
-            return _unknown(node)
+            return other
         # self.<method>(arg): a same-class helper (Gemma's self._norm)
         if isinstance(func.value, ast.Name) and func.value.id == "self" and func.attr in self.methods:
             return self.inline(func.attr, node, args, kw)
@@ -190,7 +195,7 @@ class _Evaluator:
             target = args[0] if args else kw[0][1]
             if target.kind in ("dtype", "dtype_of"):
                 return Sym("op", "cast", (receiver, target), node=node)
-        return _unknown(node)
+        return replace(other, args=(receiver, *other.args))
 
     def inline(self, name: str, node: ast.Call, args: tuple, kw: tuple) -> Sym:
         fn = self.methods[name]
@@ -198,7 +203,7 @@ class _Evaluator:
         opaque = Sym("opaque", name, node=node)  # a helper whose value is not followed
         if self.depth > 2 or kw or len(args) != 1 or len(params) != 1 or fn.args.vararg or fn.args.kwarg:
             return opaque
-        inner = _Evaluator(self.torch_names, self.methods, self.inlined, self.depth + 1)
+        inner = _Evaluator(self.torch_names, self.methods, self.source, self.inlined, self.depth + 1)
         result = inner.body(fn.body, {params[0]: args[0]})
         if result is None:
             return opaque
@@ -340,10 +345,11 @@ def _mean_of_squares(sym: Sym) -> Sym:
 
 
 def _eps_text(sym: Sym) -> str:
+    """``self.<attr>`` or the number as the source writes it (``1e-6``)."""
     if sym.kind == "attr":
         return f"self.{sym.value}"
     if sym.kind == "const":
-        return repr(sym.value)
+        return sym.text or repr(sym.value)
     raise _Variant(f"eps {sym.value if sym.kind == 'unknown' else sym.kind} is not an attribute or a number")
 
 
@@ -537,7 +543,8 @@ def analyze_forward(source: str, class_name: str) -> Form:
                                          or params.kwonlyargs else []))
         raise _Variant(f"forward({shown}) takes more than the one tensor it normalizes (a gated norm, or a norm "
                        "inside a larger forward): the rewrite replaces a norm class's whole forward")
-    evaluator = _Evaluator(_torch_names(tree), {k: v for k, v in methods.items() if k not in ("forward", "__init__")})
+    helpers = {k: v for k, v in methods.items() if k not in ("forward", "__init__")}
+    evaluator = _Evaluator(_torch_names(tree), helpers, source)
     result = evaluator.body(forward.body, {names[1]: INPUT})
     if result is None:
         if _mentions_norm(forward):
