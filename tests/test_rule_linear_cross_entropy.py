@@ -343,6 +343,7 @@ def test_guard_under_fx_trace_keeps_the_users_head():
     assert any(n.op == "call_module" and n.target == "lm_head" for n in graph.nodes)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_importing_kernels_needs_neither_triton_nor_transformers():
     code = ("import sys; import adopter.kernels as k; k.linear_cross_entropy; "
             "import adopter.kernels.ops.linear_cross_entropy; "
