@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from adopter.core.codemod.base import Codemod, kernel_name, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
-from adopter.core.dsl import Layer, TensorOp
+from adopter.core.dsl import Layer, TensorOp, Var
 from adopter.core.match import MatchContext
 from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime, RuntimeSite
@@ -33,19 +33,16 @@ from adopter.core.structures import Match
 # not the slicing). ``Rule.inlined_functions`` folds that run back into one call at the call site:
 # module-level functions whose source is the half-split rotation become ``ROTATE_HALF``, other
 # one-argument functions that negate and concatenate/stack (interleaved rotations, a flipped sign)
-# ``OTHER_ROTATION``, which matches only to be turned down with the reason. Either operand order.
+# ``OTHER_ROTATION``, turned down by the precondition with the reason. The rotation call is not a
+# pattern node: the trace attributes its ops to the lines of the rotation function, not to the call
+# site, so confirmation would not find it; the precondition checks that one product reads it.
 ROTATE_HALF = "adopter.rotary.rotate_half"
 OTHER_ROTATION = "adopter.rotary.other_rotation"
-_ROTATION = f"{ROTATE_HALF}|{OTHER_ROTATION}"
 
-DSL = f"""
+DSL = """
 rule rotary_embedding
 forward:
-    $x * $cos -> $a; {_ROTATION}() -> $r; $r * $sin -> $b; $a + $b -> $out
-
-rule rotary_embedding
-forward:
-    {_ROTATION}() -> $r; $r * $sin -> $b; $x * $cos -> $a; $a + $b -> $out
+    $x * $cos -> $a; $r * $sin -> $b; $a + $b -> $out
 """
 
 DOC = """\
@@ -380,20 +377,33 @@ def _binop_at(fn: ast.AST, span) -> ast.BinOp | None:
     return None
 
 
-def _matched(nodes) -> tuple[TensorOp | None, list[TensorOp], Layer | None]:
-    """(the sum, the two products, the folded rotation call) among a match's nodes."""
+def _matched(nodes) -> tuple[TensorOp | None, list[TensorOp]]:
+    """(the sum, the two products) among a match's nodes."""
     add = next((n for n in nodes if isinstance(n, TensorOp) and n.op == "+"), None)
     products = [n for n in nodes if isinstance(n, TensorOp) and n.op == "*"]
-    rotation = next((n for n in nodes if isinstance(n, Layer)), None)
-    return add, products, rotation
+    return add, products
+
+
+def _rotation_read(ctx: MatchContext, products: list[TensorOp]) -> Layer | None:
+    """The folded rotation call one of the products multiplies, if any."""
+    producers = ctx.producers()
+    for p in products:
+        for a in p.args:
+            made = producers.get((a.value.name, a.value.version)) if isinstance(a.value, Var) else None
+            if isinstance(made, Layer) and made.type in (ROTATE_HALF, OTHER_ROTATION):
+                return made
+    return None
 
 
 def _is_rotary_embedding(ctx: MatchContext) -> str | None:
     """The matched sum is ``x * cos + rotate_half(x) * sin`` with the half-split rotation (read
     from the source: extraction does not keep the slicing); otherwise not a match, with why."""
-    add, products, rotation = _matched([mn.node for mn in ctx.match.nodes])
+    add, products = _matched([mn.node for mn in ctx.match.nodes])
+    rotation = _rotation_read(ctx, products)
+    if rotation is None:
+        return "no product multiplies a call of a same-file rotation function"
     spans = [getattr(n, "span", None) for n in (add, rotation, *products)]
-    if add is None or rotation is None or len(products) != 2 or None in spans or ctx.source is None:
+    if add is None or len(products) != 2 or None in spans or ctx.source is None:
         return "the matched sum has no source position"
     tree = parse_file(ctx.source)
     fn = function_ast(ctx.source, add.span.function, add.span.line) if add.span.function else tree
@@ -410,7 +420,7 @@ def _is_rotary_embedding(ctx: MatchContext) -> str | None:
     call = parts.rotate_half_call
     if (call.lineno, call.col_offset, call.end_lineno, call.end_col_offset) != (
             rotation.span.line, rotation.span.col, rotation.span.end_line, rotation.span.end_col):
-        return "the matched rotation is not the call in the sum"
+        return "the rotation the product reads is not the call in the sum"
     return None
 
 
@@ -423,7 +433,7 @@ class RotaryCodemod(Codemod):
     rule = "rotary_embedding"
 
     def analyze(self, match: Match, ctx: FileContext) -> Edit:
-        add, _, _ = _matched([mn.node for mn in match.nodes])
+        add, _ = _matched([mn.node for mn in match.nodes])
         if add is None or add.span is None:
             raise Skip("the matched sum has no source position")
         expr = ctx.expr_at(add.span)
