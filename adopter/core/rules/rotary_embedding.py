@@ -384,25 +384,41 @@ def _matched(nodes) -> tuple[TensorOp | None, list[TensorOp]]:
     return add, products
 
 
-def _rotation_read(ctx: MatchContext, products: list[TensorOp]) -> Layer | None:
-    """The folded rotation call one of the products multiplies, if any."""
+def _rotations_read(ctx: MatchContext, products: list[TensorOp]) -> list[Layer]:
+    """The rotation calls the products multiply: folded calls, or (where the fold could not place
+    the inlined run, e.g. inside a caller that inlines the helper in turn) the inlined
+    ``torch.cat`` a same-file function returns (which may also be where ``x`` came from)."""
     producers = ctx.producers()
+    out = []
     for p in products:
         for a in p.args:
             made = producers.get((a.value.name, a.value.version)) if isinstance(a.value, Var) else None
-            if isinstance(made, Layer) and made.type in (ROTATE_HALF, OTHER_ROTATION):
-                return made
-    return None
+            if not isinstance(made, Layer) or made.span is None:
+                continue
+            if made.type in (ROTATE_HALF, OTHER_ROTATION) or (
+                    made.type == "torch.cat" and made.span.inlined_at and "." not in made.span.function):
+                out.append(made)
+    return out
+
+
+def _is_call_of(rotation: Layer, call: ast.Call, stmt_lines: range) -> bool:
+    """``rotation`` (a matched node) is the rotation call ``call`` of the sum."""
+    sp = rotation.span
+    if rotation.type != "torch.cat":
+        return (call.lineno, call.col_offset, call.end_lineno, call.end_col_offset) == (
+            sp.line, sp.col, sp.end_line, sp.end_col)
+    # inlined: the function it lies in is the one called, from the sum's statement
+    return sp.function == call.func.id and sp.inlined_at[-1] in stmt_lines
 
 
 def _is_rotary_embedding(ctx: MatchContext) -> str | None:
     """The matched sum is ``x * cos + rotate_half(x) * sin`` with the half-split rotation (read
     from the source: extraction does not keep the slicing); otherwise not a match, with why."""
     add, products = _matched([mn.node for mn in ctx.match.nodes])
-    rotation = _rotation_read(ctx, products)
-    if rotation is None:
+    rotations = _rotations_read(ctx, products)
+    if not rotations:
         return "no product multiplies a call of a same-file rotation function"
-    spans = [getattr(n, "span", None) for n in (add, rotation, *products)]
+    spans = [getattr(n, "span", None) for n in (add, *products)]
     if add is None or len(products) != 2 or None in spans or ctx.source is None:
         return "the matched sum has no source position"
     tree = parse_file(ctx.source)
@@ -417,9 +433,8 @@ def _is_rotary_embedding(ctx: MatchContext) -> str | None:
     parts = rotary_parts(expr, tree, fn if fn is not tree else None)
     if isinstance(parts, str):
         return parts
-    call = parts.rotate_half_call
-    if (call.lineno, call.col_offset, call.end_lineno, call.end_col_offset) != (
-            rotation.span.line, rotation.span.col, rotation.span.end_line, rotation.span.end_col):
+    stmt_lines = range(add.span.stmt_line, add.span.stmt_end_line + 1)
+    if not any(_is_call_of(r, parts.rotate_half_call, stmt_lines) for r in rotations):
         return "the rotation the product reads is not the call in the sum"
     return None
 
