@@ -149,6 +149,8 @@ TRANSFORMERS = Path(importlib.util.find_spec("transformers").origin).parent / "m
     ("phi", ["q_embed = (q * cos) + (rotate_half(q) * sin)", "k_embed = (k * cos) + (rotate_half(k) * sin)"], ""),
     ("gpt_neox", ["q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)",
                   "k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)"], ""),
+    # the fold cannot place rotate_half where FalconAttention inlines apply_rotary_pos_emb in turn
+    ("falcon", ["q_embed = (q * cos) + (rotate_half(q) * sin)", "k_embed = (k * cos) + (rotate_half(k) * sin)"], ""),
     # named rotate_half, interleaved
     ("glm", [], "x[..., 0::2] takes every other element: an interleaved rotation"),
     ("gptj", [], "rotate_every_two is not the half-split rotate_half"),
