@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from .backend import last_backend
-from .ops.common import is_proxy
-from .ops.rms_norm import INPUT_DTYPES, RMSNormForm, rms_norm_fused, rms_norm_reference
+from .backend import last_backend, select_backend, triton_dtype_ok
+from .ops.common import is_proxy, row_block
+from .ops.rms_norm import INPUT_DTYPES, RMSNormForm, RMSNormFunction, rms_norm_reference
 from .telemetry import ORIGINAL, record
 
 __all__ = ["rms_norm"]
@@ -50,6 +50,18 @@ def _reason(x: Any, weight: Any, eps: Any) -> str:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         return f"eps is a {type(eps).__name__}, not a number"
     return ""
+
+
+def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, form: RMSNormForm) -> torch.Tensor:
+    """The fused kernel: triton (CUDA, a row that fits one block) or :class:`RMSNormFunction`."""
+    backend = select_backend(
+        KERNEL, (x, weight), has_triton=lambda: triton_dtype_ok(x, weight) and row_block(x.shape[-1]) > 0,
+    )
+    if backend == "triton":
+        from .ops.triton_rms_norm import TritonRMSNormFunction
+
+        return TritonRMSNormFunction.apply(x, weight, eps, form)
+    return RMSNormFunction.apply(x, weight, eps, form)
 
 
 def rms_norm(

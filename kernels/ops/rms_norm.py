@@ -143,19 +143,3 @@ class RMSNormFunction(torch.autograd.Function):
             c = torch.linalg.vecdot(dn, n).unsqueeze(-1) * (rstd / n.shape[-1])
             dx = torch.addcmul(dn * rstd, n, c, value=-1).to(x.dtype)
         return dx, dweight, None, None
-
-
-def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, form: RMSNormForm = RMSNormForm()) -> torch.Tensor:
-    """:class:`RMSNormFunction` (torch) or the triton kernels, by :func:`~adopter.kernels.backend.select_backend`."""
-    from ..backend import select_backend, triton_dtype_ok
-    from .common import row_block
-
-    backend = select_backend(
-        "rms_norm", (x, weight),
-        has_triton=lambda: triton_dtype_ok(x, weight) and row_block(x.shape[-1]) > 0,
-    )
-    if backend == "triton":
-        from .triton_rms_norm import TritonRMSNormFunction
-
-        return TritonRMSNormFunction.apply(x, weight, eps, form)
-    return RMSNormFunction.apply(x, weight, eps, form)
