@@ -43,7 +43,8 @@ def by_class(matches, rule: str) -> dict:
 
 def test_codes_are_documented():
     assert set(PRECISION_CODES) == {"needs-config", "dim-not-last", "not-a-layernorm", "branch-straddle",
-                                    "torchscript"}
+                                    "torchscript", "norm-variant", "logits-transformed", "logits-read"}
+    assert all(PRECISION_CODES.values())
 
 
 # ---------------------------------------------------------------- needs-config

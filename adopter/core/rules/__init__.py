@@ -39,6 +39,11 @@ RULE_MODULES: dict[str, str] = {
     "Conv_BatchNorm": "conv_batchnorm",
     "Linear_BatchNorm": "linear_batchnorm",
     "fused_QKV": "fused_qkv",
+    # the LLM rule pack (issue 12)
+    "RMSNorm": "rms_norm",
+    "gated_MLP": "gated_mlp",
+    "rotary_embedding": "rotary_embedding",
+    "linear_cross_entropy": "linear_cross_entropy",
 }
 
 
