@@ -202,8 +202,9 @@ class OptimizeReport:
 
     def summary(self) -> str:
         lines = [f"{self.model_class}: {len(self.applied)} rewrite(s) applied, {len(self.skipped)} not applied"]
-        lines += [f"  applied  {a.rule:<18} {a.where}  [{a.status}]" for a in self.applied]
-        lines += [f"  skipped  {s.rule:<18} {s.where}  {s.reason}" for s in self.skipped]
+        width = max([18] + [len(r.rule) for r in [*self.applied, *self.skipped]])  # rule column
+        lines += [f"  applied  {a.rule:<{width}} {a.where}  [{a.status}]" for a in self.applied]
+        lines += [f"  skipped  {s.rule:<{width}} {s.where}  {s.reason}" for s in self.skipped]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 

@@ -363,9 +363,11 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     lines.append(
         f"rules applied ({len(applied)})" + (", with the kernel backends of one training step" if measured else "") + ":"
     )
+    skipped = result.get("rules_skipped", [])
+    width = max([18] + [len(r["rule"]) for r in applied + skipped])  # rule column
     for r in applied:
         ran = f"  {describe_backends(r['kernel_calls'], counts=True)}" if measured else ""
-        lines.append(f"  {r['rule']:<18} {r['where']:<52} {r.get('status', '')}{ran}")
+        lines.append(f"  {r['rule']:<{width}} {r['where']:<52} {r.get('status', '')}{ran}")
     if not applied:
         lines.append("  (none)")
     stray = [c for c in (result.get("kernel_calls") or {}).get("calls", []) if not c.get("attributed", True)]
@@ -373,7 +375,6 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
         lines.append(
             f"  (not from an applied rule: {c['kernel']} from {c['file']} {c['function']}, {c['backend']} x{c['count']})"
         )
-    skipped = result.get("rules_skipped", [])
     # Pattern matches rejected by a rule's preconditions are many and expected (every attention
     # rule tried on every attention); list the rest, count those (all are in the JSON).
     rejected = [r for r in skipped if r["reason"].startswith("precondition:")]
@@ -381,7 +382,7 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     if listed:
         lines.append(f"rules not applied ({len(listed)}):")
         for r in listed:
-            lines.append(f"  {r['rule']:<18} {r['where']:<24} {r['reason']}")
+            lines.append(f"  {r['rule']:<{width}} {r['where']:<24} {r['reason']}")
     if rejected:
         lines.append(f"({len(rejected)} pattern matches rejected by rule preconditions; see --json)")
     for warning in result.get("warnings", []):
