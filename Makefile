@@ -38,3 +38,4 @@ test-fast: install
 
 gate: install
 	adopter verify --model tiny-bert --baseline benchmarks/baselines/tiny-bert.json --max-regression 5%
+	adopter verify --model llama-tiny --baseline benchmarks/baselines/llama-tiny.json --max-regression 5%

@@ -106,6 +106,7 @@ def _verify_figures(json_name: str) -> Figures:
             "median_step_original": f"{original['median_s'] * 1000:.0f} ms",
             "blocks": str(bench["blocks"]),
             "threads": str(bench["threads"]),
+            **({"memory_ratio": f"{bench['memory_ratio']:.3f}"} if bench.get("memory_ratio") is not None else {}),
         }
 
     return figures
@@ -215,6 +216,12 @@ ENTRIES = [  # in running order: the test suite last, as it checks the documents
         "README: the main job, bert-base-uncased optimized, proven equivalent and benchmarked",
         in_temp_dir=True, keep=("bert.json",), long=True, timeout_s=3600,
         figures=_verify_figures("bert.json"),
+    ),
+    Entry(
+        "readme-verify-llama-tiny",
+        ("adopter", "verify", "--model", "llama-tiny", "--json", "llama.json"),
+        "README: the LLM rule pack on llama-tiny (batch 4, seq 512): rewrites, equivalence, speed and memory",
+        in_temp_dir=True, keep=("llama.json",), timeout_s=1800, figures=_verify_figures("llama.json"),
     ),
     Entry(
         "tests-fast",
