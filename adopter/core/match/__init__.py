@@ -64,7 +64,15 @@ Modules:
 
 from __future__ import annotations
 
-from adopter.core.match.context import PRECISION_CODES, MatchContext, Refusal, RuleLike, reads, uses_outside
+from adopter.core.match.context import (
+    PRECISION_CODES,
+    MatchContext,
+    NotACandidate,
+    Refusal,
+    RuleLike,
+    reads,
+    uses_outside,
+)
 from adopter.core.match.core import SIGNATURES, match_node, match_pattern, same_value
 from adopter.core.match.driver import match_structures
 from adopter.core.match.init_match import class_init_bindings, match_init
@@ -75,6 +83,7 @@ __all__ = [
     "PRECISION_CODES",
     "SIGNATURES",
     "MatchContext",
+    "NotACandidate",
     "Refusal",
     "RuleLike",
     "class_init_bindings",

@@ -34,6 +34,13 @@ class Refusal(str):
         return out
 
 
+class NotACandidate(str):
+    """A precondition failure that says the rule's (deliberately loose) pattern fits a site the
+    rule is not about at all — every ``nn.Linear`` fits an LM-head pattern, every ``a*b + c*d`` a
+    rotary one: the match is dropped without being listed among the rejected matches, which
+    report sites that look like the rule's and are not."""
+
+
 class RuleLike(Protocol):
     name: str
     variants: tuple[RuleText, ...]

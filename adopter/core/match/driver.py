@@ -6,7 +6,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from adopter.core.dsl import Layer
-from adopter.core.match.context import MatchContext, Refusal, RuleLike, conditional_of, run_preconditions
+from adopter.core.match.context import (
+    MatchContext,
+    NotACandidate,
+    Refusal,
+    RuleLike,
+    conditional_of,
+    run_preconditions,
+)
 from adopter.core.match.core import _PathIndex, _search
 from adopter.core.match.init_match import class_init_bindings, match_init
 from adopter.core.match.local_layers import fold_inlined_calls, layer_subclass_aliases
@@ -220,7 +227,8 @@ def match_structures(
             kept_ids = {id(m) for m in kept}
             superseded.extend(m for m in found if id(m) not in kept_ids)
         if rejected is not None:
-            rejected.extend(m for k, m in rejected_by_rule[i].items() if k not in accepted[i])
+            rejected.extend(m for k, m in rejected_by_rule[i].items()
+                            if k not in accepted[i] and not isinstance(m.reason, NotACandidate))
     in_sequential = {r.name for r in rules if getattr(r, "in_sequential", False)}
     if in_sequential:
         results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m))]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_exprs, module_handle, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
-from adopter.core.match import MatchContext, Refusal
+from adopter.core.match import MatchContext, NotACandidate, Refusal
 from adopter.core.match.source import function_ast
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR
@@ -291,7 +291,7 @@ def head_feeds_loss(ctx: MatchContext) -> str | None:
     node = ctx.match.nodes[0].node
     span = node.span
     if ctx.source is None or span is None or LOSS_METHOD not in ctx.source:
-        return f"no self.{LOSS_METHOD} call"
+        return NotACandidate(f"no self.{LOSS_METHOD} call")
     if "ForMaskedLM" in (ctx.match.class_name or ""):
         return "a masked-LM head (transformers picks ForMaskedLMLoss by the class name)"
     fn = function_ast(ctx.source, span.function, span.line)
@@ -301,7 +301,8 @@ def head_feeds_loss(ctx: MatchContext) -> str | None:
     try:
         site = find_site(fn, call)
     except NotAMatch as exc:
-        return str(exc)
+        # a Linear that is no LM head (every Linear fits the one-layer pattern): not listed
+        return NotACandidate(str(exc))
     lines = ctx.source.split("\n")
     return logits_refusal(fn, site, lambda n: lines[n - 1].strip())
 

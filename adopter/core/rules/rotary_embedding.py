@@ -24,7 +24,7 @@ from adopter.core.codemod.base import Codemod, kernel_name, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
 from adopter.core.dsl import Layer, TensorOp, Var
-from adopter.core.match import MatchContext
+from adopter.core.match import MatchContext, NotACandidate
 from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.structures import Match
@@ -417,7 +417,8 @@ def _is_rotary_embedding(ctx: MatchContext) -> str | None:
     add, products = _matched([mn.node for mn in ctx.match.nodes])
     rotations = _rotations_read(ctx, products)
     if not rotations:
-        return "no product multiplies a call of a same-file rotation function"
+        # any ``a*b + c*d`` fits the sum pattern: without a rotation it is not a candidate
+        return NotACandidate("no product multiplies a call of a same-file rotation function")
     spans = [getattr(n, "span", None) for n in (add, *products)]
     if add is None or len(products) != 2 or None in spans or ctx.source is None:
         return "the matched sum has no source position"
