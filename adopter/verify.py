@@ -175,6 +175,11 @@ def model_loss(outputs: Any) -> torch.Tensor | None:
     given labels. None when there is none."""
     if isinstance(outputs, Mapping):
         loss = outputs.get("loss")
+    elif isinstance(outputs, (tuple, list)) and outputs:
+        # ``return_dict=False``: transformers puts the loss first, ``(loss, logits, ...)``, and
+        # only when it computed one; a scalar first output that requires grad is taken as it.
+        first = outputs[0]
+        loss = first if isinstance(first, torch.Tensor) and first.dim() == 0 else None
     else:
         loss = getattr(outputs, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.requires_grad else None

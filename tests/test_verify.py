@@ -474,6 +474,24 @@ def test_a_model_that_does_not_return_logits_in_training_is_compared_on_loss_and
     assert not check_equivalence(original, wrong, _lm_inputs()).equivalent
 
 
+class TinyLMTuple(TinyLM):
+    """``return_dict=False`` style: ``(loss, logits)`` with a loss, ``(logits,)`` without."""
+
+    def forward(self, input_ids, labels=None):
+        out = super().forward(input_ids, labels)
+        return ((out["loss"],) if out["loss"] is not None else ()) + (out["logits"],)
+
+
+def test_tuple_outputs_with_the_loss_first_are_compared_on_loss_and_gradients():
+    torch.manual_seed(0)
+    original = TinyLMTuple()
+    result = check_equivalence(original, TinyLMTuple(drop_logits_in_training=True), _lm_inputs())
+    assert result.equivalent, result.summary()
+    assert result.not_returned == ["output[1]"]
+    assert not check_equivalence(original, TinyLMTuple(drop_logits_in_training=True, scale=1.5),
+                                 _lm_inputs()).equivalent
+
+
 def test_training_step_and_equivalence_back_propagate_the_models_own_loss():
     from adopter.verify import training_loss
     from adopter.verify_bench import training_step_loss
