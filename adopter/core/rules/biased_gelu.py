@@ -13,8 +13,6 @@ run fused; anything else (a config that selects ``relu``, a LoRA-wrapped Linear)
 from __future__ import annotations
 
 import ast
-import re
-from pathlib import Path
 from typing import Any
 
 from adopter.core.codemod.base import (
@@ -32,30 +30,24 @@ from adopter.core.codemod.edits import Edit
 from adopter.core.dsl import Layer, Var
 from adopter.core.match import MatchContext, local_type_names
 from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
+from adopter.core.rules._activation_keys import (
+    ACT2FN,
+    CONFIG_ATTR,
+    GELU_KEYS,
+    GELU_KEYS_TEXT,
+    GELU_MODULES,
+    UNDEFINED,
+    activation_key_texts,
+    constant_choice,
+    key_defaults,
+)
 from adopter.core.rules._common import LINEAR, const_text, intermediates_unused, kwarg
 from adopter.core.rules._config_defaults import (
     config_annotation,
     config_defaults,
-    config_defines,
-    local_origin,
-    param_passed,
 )
 from adopter.core.rules._gelu_wrappers import gelu_functions, gelu_module_classes
 from adopter.core.structures import Match
-
-_TA = "transformers.activations."
-# Activation modules computing exact (erf) GeLU or its tanh approximation: both are kernel modes.
-GELU_MODULES = (
-    "torch.nn.GELU",
-    _TA + "GELUActivation",
-    _TA + "NewGELUActivation",
-    _TA + "GELUTanh",
-    _TA + "PytorchGELUTanh",
-    _TA + "FastGELUActivation",
-    _TA + "AccurateGELUActivation",
-)
-ACT2FN = _TA + "ACT2FN"  # ACT2FN[key] / get_activation(key) with a key unknown statically
-GELU_KEYS = {"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate"}
 
 DSL = f"""
 rule biased_GeLU
@@ -99,7 +91,6 @@ between Linear and GeLU, a Linear output also read elsewhere, a bias-free Linear
 ``False``, e.g. Llama/Gemma ``mlp_bias``)."""
 
 
-_CONFIG_ATTR = re.compile(r"^(?:self\.)?(?:config|cfg|.*_config)\.([A-Za-z_][A-Za-z_0-9]*)$")
 
 
 def _linear_has_bias(ctx: MatchContext) -> str | None:
@@ -108,7 +99,7 @@ def _linear_has_bias(ctx: MatchContext) -> str | None:
         text = const_text(b) if b is not None else None
         if text in ("False", "0"):
             return f"{ib.attr} has no bias"
-        m = _CONFIG_ATTR.match(text or "")
+        m = CONFIG_ATTR.match(text or "")
         if m:
             config_class = config_annotation(ctx.source, ctx.cls.name) if ctx.cls is not None else None
             defaults = config_defaults(ctx.structures.file, m.group(1), config_class)
@@ -117,123 +108,22 @@ def _linear_has_bias(ctx: MatchContext) -> str | None:
     return None
 
 
-def _activation_key_texts(layer: Layer) -> list[str]:
-    out = []
-    for a in layer.args:
-        t = const_text(a.value)
-        if t is not None:
-            out.append(t)
-    return out
 
 
-def _getattr_key(text: str) -> tuple[str, object] | None:
-    """``getattr(config, "attr", default)`` written as the key itself: (attr, default)."""
-    try:
-        e = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return None
-    if (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "getattr" and len(e.args) == 3
-            and "config" in ast.unparse(e.args[0]) and isinstance(e.args[1], ast.Constant)
-            and isinstance(e.args[1].value, str)):
-        try:
-            return e.args[1].value, ast.literal_eval(e.args[2])
-        except Exception:
-            return None
-    return None
 
 
-def _getattr_defaults(ctx: MatchContext, config_class: str | None, attr: str, fallback) -> tuple[frozenset | None, str]:
-    """Defaults of ``getattr(config, attr, fallback)``: the configuration's when it defines
-    ``attr``, ``fallback`` when it certainly does not, unknown otherwise."""
-    where = config_class or "the model's configuration"
-    defaults = config_defaults(ctx.structures.file, attr, config_class)
-    if defaults is not None:
-        return defaults, where
-    if not _only_own_configs(ctx) or config_defines(ctx.structures.file, attr, config_class) is not False:
-        return None, ""
-    # The annotation may name another class than the one passed at run time (CLVP annotates
-    # ClvpConfig, passes ClvpEncoderConfig): add the defaults of any class that defines it.
-    others = config_defaults(ctx.structures.file, attr) or frozenset()
-    return frozenset([fallback]) | others, f"{where}, which defines no {attr} (getattr default)"
 
 
-def _only_own_configs(ctx: MatchContext) -> bool:
-    """The file imports configuration classes only from its sibling ``configuration_<model>.py``
-    (no other model's configuration, no ``AutoConfig``): a config it receives is one of those."""
-    own = Path(ctx.structures.file).name
-    if not own.startswith("modeling_"):
-        return False
-    own_module = "configuration_" + own[len("modeling_"):-len(".py")]
-    for fq in ctx.structures.imports.values():
-        if "AutoConfig" in fq or "CONFIG_MAPPING" in fq:
-            return False
-        m = re.search(r"(?:^|\.)(configuration_\w+)\.", fq)
-        if m and m.group(1) != own_module:
-            return False
-    return True
 
 
-# Stands for "no such configuration attribute": ``config.<attr>`` would raise.
-UNDEFINED = "<undefined>"
 
 
-def _attribute_defaults(ctx: MatchContext, config_class: str | None, attr: str) -> tuple[frozenset | None, str]:
-    """Defaults of ``config.<attr>``; ``{UNDEFINED}`` when no configuration class of the model
-    defines it (the code cannot run with the model's configuration: an unused copied class
-    such as SEW-D's ``ContextPooler`` reading DeBERTa's ``pooler_hidden_act``)."""
-    where = config_class or "the model's configuration"
-    defaults = config_defaults(ctx.structures.file, attr, config_class)
-    if defaults is not None:
-        return defaults, where
-    if (config_defaults(ctx.structures.file, attr) is None and _only_own_configs(ctx)
-            and config_defines(ctx.structures.file, attr) is False):
-        return frozenset([UNDEFINED]), f"{where}, which defines no {attr}"
-    return None, ""
 
 
-def _key_defaults(ctx: MatchContext, span, text: str, in_init: bool = True) -> tuple[frozenset | None, str]:
-    """Possible default values of an activation key expression, and where they come from.
-    ``span`` locates the code using the key (an ``__init__`` binding, or the inline
-    ``ACT2FN[key](h)`` call when ``in_init`` is False)."""
-    config_class = config_annotation(ctx.source, ctx.cls.name) if ctx.cls is not None else None
-    m = _CONFIG_ATTR.match(text)
-    if m:
-        return _attribute_defaults(ctx, config_class, m.group(1))
-    ga = _getattr_key(text)
-    if ga is not None:
-        return _getattr_defaults(ctx, config_class, *ga)
-    if not re.match(r"^[A-Za-z_][A-Za-z_0-9]*$", text) or ctx.source is None or span is None:
-        return None, ""
-    origin = local_origin(ctx.source, span.function, text, span.line)
-    if origin is None:
-        return None, ""
-    kind, value = origin
-    if kind == "default":
-        cls = span.function.rpartition(".")[0]
-        if not in_init:
-            return None, ""  # a parameter of forward: each caller decides
-        if cls and param_passed(ctx.source, cls.rsplit(".", 1)[-1], text):
-            return None, ""  # some instantiation in the file passes its own activation
-        return frozenset([value]), f"the default of parameter {text}"
-    if kind == "config":
-        return _attribute_defaults(ctx, config_class, value[0])
-    if kind == "getattr":
-        return _getattr_defaults(ctx, config_class, *value)
-    return None, ""
 
 
-_KEYS_TEXT = "{'gelu', 'gelu_new', 'gelu_pytorch_tanh', ...}"  # GELU_KEYS, shortened for reports
 
 
-def _constant_choice(text: str) -> tuple[str, object, object] | None:
-    """``'gelu' if c else 'relu'`` (a key chosen between two constants): ``(c, 'gelu', 'relu')``."""
-    try:
-        e = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return None
-    if isinstance(e, ast.IfExp) and isinstance(e.body, ast.Constant) and isinstance(e.orelse, ast.Constant):
-        return ast.unparse(e.test), e.body.value, e.orelse.value
-    return None
 
 
 def _activation_is_gelu(ctx: MatchContext) -> str | None:
@@ -260,12 +150,12 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
         if binding is None:
             ctx.conditional("needs-config", f"GeLU only if the activation {act} passed in is one")
             return None
-        texts = [binding.activation] if getattr(binding, "activation", None) else _activation_key_texts(binding.layer)
+        texts = [binding.activation] if getattr(binding, "activation", None) else activation_key_texts(binding.layer)
         span, in_init = binding.span, True
     if not texts:
-        ctx.conditional("needs-config", f"GeLU only if the key of {act or 'the lookup'} is in {_KEYS_TEXT}")
+        ctx.conditional("needs-config", f"GeLU only if the key of {act or 'the lookup'} is in {GELU_KEYS_TEXT}")
     for text in texts:
-        choice = _constant_choice(text)
+        choice = constant_choice(text)
         if choice is not None:
             test, a, b = choice
             ga, gb = a in GELU_KEYS, b in GELU_KEYS
@@ -274,9 +164,9 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
             if not (ga and gb):
                 ctx.conditional("needs-config", f"GeLU only if {test if ga else f'not ({test})'} (key {text})")
             continue
-        defaults, where = _key_defaults(ctx, span, text, in_init)
+        defaults, where = key_defaults(ctx, span, text, in_init)
         if not defaults or (None in defaults and len(defaults) > 1):
-            ctx.conditional("needs-config", f"GeLU only if {text} in {_KEYS_TEXT} (no configuration default "
+            ctx.conditional("needs-config", f"GeLU only if {text} in {GELU_KEYS_TEXT} (no configuration default "
                                             "resolves it)")
             continue
         gelu = {d for d in defaults if isinstance(d, str) and d in GELU_KEYS}
@@ -284,7 +174,7 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
         if not gelu:
             return f"activation {text} defaults to {shown} (not GeLU) in {where}"
         if len(gelu) < len(defaults):
-            ctx.conditional("needs-config", f"GeLU only if {text} in {_KEYS_TEXT} (its defaults in {where}: "
+            ctx.conditional("needs-config", f"GeLU only if {text} in {GELU_KEYS_TEXT} (its defaults in {where}: "
                                             f"{shown})")
     return None
 

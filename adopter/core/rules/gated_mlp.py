@@ -35,20 +35,20 @@ from adopter.core.codemod.edits import Edit
 from adopter.core.dsl import Layer, TensorOp, Var
 from adopter.core.match import MatchContext
 from adopter.core.rule import Rule, Runtime, RuntimeSite
-from adopter.core.rules._common import LINEAR, const_text, intermediates_unused
 
-# The key-resolution machinery of the GeLU rule (configuration defaults, getattr defaults,
-# constructor parameter defaults, ``'a' if c else 'b'`` choices) is reused as is: only the set of
-# keys the kernel computes differs.
-from adopter.core.rules.biased_gelu import (
+# The key resolution shared with the GeLU rule (configuration defaults, getattr defaults,
+# constructor parameter defaults, ``'a' if c else 'b'`` choices): only the set of keys the kernel
+# computes differs.
+from adopter.core.rules._activation_keys import (
     ACT2FN,
     GELU_KEYS,
     GELU_MODULES,
     UNDEFINED,
-    _activation_key_texts,
-    _constant_choice,
-    _key_defaults,
+    activation_key_texts,
+    constant_choice,
+    key_defaults,
 )
+from adopter.core.rules._common import LINEAR, const_text, intermediates_unused
 from adopter.core.structures import Match
 
 _TA = "transformers.activations."
@@ -115,7 +115,7 @@ def _activation_key_texts_of(ctx: MatchContext, act_node: Layer) -> tuple[list[s
     )
     if binding is None:
         return None, None, True, str(act)
-    texts = [binding.activation] if getattr(binding, "activation", None) else _activation_key_texts(binding.layer)
+    texts = [binding.activation] if getattr(binding, "activation", None) else activation_key_texts(binding.layer)
     return texts, binding.span, True, str(act)
 
 
@@ -136,7 +136,7 @@ def _activation_is_computed(ctx: MatchContext) -> str | None:
     if not texts:
         ctx.conditional("needs-config", f"SiLU/GeLU only if the key of {what} is in {_KEYS_TEXT}")
     for text in texts:
-        choice = _constant_choice(text)
+        choice = constant_choice(text)
         if choice is not None:
             test, a, b = choice
             ka, kb = a in KERNEL_KEYS, b in KERNEL_KEYS
@@ -145,7 +145,7 @@ def _activation_is_computed(ctx: MatchContext) -> str | None:
             if not (ka and kb):
                 ctx.conditional("needs-config", f"SiLU/GeLU only if {test if ka else f'not ({test})'} (key {text})")
             continue
-        defaults, where = _key_defaults(ctx, span, text, in_init)
+        defaults, where = key_defaults(ctx, span, text, in_init)
         if not defaults or (None in defaults and len(defaults) > 1):
             ctx.conditional("needs-config", f"SiLU/GeLU only if {text} in {_KEYS_TEXT} (no configuration default "
                                             "resolves it)")

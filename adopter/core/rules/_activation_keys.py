@@ -1,0 +1,167 @@
+"""Activation keys settled without running anything (shared by the rules that fuse an
+activation: biased_GeLU, gated_MLP).
+
+``ACT2FN[config.hidden_act]`` / ``get_activation(key)``: the key's possible values are read from
+the literal defaults of the model's sibling ``configuration_*.py`` (``config.<attr>``,
+``getattr(config, "<attr>", default)``), a constructor parameter's default, or a choice between
+two constants; anything else is unknown and the rule marks its match conditional.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from adopter.core.dsl import Layer
+from adopter.core.match import MatchContext
+from adopter.core.rules._common import const_text
+from adopter.core.rules._config_defaults import (
+    config_annotation,
+    config_defaults,
+    config_defines,
+    local_origin,
+    param_passed,
+)
+
+_TA = "transformers.activations."
+
+
+# Activation modules computing exact (erf) GeLU or its tanh approximation: both are kernel modes.
+GELU_MODULES = (
+    "torch.nn.GELU",
+    _TA + "GELUActivation",
+    _TA + "NewGELUActivation",
+    _TA + "GELUTanh",
+    _TA + "PytorchGELUTanh",
+    _TA + "FastGELUActivation",
+    _TA + "AccurateGELUActivation",
+)
+
+
+ACT2FN = _TA + "ACT2FN"  # ACT2FN[key] / get_activation(key) with a key unknown statically
+
+
+GELU_KEYS = {"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate"}
+
+
+CONFIG_ATTR = re.compile(r"^(?:self\.)?(?:config|cfg|.*_config)\.([A-Za-z_][A-Za-z_0-9]*)$")
+
+
+def activation_key_texts(layer: Layer) -> list[str]:
+    out = []
+    for a in layer.args:
+        t = const_text(a.value)
+        if t is not None:
+            out.append(t)
+    return out
+
+
+def getattr_key(text: str) -> tuple[str, object] | None:
+    """``getattr(config, "attr", default)`` written as the key itself: (attr, default)."""
+    try:
+        e = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "getattr" and len(e.args) == 3
+            and "config" in ast.unparse(e.args[0]) and isinstance(e.args[1], ast.Constant)
+            and isinstance(e.args[1].value, str)):
+        try:
+            return e.args[1].value, ast.literal_eval(e.args[2])
+        except Exception:
+            return None
+    return None
+
+
+def getattr_defaults(ctx: MatchContext, config_class: str | None, attr: str, fallback) -> tuple[frozenset | None, str]:
+    """Defaults of ``getattr(config, attr, fallback)``: the configuration's when it defines
+    ``attr``, ``fallback`` when it certainly does not, unknown otherwise."""
+    where = config_class or "the model's configuration"
+    defaults = config_defaults(ctx.structures.file, attr, config_class)
+    if defaults is not None:
+        return defaults, where
+    if not only_own_configs(ctx) or config_defines(ctx.structures.file, attr, config_class) is not False:
+        return None, ""
+    # The annotation may name another class than the one passed at run time (CLVP annotates
+    # ClvpConfig, passes ClvpEncoderConfig): add the defaults of any class that defines it.
+    others = config_defaults(ctx.structures.file, attr) or frozenset()
+    return frozenset([fallback]) | others, f"{where}, which defines no {attr} (getattr default)"
+
+
+def only_own_configs(ctx: MatchContext) -> bool:
+    """The file imports configuration classes only from its sibling ``configuration_<model>.py``
+    (no other model's configuration, no ``AutoConfig``): a config it receives is one of those."""
+    own = Path(ctx.structures.file).name
+    if not own.startswith("modeling_"):
+        return False
+    own_module = "configuration_" + own[len("modeling_"):-len(".py")]
+    for fq in ctx.structures.imports.values():
+        if "AutoConfig" in fq or "CONFIG_MAPPING" in fq:
+            return False
+        m = re.search(r"(?:^|\.)(configuration_\w+)\.", fq)
+        if m and m.group(1) != own_module:
+            return False
+    return True
+
+
+# Stands for "no such configuration attribute": ``config.<attr>`` would raise.
+UNDEFINED = "<undefined>"
+
+
+def attribute_defaults(ctx: MatchContext, config_class: str | None, attr: str) -> tuple[frozenset | None, str]:
+    """Defaults of ``config.<attr>``; ``{UNDEFINED}`` when no configuration class of the model
+    defines it (the code cannot run with the model's configuration: an unused copied class
+    such as SEW-D's ``ContextPooler`` reading DeBERTa's ``pooler_hidden_act``)."""
+    where = config_class or "the model's configuration"
+    defaults = config_defaults(ctx.structures.file, attr, config_class)
+    if defaults is not None:
+        return defaults, where
+    if (config_defaults(ctx.structures.file, attr) is None and only_own_configs(ctx)
+            and config_defines(ctx.structures.file, attr) is False):
+        return frozenset([UNDEFINED]), f"{where}, which defines no {attr}"
+    return None, ""
+
+
+def key_defaults(ctx: MatchContext, span, text: str, in_init: bool = True) -> tuple[frozenset | None, str]:
+    """Possible default values of an activation key expression, and where they come from.
+    ``span`` locates the code using the key (an ``__init__`` binding, or the inline
+    ``ACT2FN[key](h)`` call when ``in_init`` is False)."""
+    config_class = config_annotation(ctx.source, ctx.cls.name) if ctx.cls is not None else None
+    m = CONFIG_ATTR.match(text)
+    if m:
+        return attribute_defaults(ctx, config_class, m.group(1))
+    ga = getattr_key(text)
+    if ga is not None:
+        return getattr_defaults(ctx, config_class, *ga)
+    if not re.match(r"^[A-Za-z_][A-Za-z_0-9]*$", text) or ctx.source is None or span is None:
+        return None, ""
+    origin = local_origin(ctx.source, span.function, text, span.line)
+    if origin is None:
+        return None, ""
+    kind, value = origin
+    if kind == "default":
+        cls = span.function.rpartition(".")[0]
+        if not in_init:
+            return None, ""  # a parameter of forward: each caller decides
+        if cls and param_passed(ctx.source, cls.rsplit(".", 1)[-1], text):
+            return None, ""  # some instantiation in the file passes its own activation
+        return frozenset([value]), f"the default of parameter {text}"
+    if kind == "config":
+        return attribute_defaults(ctx, config_class, value[0])
+    if kind == "getattr":
+        return getattr_defaults(ctx, config_class, *value)
+    return None, ""
+
+
+GELU_KEYS_TEXT = "{'gelu', 'gelu_new', 'gelu_pytorch_tanh', ...}"  # GELU_KEYS, shortened for reports
+
+
+def constant_choice(text: str) -> tuple[str, object, object] | None:
+    """``'gelu' if c else 'relu'`` (a key chosen between two constants): ``(c, 'gelu', 'relu')``."""
+    try:
+        e = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(e, ast.IfExp) and isinstance(e.body, ast.Constant) and isinstance(e.orelse, ast.Constant):
+        return ast.unparse(e.test), e.body.value, e.orelse.value
+    return None
