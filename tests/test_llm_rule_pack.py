@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from adopter.kernels import count_kernel_calls
 
 from adopter import optimize
-from adopter.kernels import count_kernel_calls
 
 LLM_RULES = ("RMSNorm", "gated_MLP", "rotary_embedding", "linear_cross_entropy")
 
