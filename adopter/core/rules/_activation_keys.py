@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from adopter.core.dsl import Layer
@@ -164,4 +165,49 @@ def constant_choice(text: str) -> tuple[str, object, object] | None:
         return None
     if isinstance(e, ast.IfExp) and isinstance(e.body, ast.Constant) and isinstance(e.orelse, ast.Constant):
         return ast.unparse(e.test), e.body.value, e.orelse.value
+    return None
+
+
+@dataclass(frozen=True)
+class KernelActivations:
+    """The activation keys a kernel computes, and how reports name them."""
+
+    keys: frozenset
+    name: str  # "GeLU": conditions read "GeLU only if ..."
+    not_name: str  # "not GeLU": why a key whose every value is another activation is no match
+    keys_text: str  # the keys, shortened for reports
+
+
+def settle_activation_keys(ctx: MatchContext, texts: list[str], span, in_init: bool, kernel: KernelActivations,
+                           what: str) -> str | None:
+    """Settle the key expressions ``texts`` of an ``ACT2FN[...]`` lookup: None (a plain match)
+    when every default of every key is one ``kernel`` computes; the reason (no match) when none
+    is; ``conditional`` (``needs-config``, marked on ``ctx``) when the source does not settle it
+    (no resolvable default, defaults that differ, a choice between a kernel key and another
+    constant): a trace settles it. ``what`` names the lookup in the conditions."""
+    name, keys = kernel.name, kernel.keys
+    if not texts:
+        ctx.conditional("needs-config", f"{name} only if the key of {what} is in {kernel.keys_text}")
+    for text in texts:
+        choice = constant_choice(text)
+        if choice is not None:
+            test, a, b = choice
+            ka, kb = a in keys, b in keys
+            if not (ka or kb):
+                return f"activation {text} is {a!r} or {b!r} ({kernel.not_name})"
+            if not (ka and kb):
+                ctx.conditional("needs-config", f"{name} only if {test if ka else f'not ({test})'} (key {text})")
+            continue
+        defaults, where = key_defaults(ctx, span, text, in_init)
+        if not defaults or (None in defaults and len(defaults) > 1):
+            ctx.conditional("needs-config", f"{name} only if {text} in {kernel.keys_text} (no configuration "
+                                            "default resolves it)")
+            continue
+        computed = {d for d in defaults if isinstance(d, str) and d in keys}
+        shown = ", ".join(sorted(d if d == UNDEFINED else repr(d) for d in defaults))
+        if not computed:
+            return f"activation {text} defaults to {shown} ({kernel.not_name}) in {where}"
+        if len(computed) < len(defaults):
+            ctx.conditional("needs-config", f"{name} only if {text} in {kernel.keys_text} (its defaults in "
+                                            f"{where}: {shown})")
     return None

@@ -36,10 +36,9 @@ from adopter.core.rules._activation_keys import (
     GELU_KEYS,
     GELU_KEYS_TEXT,
     GELU_MODULES,
-    UNDEFINED,
+    KernelActivations,
     activation_key_texts,
-    constant_choice,
-    key_defaults,
+    settle_activation_keys,
 )
 from adopter.core.rules._common import LINEAR, const_text, intermediates_unused, kwarg
 from adopter.core.rules._config_defaults import (
@@ -48,6 +47,8 @@ from adopter.core.rules._config_defaults import (
 )
 from adopter.core.rules._gelu_wrappers import gelu_functions, gelu_module_classes
 from adopter.core.structures import Match
+
+GELU_KERNEL = KernelActivations(frozenset(GELU_KEYS), "GeLU", "not GeLU", GELU_KEYS_TEXT)
 
 DSL = f"""
 rule biased_GeLU
@@ -152,31 +153,7 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
             return None
         texts = [binding.activation] if getattr(binding, "activation", None) else activation_key_texts(binding.layer)
         span, in_init = binding.span, True
-    if not texts:
-        ctx.conditional("needs-config", f"GeLU only if the key of {act or 'the lookup'} is in {GELU_KEYS_TEXT}")
-    for text in texts:
-        choice = constant_choice(text)
-        if choice is not None:
-            test, a, b = choice
-            ga, gb = a in GELU_KEYS, b in GELU_KEYS
-            if not (ga or gb):
-                return f"activation {text} is {a!r} or {b!r} (not GeLU)"
-            if not (ga and gb):
-                ctx.conditional("needs-config", f"GeLU only if {test if ga else f'not ({test})'} (key {text})")
-            continue
-        defaults, where = key_defaults(ctx, span, text, in_init)
-        if not defaults or (None in defaults and len(defaults) > 1):
-            ctx.conditional("needs-config", f"GeLU only if {text} in {GELU_KEYS_TEXT} (no configuration default "
-                                            "resolves it)")
-            continue
-        gelu = {d for d in defaults if isinstance(d, str) and d in GELU_KEYS}
-        shown = ", ".join(sorted(d if d == UNDEFINED else repr(d) for d in defaults))
-        if not gelu:
-            return f"activation {text} defaults to {shown} (not GeLU) in {where}"
-        if len(gelu) < len(defaults):
-            ctx.conditional("needs-config", f"GeLU only if {text} in {GELU_KEYS_TEXT} (its defaults in {where}: "
-                                            f"{shown})")
-    return None
+    return settle_activation_keys(ctx, texts, span, in_init, GELU_KERNEL, str(act or "the lookup"))
 
 
 def _gelu_module_aliases(structures, source: str | None) -> dict[str, str]:

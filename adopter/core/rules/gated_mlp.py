@@ -43,10 +43,9 @@ from adopter.core.rules._activation_keys import (
     ACT2FN,
     GELU_KEYS,
     GELU_MODULES,
-    UNDEFINED,
+    KernelActivations,
     activation_key_texts,
-    constant_choice,
-    key_defaults,
+    settle_activation_keys,
 )
 from adopter.core.rules._common import LINEAR, const_text, intermediates_unused
 from adopter.core.structures import Match
@@ -119,7 +118,8 @@ def _activation_key_texts_of(ctx: MatchContext, act_node: Layer) -> tuple[list[s
     return texts, binding.span, True, str(act)
 
 
-_KEYS_TEXT = "{'silu', 'swish', 'gelu', 'gelu_pytorch_tanh', ...}"  # KERNEL_KEYS, shortened for reports
+KERNEL_ACTIVATIONS = KernelActivations(
+    KERNEL_KEYS, "SiLU/GeLU", "neither SiLU nor GeLU", "{'silu', 'swish', 'gelu', 'gelu_pytorch_tanh', ...}")
 
 
 def _activation_is_computed(ctx: MatchContext) -> str | None:
@@ -133,31 +133,7 @@ def _activation_is_computed(ctx: MatchContext) -> str | None:
     if texts is None:
         ctx.conditional("needs-config", f"SiLU/GeLU only if the activation {what} passed in is one")
         return None
-    if not texts:
-        ctx.conditional("needs-config", f"SiLU/GeLU only if the key of {what} is in {_KEYS_TEXT}")
-    for text in texts:
-        choice = constant_choice(text)
-        if choice is not None:
-            test, a, b = choice
-            ka, kb = a in KERNEL_KEYS, b in KERNEL_KEYS
-            if not (ka or kb):
-                return f"activation {text} is {a!r} or {b!r} (neither SiLU nor GeLU)"
-            if not (ka and kb):
-                ctx.conditional("needs-config", f"SiLU/GeLU only if {test if ka else f'not ({test})'} (key {text})")
-            continue
-        defaults, where = key_defaults(ctx, span, text, in_init)
-        if not defaults or (None in defaults and len(defaults) > 1):
-            ctx.conditional("needs-config", f"SiLU/GeLU only if {text} in {_KEYS_TEXT} (no configuration default "
-                                            "resolves it)")
-            continue
-        computed = {d for d in defaults if isinstance(d, str) and d in KERNEL_KEYS}
-        shown = ", ".join(sorted(d if d == UNDEFINED else repr(d) for d in defaults))
-        if not computed:
-            return f"activation {text} defaults to {shown} (neither SiLU nor GeLU) in {where}"
-        if len(computed) < len(defaults):
-            ctx.conditional("needs-config", f"SiLU/GeLU only if {text} in {_KEYS_TEXT} (its defaults in {where}: "
-                                            f"{shown})")
-    return None
+    return settle_activation_keys(ctx, texts, span, in_init, KERNEL_ACTIVATIONS, what)
 
 
 # ---------------------------------------------------------------- codemod
