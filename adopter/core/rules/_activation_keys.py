@@ -13,8 +13,9 @@ import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from adopter.core.dsl import Layer
+from adopter.core.dsl import Layer, Var
 from adopter.core.match import MatchContext
 from adopter.core.rules._common import const_text
 from adopter.core.rules._config_defaults import (
@@ -211,3 +212,23 @@ def settle_activation_keys(ctx: MatchContext, texts: list[str], span, in_init: b
             ctx.conditional("needs-config", f"{name} only if {text} in {kernel.keys_text} (its defaults in "
                                             f"{where}: {shown})")
     return None
+
+
+def activation_key_lookup(ctx: MatchContext, act_node: Layer) -> tuple[list[str] | None, Any, bool, str]:
+    """Key expressions of an ``ACT2FN`` activation node: (texts, span, bound in __init__, what the
+    conditions call it); texts None when the activation comes from outside the class (a trace must
+    settle it)."""
+    act = act_node.module
+    if act is None:  # ``ACT2FN[key](g)``: extraction passes the key as the ``activation`` keyword
+        texts = [t for t in (const_text(a.value) for a in act_node.args if a.keyword == "activation") if t is not None]
+        return texts, act_node.span, False, "the lookup"
+    binding = next(
+        (ib for ib in ctx.init_bindings
+         if isinstance(act, Var) and ib.attr == act.name and ib.layer.type == ACT2FN
+         and (ib.container is None or ib.container == act.name)),
+        None,
+    )
+    if binding is None:
+        return None, None, True, str(act)
+    texts = [binding.activation] if getattr(binding, "activation", None) else activation_key_texts(binding.layer)
+    return texts, binding.span, True, str(act)

@@ -27,7 +27,7 @@ from adopter.core.codemod.base import (
 )
 from adopter.core.codemod.context import FileContext, Skip, is_self_attr
 from adopter.core.codemod.edits import Edit
-from adopter.core.dsl import Layer, Var
+from adopter.core.dsl import Layer
 from adopter.core.match import MatchContext, local_type_names
 from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
 from adopter.core.rules._activation_keys import (
@@ -37,7 +37,7 @@ from adopter.core.rules._activation_keys import (
     GELU_KEYS_TEXT,
     GELU_MODULES,
     KernelActivations,
-    activation_key_texts,
+    activation_key_lookup,
     settle_activation_keys,
 )
 from adopter.core.rules._common import LINEAR, const_text, intermediates_unused, kwarg
@@ -135,25 +135,11 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
     act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
     if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
         return None
-    act = act_node.module
-    if act is None:
-        # ``ACT2FN[key](h)``: extraction passes the key as the ``activation`` keyword
-        texts = [const_text(a.value) for a in act_node.args if a.keyword == "activation"]
-        texts = [t for t in texts if t is not None]
-        span, in_init = act_node.span, False
-    else:
-        binding = next(
-            (ib for ib in ctx.init_bindings
-             if isinstance(act, Var) and ib.attr == act.name and ib.layer.type == ACT2FN
-             and (ib.container is None or ib.container == act.name)),
-            None,
-        )
-        if binding is None:
-            ctx.conditional("needs-config", f"GeLU only if the activation {act} passed in is one")
-            return None
-        texts = [binding.activation] if getattr(binding, "activation", None) else activation_key_texts(binding.layer)
-        span, in_init = binding.span, True
-    return settle_activation_keys(ctx, texts, span, in_init, GELU_KERNEL, str(act or "the lookup"))
+    texts, span, in_init, what = activation_key_lookup(ctx, act_node)
+    if texts is None:
+        ctx.conditional("needs-config", f"GeLU only if the activation {what} passed in is one")
+        return None
+    return settle_activation_keys(ctx, texts, span, in_init, GELU_KERNEL, what)
 
 
 def _gelu_module_aliases(structures, source: str | None) -> dict[str, str]:

@@ -18,7 +18,6 @@ settle it the match is ``conditional`` (``needs-config``) and the trace settles 
 from __future__ import annotations
 
 import ast
-from typing import Any
 
 from adopter.core.codemod.base import (
     ChainPlan,
@@ -32,7 +31,7 @@ from adopter.core.codemod.base import (
 )
 from adopter.core.codemod.context import FileContext, Skip, is_self_attr
 from adopter.core.codemod.edits import Edit
-from adopter.core.dsl import Layer, TensorOp, Var
+from adopter.core.dsl import Layer, TensorOp
 from adopter.core.match import MatchContext
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 
@@ -44,10 +43,10 @@ from adopter.core.rules._activation_keys import (
     GELU_KEYS,
     GELU_MODULES,
     KernelActivations,
-    activation_key_texts,
+    activation_key_lookup,
     settle_activation_keys,
 )
-from adopter.core.rules._common import LINEAR, const_text, intermediates_unused
+from adopter.core.rules._common import LINEAR, intermediates_unused
 from adopter.core.structures import Match
 
 _TA = "transformers.activations."
@@ -99,25 +98,6 @@ def _act_node(match: Match) -> Layer | None:
                  if isinstance(mn.node, Layer) and mn.node.type != "torch.nn.Linear"), None)
 
 
-def _activation_key_texts_of(ctx: MatchContext, act_node: Layer) -> tuple[list[str] | None, Any, bool, str]:
-    """Key expressions of an ``ACT2FN`` activation: (texts, span, bound in __init__, what);
-    texts None when the activation comes from outside the class (a trace must settle it)."""
-    act = act_node.module
-    if act is None:  # ``ACT2FN[key](g)``: extraction passes the key as the ``activation`` keyword
-        texts = [t for t in (const_text(a.value) for a in act_node.args if a.keyword == "activation") if t is not None]
-        return texts, act_node.span, False, "the lookup"
-    binding = next(
-        (ib for ib in ctx.init_bindings
-         if isinstance(act, Var) and ib.attr == act.name and ib.layer.type == ACT2FN
-         and (ib.container is None or ib.container == act.name)),
-        None,
-    )
-    if binding is None:
-        return None, None, True, str(act)
-    texts = [binding.activation] if getattr(binding, "activation", None) else activation_key_texts(binding.layer)
-    return texts, binding.span, True, str(act)
-
-
 KERNEL_ACTIVATIONS = KernelActivations(
     KERNEL_KEYS, "SiLU/GeLU", "neither SiLU nor GeLU", "{'silu', 'swish', 'gelu', 'gelu_pytorch_tanh', ...}")
 
@@ -129,7 +109,7 @@ def _activation_is_computed(ctx: MatchContext) -> str | None:
     act_node = _act_node(ctx.match)
     if act_node is None or act_node.type != ACT2FN:
         return None  # spelled as a SiLU/GeLU module or function: the pattern settled it
-    texts, span, in_init, what = _activation_key_texts_of(ctx, act_node)
+    texts, span, in_init, what = activation_key_lookup(ctx, act_node)
     if texts is None:
         ctx.conditional("needs-config", f"SiLU/GeLU only if the activation {what} passed in is one")
         return None
