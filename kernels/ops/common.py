@@ -51,3 +51,22 @@ def _first_proxy(args, kwargs):
 
 def is_proxy(value) -> bool:
     return isinstance(value, Proxy)
+
+
+def rotary_function(rotate, name: str, doc: str) -> type:
+    """An autograd Function applying the rotary embedding with ``rotate(x, cos, sin, transpose)``
+    (the torch or the triton implementation): backward is the transposed rotation of the
+    gradient, from ``cos``/``sin`` alone (``x`` is not saved; cos/sin are constants)."""
+    import torch
+
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return rotate(x, cos, sin, transpose=False)
+
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        dx = rotate(grad, cos, sin, transpose=True) if ctx.needs_input_grad[0] else None
+        return dx, None, None
+
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import select_backend, triton_dtype_ok
-from .common import fx_leaf
+from .common import fx_leaf, rotary_function
 
 # the triton kernel indexes up to 4 dimensions (batch, heads, seq, dim); more use the torch path
 TRITON_MAX_DIMS = 4
@@ -57,20 +57,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, transpose: boo
     return out
 
 
-class RotaryFunction(torch.autograd.Function):
+RotaryFunction = rotary_function(
+    rotate, "RotaryFunction",
     """``x * cos + rotate_half(x) * sin`` for ``x`` of the broadcast shape of all three, ``cos``
-    and ``sin`` of ``x``'s dtype, constants for autograd; torch ops (any device)."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin):
-        ctx.save_for_backward(cos, sin)
-        return rotate(x, cos, sin, transpose=False)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        dx = rotate(grad, cos, sin, transpose=True) if ctx.needs_input_grad[0] else None
-        return dx, None, None
+    and ``sin`` of ``x``'s dtype, constants for autograd; torch ops (any device).""",
+)
 
 
 def _triton_supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import next_power_of_2
+from .common import next_power_of_2, rotary_function
 
 ROWS_PER_PROGRAM = 16
 
@@ -77,16 +77,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, transpose: boo
     return out
 
 
-class TritonRotaryFunction(torch.autograd.Function):
-    """:class:`adopter.kernels.ops.rotary.RotaryFunction` as one triton kernel each way."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin):
-        ctx.save_for_backward(cos, sin)
-        return rotate(x, cos, sin, transpose=False)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        dx = rotate(grad, cos, sin, transpose=True) if ctx.needs_input_grad[0] else None
-        return dx, None, None
+TritonRotaryFunction = rotary_function(
+    rotate, "TritonRotaryFunction",
+    """:class:`adopter.kernels.ops.rotary.RotaryFunction` as one triton kernel each way.""",
+)
