@@ -1,5 +1,6 @@
-# Both targets do all set-up on a fresh machine. torch is pinned to 2.13.0 (a local CPU wheel here;
-# any other spec downloads GBs of CUDA packages), and installed first so nothing else pulls a newer one.
+# Both targets do all set-up on a fresh machine, installing with constraints.txt (the exact versions
+# CI tested: torch 2.13.0 is a local CPU wheel here, any other spec downloads GBs of CUDA packages;
+# transformers is the version the recorded outputs ran on). torch goes first so nothing pulls another.
 #
 # The installs run once: the stamp records them, and is redone when setup.cfg, pyproject.toml or
 # this Makefile change, or when the check finds torch 2.13.0 or this package missing from
@@ -8,7 +9,7 @@ PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 # inside an ignored directory (*.egg-info/, recreated by the editable install)
 STAMP = adopter.egg-info/.make-install-stamp
-INSTALLED_CHECK = from importlib.metadata import version as v; assert v('torch').startswith('2.13.0'); v('adopter'); v('ruff')
+INSTALLED_CHECK = from importlib.metadata import version as v; assert v('torch').startswith('2.13.0'); assert v('transformers') == '5.23.0'; v('adopter'); v('ruff')
 
 .PHONY: install verify test test-fast gate
 
@@ -16,10 +17,10 @@ install:
 	@$(PYTHON) -c "$(INSTALLED_CHECK)" 2>/dev/null || rm -f $(STAMP)
 	@$(MAKE) --no-print-directory $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml Makefile
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
-	$(PIP) install -q "xformers==0.0.35" || echo "xformers not installable here: attention falls back to SDPA"
+$(STAMP): setup.cfg pyproject.toml Makefile constraints.txt
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	$(PIP) install -q -c constraints.txt xformers || echo "xformers not installable here: attention falls back to SDPA"
 	@# bytecode ahead of time: with PYTHONDONTWRITEBYTECODE set, every CLI start compiled the
 	@# package again (0.2 s of a 0.4 s start); a stale file is only ignored, never used
 	@$(PYTHON) -m compileall -q adopter rewrite tracing kernels > /dev/null || true

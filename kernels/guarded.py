@@ -16,8 +16,12 @@ and runs the fused kernel when everything holds, or else calls the modules exact
 original source did (``norm(dropout(x) + residual)``). So a rewritten class computes what the
 original computed for every configuration and every instance, including instances the analysis
 never saw. Each call is counted in :mod:`adopter.kernels.telemetry` with its path, so a
-fallback is visible in reports. While ``torch.fx`` traces (Proxy inputs) the original
-computation is traced, so graphs of rewritten models show the user's modules.
+fallback is visible in reports. While ``torch.fx`` traces (Proxy inputs) a call is recorded as
+one node of the kernel itself, its modules as ``get_attr`` nodes (``ops.common.fx_call``), so the
+traced module decides at run time as the eager one does and computes the same; where an argument
+cannot be a graph argument (a function such as ``F.gelu``) the original computation is traced.
+Under TorchScript none of this is compiled: rewrites keep the original statements in an
+``if torch.jit.is_scripting():`` branch.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from torch.nn.modules import module as _module_mod
 from .backend import last_backend
 from .ops.batch_norm_fold import fold_batch_norm
 from .ops.bias_gelu import linear_bias_gelu
-from .ops.common import is_proxy
+from .ops.common import fx_call, is_proxy
 from .ops.dropout_add_layer_norm import dropout_add_layer_norm as _dropout_add_layer_norm
 from .telemetry import ORIGINAL, record
 
@@ -123,6 +127,9 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
 def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: Any, **act_kwargs: Any) -> Any:
     """``activation(linear(x), *act_args, **act_kwargs)``; with an ``nn.Linear`` and a GeLU the
     kernel computes, the matmul then one fused bias+GeLU kernel (triton on CUDA)."""
+    traced = fx_call(linear_gelu, (linear, activation, x, *act_args), act_kwargs)
+    if traced is not None:
+        return traced
     reason = _context_reason(x) or _plain(linear, nn.Linear)
     if not reason:
         mode, reason = gelu_mode(activation, act_args, act_kwargs)
@@ -182,6 +189,9 @@ def dropout_add_layer_norm(
     plain ``nn.LayerNorm``: one fused kernel each way on CUDA (dropout mask regenerated in the
     backward), the unfused ops otherwise; anything else runs the original computation. ``x`` may
     be in half precision with a float32 ``residual`` (autocast)."""
+    traced = fx_call(dropout_add_layer_norm, (dropout, norm, x, residual, *drop_args), {"prenorm": prenorm, **drop_kwargs})
+    if traced is not None:
+        return traced
     reason = _context_reason(x, residual) or _plain(norm, nn.LayerNorm)
     p = training = None
     if not reason:
@@ -240,6 +250,9 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
     """``(query(x), key(x), value(x))``; three ``nn.Linear`` on one input run as one matmul over
     their concatenated weights (parameters unchanged; the concatenation is cached while no
     gradient flows). On CPU the three modules run (see ``QKV_FUSE_ON_CPU``)."""
+    traced = fx_call(qkv, (query, key, value, x))
+    if traced is not None:
+        return traced[0], traced[1], traced[2]
     layers = (query, key, value)
     reason = _context_reason(x)
     if not reason and x.device.type == "cpu" and not QKV_FUSE_ON_CPU:
@@ -299,6 +312,9 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(conv(x))``; an eval-mode BatchNorm with running statistics is folded into the conv's
     weights: one conv."""
+    traced = fx_call(conv_bn, (conv, bn, x))
+    if traced is not None:
+        return traced
     reason = _context_reason(x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
     return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward)
 
@@ -306,6 +322,9 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(linear(x))`` for ``(batch, features)`` input; an eval-mode BatchNorm1d with running
     statistics is folded into the Linear: one matmul."""
+    traced = fx_call(linear_bn, (linear, bn, x))
+    if traced is not None:
+        return traced
     reason = _context_reason(x) or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
     if not reason and x.dim() != 2:
         reason = f"input of rank {x.dim()} (folding needs (batch, features))"

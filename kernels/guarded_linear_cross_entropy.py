@@ -28,11 +28,18 @@ It computes the loss chunk by chunk without ever materializing the ``(tokens x v
   :func:`keep_logits`.
 
 Then it returns ``(None, loss)``: **the logits are None** — the one observable difference, and the
-reason for the opt-out. Otherwise it computes exactly what the source computed:
+reason for the opt-out. The first such call for a model (its head module) warns with
+:class:`LogitsNotComputedWarning`, naming the rewritten site and the opt-out, so a training loop
+that reads ``outputs.logits`` is not left with a bare ``AttributeError`` on None. Otherwise it computes exactly what the source computed:
 ``(head(h), None if labels is None else loss_function(logits, ...))``. The loss is
 ``ForCausalLMLoss``'s: labels shifted by one position (padded with ``ignore_index``) unless
 ``shift_labels`` is given, fp32 log-softmax, ``sum / num_items_in_batch`` when that is given,
 the mean over counted tokens otherwise.
+
+Under ``torch.compile`` the guard is traced like any Python (the checks of the loss function's
+identity and signature are evaluated once per compilation, as constants), the chunked loss is one
+custom op of the graph (:mod:`adopter.kernels.ops.linear_cross_entropy`) and the warning is issued
+while the call is traced: no graph break.
 """
 from __future__ import annotations
 
@@ -42,25 +49,35 @@ import inspect
 import os
 import sys
 import threading
+import warnings
+import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .backend import last_backend
+from .backend import _constant_under_compile, last_backend
 from .guarded import _context_reason, _fallback, _plain
 from .ops.linear_cross_entropy import linear_cross_entropy_sum
-from .telemetry import record
+from .telemetry import calling_site, record, source_file
 
-__all__ = ["KEEP_LOGITS_ENV", "keep_logits", "linear_cross_entropy"]
+__all__ = ["KEEP_LOGITS_ENV", "LogitsNotComputedWarning", "keep_logits", "linear_cross_entropy"]
 
 KERNEL = "linear_cross_entropy"
 KEEP_LOGITS_ENV = "ADOPTER_KEEP_LOGITS"
 _LOSS_MODULE = "transformers.loss.loss_utils"
-# ForCausalLMLoss's parameters in the transformers versions whose semantics the kernel implements
+# ForCausalLMLoss's parameters in the transformers versions whose semantics the kernel implements:
+# all positional-or-keyword but the last (**kwargs), with these defaults
 _CAUSAL_LM_PARAMETERS = ("logits", "labels", "vocab_size", "num_items_in_batch", "ignore_index", "shift_labels",
                          "kwargs")
+_CAUSAL_LM_DEFAULTS = {"num_items_in_batch": None, "ignore_index": -100, "shift_labels": None}
+
+
+class LogitsNotComputedWarning(UserWarning):
+    """A rewritten causal LM computed its training loss with the fused LM head + cross-entropy and
+    returned ``logits=None`` (training with labels). Issued once per model; keep the logits with
+    ``ADOPTER_KEEP_LOGITS=1`` or ``with adopter.kernels.keep_logits():``."""
 
 
 class _KeepLogits(threading.local):
@@ -87,13 +104,25 @@ def _logits_wanted() -> bool:
 
 @functools.cache
 def _signature_is_known(fn: Any) -> bool:
+    """Whether ``fn``'s signature is the one the kernel implements (names, kinds, defaults), so
+    that :func:`_bind` binds a call as Python would."""
     try:
-        names = tuple(inspect.signature(fn).parameters)
+        parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return False
-    return names == _CAUSAL_LM_PARAMETERS
+    if tuple(p.name for p in parameters) != _CAUSAL_LM_PARAMETERS:
+        return False
+    if parameters[-1].kind is not inspect.Parameter.VAR_KEYWORD or any(
+            p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters[:-1]):
+        return False
+    for p in parameters[:-1]:
+        default = _CAUSAL_LM_DEFAULTS.get(p.name, inspect.Parameter.empty)
+        if not (p.default is default or (type(p.default) is type(default) and p.default == default)):
+            return False
+    return True
 
 
+@_constant_under_compile  # a fact of the function object: evaluated once while torch.compile traces
 def _causal_lm_loss_reason(loss_function: Any) -> str:
     """"" when ``loss_function`` is transformers' ``ForCausalLMLoss`` as the kernel implements it."""
     module = sys.modules.get(_LOSS_MODULE)
@@ -106,15 +135,27 @@ def _causal_lm_loss_reason(loss_function: Any) -> str:
     return ""
 
 
-def _bind(loss_function: Any, loss_args: tuple, loss_kwargs: dict) -> tuple[dict | None, str]:
-    try:
-        bound = inspect.signature(loss_function).bind(None, *loss_args, **loss_kwargs)
-    except TypeError as exc:
-        return None, f"loss call arguments do not bind: {exc}"
-    args = dict(bound.arguments)
-    extra = args.pop("kwargs", {})
+def _bind(loss_args: tuple, loss_kwargs: dict) -> tuple[dict | None, str]:
+    """The loss call's arguments by parameter name (what ``inspect.Signature.bind`` gives for the
+    signature :func:`_signature_is_known` checked, the logits passed first), or why they do not
+    bind. Written out, not ``inspect``: torch.compile traces it like any Python."""
+    names = _CAUSAL_LM_PARAMETERS[1:-1]
+    if len(loss_args) > len(names):
+        return None, f"loss call arguments do not bind: {len(loss_args) + 1} positional arguments"
+    args = dict(zip(names, loss_args))
+    extra = []
+    for name, value in loss_kwargs.items():
+        if name in args or name == _CAUSAL_LM_PARAMETERS[0]:
+            return None, f"loss call arguments do not bind: multiple values for argument {name!r}"
+        if name in names:
+            args[name] = value
+        else:
+            extra.append(name)
     if extra:
         return None, f"loss keyword arguments the kernel does not implement: {', '.join(sorted(extra))}"
+    for name in ("labels", "vocab_size"):
+        if name not in args:
+            return None, f"loss call arguments do not bind: missing a required argument: {name!r}"
     return args, ""
 
 
@@ -204,7 +245,7 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
     bound = None
     reason = _fused_reason(head, hidden_states) or _causal_lm_loss_reason(loss_function)
     if not reason:
-        bound, reason = _bind(loss_function, loss_args, loss_kwargs)
+        bound, reason = _bind(loss_args, loss_kwargs)
     if not reason:
         targets, reason = _loss_inputs(head, hidden_states, bound)
     if reason:
@@ -222,4 +263,66 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
             n_items = n_items.to(loss_sum.device)
         loss = loss_sum / n_items
     record(KERNEL, last_backend())
+    _warn_logits_not_computed(head)
     return None, loss
+
+
+# ---------------------------------------------------------------- the logits=None warning
+
+# heads (one per model) whose call already warned; and, for heads that cannot be weakly referenced, sites
+_WARNED: weakref.WeakSet = weakref.WeakSet()
+_WARNED_SITES: set = set()
+
+
+def logits_not_computed_message(site: str = "") -> str:
+    """What :class:`LogitsNotComputedWarning` says (``site``: ``file:line (function)`` of the call)."""
+    where = f" at {site}" if site else ""
+    return (
+        f"adopter: the rewritten LM head + loss{where} computed the training loss without the logits, so "
+        "this model returns logits=None when training with labels (the tokens x vocab logits are never "
+        f"materialized; eval and calls without labels return them). Code that reads outputs.logits "
+        f"(accuracy, distillation) needs them kept: set {KEEP_LOGITS_ENV}=1 or run the model inside "
+        "`with adopter.kernels.keep_logits():`. Shown once per model."
+    )
+
+
+def _traced_site() -> tuple[str, int, str] | None:
+    """``(file, line, function)`` of the user frame torch.compile is tracing (the rewritten site),
+    when this runs while dynamo traces; None otherwise."""
+    guards = sys.modules.get("torch._guards")
+    context = guards.TracingContext.try_get() if guards is not None else None
+    if context is None:
+        return None
+    try:
+        frames = list(guards.TracingContext.extract_stack())
+    except Exception:  # noqa: BLE001  (a private API: without it the warning names no site)
+        return "", 0, ""
+    package = os.path.dirname(os.path.abspath(__file__))
+    for frame in reversed(frames):
+        if not os.path.abspath(frame.filename).startswith(package + os.sep):
+            return source_file(frame.filename), frame.lineno or 0, frame.name
+    return "", 0, ""
+
+
+@_constant_under_compile  # runs (once) while torch.compile traces the call, not in the graph
+def _warn_logits_not_computed(head: Any) -> None:
+    """Warn (:class:`LogitsNotComputedWarning`) the first time the call through ``head`` drops the logits."""
+    try:
+        if head in _WARNED:
+            return
+        _WARNED.add(head)
+        key = None
+    except TypeError:  # not weakly referenceable: once per site instead
+        key = True
+    file, line, function = _traced_site() or calling_site()
+    if key is not None:
+        if (file, function) in _WARNED_SITES:
+            return
+        _WARNED_SITES.add((file, function))
+    site = f"{os.path.basename(file)}:{line} ({function})" if file else ""
+    message = logits_not_computed_message(site)
+    if file:
+        # attributed to the rewritten line itself (the user's file), not to this module
+        warnings.warn_explicit(message, LogitsNotComputedWarning, file, line)
+    else:
+        warnings.warn(message, LogitsNotComputedWarning, stacklevel=3)

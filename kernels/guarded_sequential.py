@@ -10,13 +10,18 @@ differs: consecutive children that form a pair a guarded kernel handles run thro
 ``(Linear, a GeLU)`` -> :func:`linear_gelu` — decided from the children it holds *at run time*
 (not from what the analysis saw), and each kernel checks its own preconditions again (exact
 forward, hooks, eval mode...) and otherwise calls the two children as ``nn.Sequential`` does.
-Kernel calls are counted under the function that built the Sequential.
+Kernel calls are counted under the function that built the Sequential. It prints as
+``Sequential`` (``print(model)`` shows the user's structure); ``type(m) is nn.Sequential`` is
+the one thing that tells it apart. ``torch.jit.script`` compiles ``nn.Sequential``'s loop, and
+``torch.fx`` records each fused pair as one node of its kernel (``fx_call``), so traced and
+eager models agree.
 """
 from __future__ import annotations
 
 import sys
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from .guarded import conv_bn, gelu_mode, linear_bn, linear_gelu
@@ -45,7 +50,21 @@ class GuardedSequential(nn.Sequential):
         # where the user's source builds it: kernel calls are counted there
         self._adopter_site = (source_file(caller.co_filename), getattr(caller, "co_qualname", caller.co_name))
 
-    def forward(self, input: Any) -> Any:  # noqa: A002 - nn.Sequential's parameter name
+    def _get_name(self) -> str:
+        # ``print(model)`` shows the structure the user wrote
+        return "Sequential"
+
+    def forward(self, input):  # noqa: A002 - nn.Sequential's parameter name
+        if torch.jit.is_scripting():
+            # TorchScript compiles nn.Sequential's own loop (the branch below is never compiled)
+            for module in self:
+                input = module(input)
+            return input
+        else:
+            return self._guarded_forward(input)
+
+    @torch.jit.unused
+    def _guarded_forward(self, input: Any) -> Any:  # noqa: A002
         children = list(self._modules.values())
         with calls_made_at(getattr(self, "_adopter_site", None)):
             i, n = 0, len(children)

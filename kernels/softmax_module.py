@@ -15,6 +15,13 @@ class Softmax(nn.Softmax):
         super().__init__(dim)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles nn.Softmax's computation
+            return F.softmax(input, self.dim, _stacklevel=5)
+        else:
+            return self._forward(input)
+
+    @torch.jit.unused
+    def _forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.dim is None:  # legacy implicit dim: keep torch's behaviour (and its warning)
             return F.softmax(input, self.dim, _stacklevel=5)
         return softmax(input, self.dim)

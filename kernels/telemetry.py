@@ -21,7 +21,7 @@ import torch
 
 __all__ = [
     "FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "reset_kernel_calls",
-    "calls_made_at", "site_function", "source_file",
+    "calling_site", "calls_made_at", "site_function", "source_file",
 ]
 
 FUSED_BACKENDS = ("torch", "triton", "xformers")
@@ -118,6 +118,19 @@ def _site() -> tuple[str, str]:
         return "", ""
     code = frame.f_code
     return source_file(code.co_filename), getattr(code, "co_qualname", code.co_name)
+
+
+def calling_site() -> tuple[str, int, str]:
+    """``(file, line, function)`` of the first frame outside ``adopter.kernels`` (the rewritten
+    site that called the kernel; ``file`` is the user's file, see :func:`source_file`,
+    ``function`` qualified); ``("", 0, "")`` when there is none."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return "", 0, ""
+    code = frame.f_code
+    return source_file(code.co_filename), frame.f_lineno, getattr(code, "co_qualname", code.co_name)
 
 
 def _compiling() -> bool:

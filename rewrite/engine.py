@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from adopter.rewrite import cst
 from adopter.rewrite.apply import KERNELS_MODULE, add_kernel_imports, apply_edit
 from adopter.rewrite.partial import PartialTree
+from adopter.rewrite.scripting import GuardError, keep_original_for_torchscript
 from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
 
 from adopter.core.codemod.context import FileContext, Skip
@@ -163,11 +164,15 @@ def rewrite_source(
     *,
     filename: str = "<string>",
     rules: Sequence = (),
+    torchscript_guard: bool = True,
 ) -> RewriteResult:
     """Rewrite ``text`` (``\\n`` newlines) for ``matches``. Never raises for bad input:
     problems come back as outcomes (per match) or ``error`` (whole file).
 
-    ``rules``: the rules in use (a match's rule is looked up there first, then in the registry)."""
+    ``rules``: the rules in use (a match's rule is looked up there first, then in the registry).
+    ``torchscript_guard``: keep the original statements for TorchScript
+    (:mod:`adopter.rewrite.scripting`); a caller that rewrites in several passes guards once,
+    after the last."""
     matches = list(matches)
     try:
         ctx = FileContext(text, filename=filename)
@@ -263,21 +268,31 @@ def rewrite_source(
             add_kernel_imports(partial.root, imports)
         spliced = partial.spliced()
     new_text = spliced.text
+    segments = spliced.changed_segments
+    if torchscript_guard and new_text != text:
+        try:
+            new_text = keep_original_for_torchscript(text, new_text)
+        except GuardError as exc:
+            reason = f"cannot keep the original for TorchScript ({exc}); file left unchanged"
+            return _all_failed(text, outcomes, matches, reason)
+        segments = [(1, new_text)]
     if new_text != text:
-        problem = _compile_problem(spliced.changed_segments, filename)
+        problem = _compile_problem(segments, filename)
         if problem:
             reason = f"rewritten code does not compile ({problem}); file left unchanged"
-            return RewriteResult(
-                new_text=text,
-                outcomes=[
-                    MatchOutcome(o.match, False, reason) if o.applied else o
-                    for o in (outcomes[i] for i in range(len(matches)))
-                ],
-                error=reason,
-            )
+            return _all_failed(text, outcomes, matches, reason)
     ordered = [outcomes[i] for i in range(len(matches))]
     return RewriteResult(
         new_text=new_text, outcomes=ordered, diff=unified_diff(text, new_text, filename), deferred=deferred
+    )
+
+
+def _all_failed(text: str, outcomes: dict, matches: list, reason: str) -> RewriteResult:
+    """The file left as it was: every match that applied reports ``reason``."""
+    ordered = (outcomes[i] for i in range(len(matches)))
+    return RewriteResult(
+        new_text=text, outcomes=[MatchOutcome(o.match, False, reason) if o.applied else o for o in ordered],
+        error=reason,
     )
 
 
@@ -373,7 +388,6 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
     # one file, which had such a match), so it is not run.
     text = source.text
     outcomes: list[MatchOutcome] = []
-    passes_changed: list[RewriteResult] = []
     for _ in range(MAX_PASSES):
         superseded: list[Match] = []
         try:
@@ -384,7 +398,7 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
             return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
         if not matches:
             break
-        result = rewrite_source(text, matches, filename=name, rules=rules)
+        result = rewrite_source(text, matches, filename=name, rules=rules, torchscript_guard=False)
         if result.error:
             if text != source.text:
                 break  # keep what earlier passes achieved
@@ -395,14 +409,17 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
         if not result.changed:
             break
         text = result.new_text
-        passes_changed.append(result)
         if not (superseded or result.deferred):
             break
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
-    # one changing pass (the usual case): its diff is already the whole file's
-    diff = passes_changed[0].diff if len(passes_changed) == 1 else unified_diff(source.text, text, name)
-    result = RewriteResult(new_text=text, outcomes=outcomes, diff=diff)
+    try:
+        text = keep_original_for_torchscript(source.text, text)
+    except GuardError as exc:
+        reason = f"cannot keep the original for TorchScript ({exc}); file left unchanged"
+        return FileRewrite(name, "failed", [MatchOutcome(o.match, False, reason) if o.applied else o for o in outcomes],
+                           reason=reason)
+    result = RewriteResult(new_text=text, outcomes=outcomes, diff=unified_diff(source.text, text, name))
     written = False
     if write:
         new_source = source.with_text(result.new_text)

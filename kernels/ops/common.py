@@ -53,6 +53,38 @@ def is_proxy(value) -> bool:
     return isinstance(value, Proxy)
 
 
+def fx_call(fn, args: tuple, kwargs: dict | None = None):
+    """What a guarded kernel returns while ``torch.fx`` symbolically traces a call of it (a
+    ``Proxy`` among its arguments): the call recorded as one ``call_function`` node of ``fn``,
+    its modules as ``get_attr`` nodes, so the traced ``GraphModule`` runs ``fn`` itself, with its
+    run-time checks, and computes what the eager model computes (a fold of BatchNorm in eval
+    mode included). None when not tracing, or when an argument cannot be a graph argument (a
+    function such as ``F.gelu``, a module outside the traced root): the caller then traces the
+    original computation."""
+    kwargs = kwargs or {}
+    proxy = _first_proxy(args, kwargs)
+    if proxy is None:
+        return None
+    tracer = proxy.tracer
+    if not all(_graph_argument(tracer, value) for value in (*args, *kwargs.values())):
+        return None
+    return tracer.create_proxy("call_function", fn, args, kwargs)
+
+
+def _graph_argument(tracer, value) -> bool:
+    """Whether ``tracer.create_arg`` can represent ``value`` without adding nodes it may not need."""
+    import torch
+
+    if value is None or isinstance(value, (Proxy, bool, int, float, str, torch.dtype, torch.device, torch.Tensor)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_graph_argument(tracer, item) for item in value)
+    if isinstance(value, torch.nn.Module):
+        root = getattr(tracer, "root", None)
+        return isinstance(root, torch.nn.Module) and any(m is value for m in root.modules())
+    return False
+
+
 def rotary_function(rotate, name: str, doc: str) -> type:
     """An autograd Function applying the rotary embedding with ``rotate(x, cos, sin, transpose)``
     (the torch or the triton implementation): backward is the transposed rotation of the

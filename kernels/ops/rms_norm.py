@@ -70,13 +70,26 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps, form: RMSNorm
     return scale * hidden_states.to(input_dtype)
 
 
+def _fused_rms_norm_op():
+    """``aten::_fused_rms_norm`` through ``torch.ops`` (None in a torch without it): the op
+    overload, not the ``torch._fused_rms_norm`` binding, which dynamo skips (a graph break at every
+    norm); through ``torch.ops`` it is one node of the compiled graph, with its meta kernel and
+    decomposition, and eager runs the very same kernel."""
+    try:
+        return torch.ops.aten._fused_rms_norm.default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_FUSED = _fused_rms_norm_op()
+
+
 def _normalize(x32: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x32 * rstd, rstd)`` with ``rstd = rsqrt(mean(x32**2, -1, keepdim=True) + eps)``: one fused
     aten op where torch has it (on CPU bitwise equal to the written-out ops, 5x faster), else those ops."""
-    fused = getattr(torch, "_fused_rms_norm", None)
-    if fused is not None:
+    if _FUSED is not None:
         try:
-            return fused(x32, [x32.shape[-1]], None, eps)
+            return _FUSED(x32, [x32.shape[-1]], None, eps)
         except (NotImplementedError, RuntimeError):  # no kernel for this device
             pass
     rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)

@@ -145,15 +145,24 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str], type_hints:
                 attr_uses=_attr_uses(cls, lines),
             )
         )
-        fwd = cls.methods.get("forward")
-        if fwd is not None:
-            functions.append(interp.entry(cls, fwd, f"{cls.name}.forward"))
+        # Every method is an entry, not only ``forward``: a pair that ``forward_intermediates``
+        # (or any other method a user calls) runs must get the rewrite ``forward`` gets, or one
+        # model answers two ways. Matches a method shares with ``forward`` (inlined) are one match.
+        for name, method in cls.methods.items():
+            if name == "forward" or (cls.is_module and _is_entry_method(name)):
+                functions.append(interp.entry(cls, method, f"{cls.name}.{name}"))
     for name, fdef in fc.functions.items():
         functions.append(interp.entry(None, fdef, name))
     return FileStructures(
         file=filename, classes=tuple(classes), functions=tuple(functions), imports=dict(fc.imports),
         sequentials=_sequential_builds(fc),
     )
+
+
+def _is_entry_method(name: str) -> bool:
+    """A method other than ``forward`` whose body may run layer pairs: not ``__init__`` (its
+    bindings are read as such) nor another dunder."""
+    return not (name.startswith("__") and name.endswith("__"))
 
 
 def _functions_building_sequentials(fc: _File, lines: list[str]):

@@ -174,6 +174,11 @@ class _Paths:
         test = s.test
         if type(test) is ast.Constant:
             return self.block(s.body if test.value else s.orelse, live)
+        scripting = self.scripting_test(test)
+        if scripting is not None:
+            # Python never runs a ``torch.jit.is_scripting()`` branch (TorchScript's compiler
+            # alone does; adopter's own rewrites keep the user's statements there for it)
+            return self.block(s.orelse if scripting else s.body, live)
         out = []
         for st in live:
             if len(out) >= MAX_PATHS:
@@ -200,6 +205,18 @@ class _Paths:
             self.stmt = s
             out.extend(self.merge(body + orelse, s))
         return out
+
+    def scripting_test(self, test) -> bool | None:
+        """True for ``torch.jit.is_scripting()`` (however ``torch`` is imported), False for its
+        ``not``; None for any other test."""
+        negated = type(test) is ast.UnaryOp and type(test.op) is ast.Not
+        call = test.operand if negated else test
+        if type(call) is not ast.Call or call.args or call.keywords:
+            return None
+        d = _dotted(call.func)
+        if d is None or (self.fc.fqn(d) or d) not in ("torch.jit.is_scripting", "torch.jit._script.is_scripting"):
+            return None
+        return not negated
 
     def decision_key(self, test, st: _St) -> str:
         names = _TEST_NAMES.get(id(test))
