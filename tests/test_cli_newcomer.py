@@ -283,7 +283,7 @@ def test_verify_run_does_not_depend_on_the_cli():
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_makefile_installs_once_and_again_when_the_package_metadata_changes(tmp_path):
-    for name in ("Makefile", "setup.cfg", "pyproject.toml"):
+    for name in ("Makefile", "setup.cfg", "pyproject.toml", "constraints.txt"):
         shutil.copy2(ROOT / name, tmp_path / name)
 
     def planned():

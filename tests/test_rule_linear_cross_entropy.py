@@ -20,6 +20,7 @@ from adopter.kernels.guarded_linear_cross_entropy import KEEP_LOGITS_ENV, keep_l
 from adopter.kernels.ops.linear_cross_entropy import chunk_rows, linear_cross_entropy_sum
 from adopter.rewrite import rewrite_source
 from adopter.rewrite.loader import load_rewritten_module
+from adopter.rewrite.scripting import python_view
 from torch import nn
 
 from adopter.core.rules.linear_cross_entropy import NOTE, RULE
@@ -68,7 +69,7 @@ def test_rewrite_of_fixture_sites():
     matches = scan_source(text, "positive.py", [RULE])
     result = rewrite_source(text, matches, filename="positive.py", rules=[RULE])
     assert result.error == "" and result.skipped == [] and len(result.applied) == 4
-    new = result.new_text
+    new = python_view(result.new_text)
     assert "from adopter.kernels import linear_cross_entropy" in new
     assert new.count(f"# {NOTE}") == 4  # the diff says where logits are not returned
     assert "self.lm_head, hidden_states, self.loss_function, labels=labels, vocab_size=self.config.vocab_size, " \

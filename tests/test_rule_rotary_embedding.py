@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from adopter.rewrite.scripting import python_view
 
 _TRITON_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
 os.environ["TRITON_INTERPRET"] = "1"
@@ -198,6 +199,7 @@ def rewritten_positive():
 
 def test_rewrite_text(rewritten_positive):
     _, new = rewritten_positive
+    new = python_view(new)
     for line in (
         "q_embed = rotary(q, cos, sin, rotate_half)",
         "k_embed = rotary(k, cos, sin, rotate_half)",

@@ -148,8 +148,11 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str], type_hints:
         # Every method is an entry, not only ``forward``: a pair that ``forward_intermediates``
         # (or any other method a user calls) runs must get the rewrite ``forward`` gets, or one
         # model answers two ways. Matches a method shares with ``forward`` (inlined) are one match.
+        called = _called_methods(cls)
         for name, method in cls.methods.items():
-            if name == "forward" or (cls.is_module and _is_entry_method(name)):
+            if name == "forward" or (
+                cls.is_module and _is_entry_method(name) and name not in called and not _drives_the_model(method)
+            ):
                 functions.append(interp.entry(cls, method, f"{cls.name}.{name}"))
     for name, fdef in fc.functions.items():
         functions.append(interp.entry(None, fdef, name))
@@ -163,6 +166,33 @@ def _is_entry_method(name: str) -> bool:
     """A method other than ``forward`` whose body may run layer pairs: not ``__init__`` (its
     bindings are read as such) nor another dunder."""
     return not (name.startswith("__") and name.endswith("__"))
+
+
+def _drives_the_model(method: ast.FunctionDef) -> bool:
+    """A method that calls the model itself (``self(...)``, ``self.forward(...)``): a loop around
+    the model (``generate``, sampling, a training step), whose own ops (a softmax over one step's
+    logits) are not the model's structure."""
+    for node in ast.walk(method):
+        if type(node) is ast.Call:
+            f = node.func
+            if (type(f) is ast.Name and f.id == "self") or (
+                type(f) is ast.Attribute and f.attr in ("forward", "__call__") and type(f.value) is ast.Name
+                and f.value.id == "self"
+            ):
+                return True
+    return False
+
+
+def _called_methods(cls) -> set[str]:
+    """Methods another method of the class calls (``self.name(...)``): analysed where they are
+    called (inlined), not again as entries of their own."""
+    called = set()
+    for name, method in cls.methods.items():
+        for node in ast.walk(method):
+            f = node.func if type(node) is ast.Call else None
+            if type(f) is ast.Attribute and type(f.value) is ast.Name and f.value.id == "self" and f.attr != name:
+                called.add(f.attr)
+    return called
 
 
 def _functions_building_sequentials(fc: _File, lines: list[str]):
