@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from adopter.rewrite import rewrite_source
+from adopter.rewrite.scripting import SCRIPTING_TEST, python_view
 
 from adopter.core.rules import all_rules
 from adopter.core.scan import scan_source
-from adopter.rewrite import rewrite_source
-from adopter.rewrite.scripting import SCRIPTING_TEST, python_view
 
 ZOO = Path(__file__).parent / "fixtures" / "modes" / "zoo.py"
 
@@ -144,3 +144,21 @@ def test_guarded_sequential_prints_and_scripts_as_the_users_sequential(zoo):
     scripted = torch.jit.script(rewritten.stem)
     x = torch.randn(2, 3, 8, 8)
     assert torch.equal(_run(scripted, x), _run(original.stem, x))
+
+
+@pytest.mark.slow
+def test_optimize_rewrites_every_method_that_runs_a_confirmed_pair(monkeypatch):
+    # The trace runs forward only; forward_intermediates runs the pair forward_features runs and
+    # is confirmed through it, so the optimized class answers one way from both methods.
+    monkeypatch.syspath_prepend(str(ZOO.parent))
+    import zoo as zoo_module
+
+    from adopter import optimize
+
+    optimized = optimize(zoo_module.ConvNet, example_inputs=(MODELS["ConvNet"](),))
+    report = str(optimized.adopter_report)
+    assert "(ConvNet.forward_intermediates)" in report.split("\nnot applied (")[0], report
+    torch.manual_seed(0)
+    model = optimized().eval()
+    x = MODELS["ConvNet"]()
+    assert torch.equal(_run(model.forward_features, x), _run(model.forward_intermediates, x)[0])

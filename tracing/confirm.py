@@ -403,6 +403,32 @@ def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule |
     return replace(match, status="not-executed", reason=reason)
 
 
+def _modules_of(match: Match) -> frozenset[str]:
+    return frozenset(
+        mn.node.module.name for mn in match.nodes if getattr(getattr(mn.node, "module", None), "name", None)
+    )
+
+
+def _confirmed_through_its_pair(match: Match, matches: Sequence[Match]) -> Match:
+    """A ``not-executed`` match over the same modules as a ``confirmed`` match of its rule in its
+    class (``forward_intermediates`` running the Conv+BN pair ``forward_features`` runs, which the
+    trace of ``forward`` never reaches) is confirmed too: every method that runs a pair gets the
+    same rewrite, or one model answers two ways; the pair's modules are what the trace checked."""
+    if match.status != "not-executed" or not match.class_name or match.sequential is not None:
+        return match
+    modules = _modules_of(match)
+    if not modules:
+        return match
+    for other in matches:
+        if (other.status == "confirmed" and other.rule == match.rule and other.class_name == match.class_name
+                and realpath(other.file) == realpath(match.file) and _modules_of(other) == modules):
+            return replace(match, status="confirmed", reason=(
+                f"the pair {', '.join(sorted(modules))} that {other.function} runs (line {min(other.lines or [0])}); "
+                f"{match.function} did not run in the trace, and every method that runs the pair gets its rewrite"
+            ))
+    return match
+
+
 def _instances_running(index: TraceIndex, match: Match, found: _Found) -> set[str]:
     paths = set()
     for g in found.groups:
@@ -440,6 +466,7 @@ def confirm_matches(
     # A refused match stays refused (a precision precondition fails whatever runs); a conditional
     # one is settled here like a static one (confirmed, rejected...), keeping its condition.
     out = [m if m.status == "refused" else _confirm_one(index, m, model, find_rule(m.rule, rules)) for m in matches]
+    out = [_confirmed_through_its_pair(m, out) for m in out]
     if runtime_only:
         files = scanned_files if scanned_files is not None else {m.file for m in matches} or None
         extra = find_runtime_only(index, model, matches, rules or all_rules())
