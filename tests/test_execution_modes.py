@@ -30,13 +30,11 @@ from adopter.core.scan import scan_source
 ZOO = Path(__file__).parent / "fixtures" / "modes" / "zoo.py"
 
 
-def _module(text: str, name: str) -> types.ModuleType:
+def _module(text: str, name: str, folder: Path) -> types.ModuleType:
     # a real file: TorchScript reads the source of what it compiles through inspect/linecache
     import importlib.util
     import sys
-    import tempfile
 
-    folder = Path(tempfile.mkdtemp(prefix="adopter-modes-"))
     path = folder / f"{name}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -47,11 +45,12 @@ def _module(text: str, name: str) -> types.ModuleType:
 
 
 @pytest.fixture(scope="module")
-def zoo():
+def zoo(tmp_path_factory):
     text = ZOO.read_text()
     result = rewrite_source(text, scan_source(text, "zoo.py", all_rules()), filename="zoo.py")
     assert result.outcomes and all(o.applied for o in result.outcomes), [o.reason for o in result.outcomes]
-    return _module(text, "zoo_original"), _module(result.new_text, "zoo_rewritten"), result.new_text
+    folder = tmp_path_factory.mktemp("modes")
+    return _module(text, "zoo_original", folder), _module(result.new_text, "zoo_rewritten", folder), result.new_text
 
 
 MODELS = {
