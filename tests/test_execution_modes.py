@@ -161,3 +161,17 @@ def test_optimize_rewrites_every_method_that_runs_a_confirmed_pair(monkeypatch):
     model = optimized().eval()
     x = MODELS["ConvNet"]()
     assert torch.equal(_run(model.forward_features, x), _run(model.forward_intermediates, x)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_onnx_export_of_the_rewrite_computes_the_eager_result(zoo, name, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    _, rewritten = _pair(zoo, name, training=False)
+    x = MODELS[name]()
+    program = torch.onnx.export(rewritten, (x,), dynamo=True, verbose=False)
+    program.save(str(tmp_path / "model.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"))
+    (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(out), _run(rewritten, x), rtol=1e-4, atol=1e-5)
