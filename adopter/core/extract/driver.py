@@ -170,7 +170,7 @@ def _is_entry_method(name: str) -> bool:
 
 def _drives_the_model(method: ast.FunctionDef) -> bool:
     """A method that calls the model itself (``self(...)``, ``self.forward(...)``): a loop around
-    the model (``generate``, sampling, a training step), whose own ops (a softmax over one step's
+    the model (``generate``, sampling, a training step), whose own ops (normalizing one step's
     logits) are not the model's structure."""
     for node in ast.walk(method):
         if type(node) is ast.Call:
