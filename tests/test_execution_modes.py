@@ -10,7 +10,8 @@ must hold, per model and mode (eval, and training with the same seed):
   (a guarded kernel is one node that decides at run time; a BatchNorm fold included);
 * TorchScript: the rewritten model scripts, and computes what the scripted and the eager original
   compute, bit for bit (the rewrite keeps the user's statements for TorchScript);
-* dynamo (``backend="eager"``) and ``torch.export``: what the eager rewritten model computes;
+* dynamo (``backend="eager"``, one graph) and ``torch.export``: what the eager rewritten model
+  computes, within rounding (a kernel may take another implementation under the compiler);
 * every method: ``forward_features`` and ``forward_intermediates`` of the rewritten class answer
   the same, and the eager rewrite matches the original within the kernels' tolerance.
 """
@@ -57,6 +58,7 @@ MODELS = {
     "ConvNet": lambda: torch.randn(2, 3, 12, 12),
     "BertLayer": lambda: torch.randn(2, 5, 32),
     "LlamaBlock": lambda: torch.randn(2, 5, 32),
+    "Head": lambda: torch.randn(4, 32),
 }
 
 
@@ -64,7 +66,7 @@ def _pair(zoo, name: str, training: bool):
     original_module, rewritten_module, _ = zoo
     torch.manual_seed(0)
     original = getattr(original_module, name)()
-    for bn in (m for m in original.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+    for bn in (m for m in original.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)):
         bn.running_mean.uniform_(-1, 1)  # statistics a fold visibly depends on
         bn.running_var.uniform_(0.5, 2.0)
     rewritten = getattr(rewritten_module, name)()
@@ -81,9 +83,10 @@ def _run(model, x, seed: int = 1):
 
 def test_the_rewrite_keeps_the_users_statements_for_torchscript(zoo):
     _, _, text = zoo
-    # one guard per region of rewritten statements: 11 sites, the Sequential built in __init__
-    # needs none, and two adjacent sites (Dropout+LayerNorm, then Linear+GeLU) share one
-    assert text.count(f"if {SCRIPTING_TEST}:") == 9
+    # one guard per region of rewritten statements: 14 sites, the Sequential built in __init__
+    # needs none, and adjacent sites share one (Dropout+LayerNorm then Linear+GeLU; the two
+    # rotary statements)
+    assert text.count(f"if {SCRIPTING_TEST}:") == 11
     assert SCRIPTING_TEST not in python_view(text)
     again = scan_source(text, "zoo.py", all_rules())
     assert not [m for m in again if m.status != "refused"]  # the kept statements are not matched again
@@ -117,7 +120,8 @@ def test_dynamo_and_export_run_the_rewrite(zoo, name):
     _, rewritten = _pair(zoo, name, training=False)
     x = MODELS[name]()
     want = _run(rewritten, x)
-    assert torch.equal(_run(torch.compile(rewritten, backend="eager", fullgraph=True), x), want)
+    # (a kernel may take another implementation under the compiler: close, not bit for bit)
+    torch.testing.assert_close(_run(torch.compile(rewritten, backend="eager", fullgraph=True), x), want)
     exported = torch.export.export(rewritten, (x,))
     torch.testing.assert_close(_run(exported.module(), x), want)
 

@@ -66,9 +66,54 @@ def fx_call(fn, args: tuple, kwargs: dict | None = None):
     if proxy is None:
         return None
     tracer = proxy.tracer
-    if not all(_graph_argument(tracer, value) for value in (*args, *kwargs.values())):
+    if not all(_graph_argument(tracer, value) for value in kwargs.values()):
+        return None
+    functions = tuple(i for i, value in enumerate(args) if _function_reference(value) is not None)
+    if functions:
+        # a function argument (``F.gelu``, the source's ``rotate_half``) travels as its import
+        # path: a graph holds no function values, but ``call_with_functions`` looks it up again
+        args = tuple(_function_reference(a) if i in functions else a for i, a in enumerate(args))
+        args, fn = (_function_reference(fn), functions, *args), call_with_functions
+    if not all(_graph_argument(tracer, value) for value in args):
         return None
     return tracer.create_proxy("call_function", fn, args, kwargs)
+
+
+def _function_reference(value) -> str | None:
+    """``"module:qualname"`` of a function importable by that path (found there again), else None."""
+    import sys
+    import types
+
+    if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+        return None
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+    if not module or "<" in qualname:
+        return None
+    return f"{module}:{qualname}" if _resolve(f"{module}:{qualname}", sys.modules) is value else None
+
+
+def _resolve(reference: str, modules) -> object:
+    module, _, qualname = reference.partition(":")
+    value = modules.get(module)
+    for part in qualname.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def call_with_functions(kernel: str, functions: tuple, *args, **kwargs):
+    """What an fx graph calls for a guarded kernel that took functions: ``kernel`` and the
+    arguments at positions ``functions`` are ``"module:qualname"`` references (see ``fx_call``),
+    looked up on each call (a few dict lookups; a reloaded module is found as it is now)."""
+    import sys
+
+    def resolved(reference: str):
+        value = _resolve(reference, sys.modules)
+        if value is None:
+            raise LookupError(f"adopter: {reference} is not importable any more")
+        return value
+
+    args = tuple(resolved(a) if i in functions else a for i, a in enumerate(args))
+    return resolved(kernel)(*args, **kwargs)
 
 
 def _graph_argument(tracer, value) -> bool:
