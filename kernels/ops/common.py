@@ -1,6 +1,7 @@
 """Shape helpers shared by the kernels; no triton import here (auto mode on CPU must not load it)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from torch.fx import Proxy
@@ -51,6 +52,18 @@ def _first_proxy(args, kwargs):
 
 def is_proxy(value) -> bool:
     return isinstance(value, Proxy)
+
+
+@contextlib.contextmanager
+def outside_tracing():
+    """Real tensors and no graph recording for a probe a kernel's guard runs (``torch.export``
+    and ``make_fx`` trace Python with fake tensors: a probe's ops would land in the graph, and a
+    data-dependent one such as ``torch.equal`` cannot run there)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    with unset_fake_temporarily(), disable_proxy_modes_tracing():
+        yield
 
 
 def fx_call(fn, args: tuple, kwargs: dict | None = None):
