@@ -62,6 +62,32 @@ class AdopterWarning(UserWarning):
     """Something optimize() could not do fully (e.g. the model cannot be traced)."""
 
 
+def kernel_note(kernel: str) -> str:
+    """What the report says at every site rewritten to ``kernel`` (a dotted path such as a rule's
+    ``kernel``): the kernel's own ``report_note`` (a fused LM-head loss: no logits in training with
+    labels, and how to keep them); "" for kernels without one, or that cannot be imported."""
+    import importlib
+
+    module, _, name = kernel.rpartition(".")
+    try:
+        return getattr(getattr(importlib.import_module(module), name), "report_note", "") or ""
+    except Exception:  # noqa: BLE001  (a plug-in rule's kernel that does not import: no note)
+        return ""
+
+
+def _kernel_notes(applied: list[AppliedRewrite]) -> list[str]:
+    """``note: <rule> at <site>: <kernel note>`` for each applied rewrite whose kernel has a note."""
+    from adopter.core.rules import find_rule
+
+    notes = []
+    for a in applied:
+        rule = find_rule(a.rule)
+        note = kernel_note(getattr(rule, "kernel", "")) if rule is not None else ""
+        if note:
+            notes.append(f"note: {a.rule} at {a.where}: {note}")
+    return notes
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -173,6 +199,7 @@ class OptimizeReport:
             lines.append(f"applied ({len(self.applied)}; kernel calls in the checks, fused/all):")
             width = max(len(a.where) for a in self.applied)
             lines += [f"  {a.rule:<21} {a.where:<{width}}  {a.status}  {a.calls_text()}" for a in self.applied]
+            lines += _kernel_notes(self.applied)
         groups: dict[tuple[str, str, str], list[SkippedRewrite]] = {}
         for s in self.skipped:
             kind = s.reason.split(":", 1)[0] if ":" in s.reason else s.reason
@@ -206,6 +233,7 @@ class OptimizeReport:
         lines += [f"  applied  {a.rule:<{width}} {a.where}  [{a.status}]" for a in self.applied]
         lines += [f"  skipped  {s.rule:<{width}} {s.where}  {s.reason}" for s in self.skipped]
         lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  {note}" for note in _kernel_notes(self.applied)]
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -314,6 +342,24 @@ def _runtime_reach(subject, files, texts, matches, confirmed, rule_objects, pipe
                          texts=by_path, confirm=pipe.confirm)
 
 
+def _without_logits_warnings(fn):
+    """optimize() trains rewritten models with labels in its own equivalence checks: the kernel's
+    LogitsNotComputedWarning is for the user's training code (the report carries the note
+    instead), so those checks do not show it (and the user's first model still does)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from adopter.kernels import LogitsNotComputedWarning
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LogitsNotComputedWarning)
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_without_logits_warnings
 def optimize(
     model_cls: type,
     *,

@@ -31,6 +31,9 @@ _LAZY = {
     "gated_mlp": "guarded_gated_mlp",
     "rotary": "guarded_rotary",
     "linear_cross_entropy": "guarded_linear_cross_entropy",
+    # training with labels, the fused loss returns logits=None: keep them, or filter the warning
+    "keep_logits": "guarded_linear_cross_entropy",
+    "LogitsNotComputedWarning": "guarded_linear_cross_entropy",
 }
 
 

@@ -21,11 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .backend import last_backend
 from .guarded import _context_reason, _fallback, _has_hooks, _plain, gelu_mode
 from .ops.common import fx_call
 from .ops.gated_act import gated_act
-from .telemetry import record
+from .telemetry import record_backend
 
 __all__ = ["gated_activation", "gated_mlp"]
 
@@ -107,5 +106,5 @@ def gated_mlp(gate: nn.Module, up: nn.Module, down: nn.Module, act: Any, x: torc
     g = F.linear(x, gate.weight, gate.bias)
     u = F.linear(x, up.weight, up.bias)
     h = gated_act(g, u, activation)
-    record(KERNEL, last_backend())  # the backend gated_act chose
+    record_backend(KERNEL)  # the backend gated_act chose
     return F.linear(h, down.weight, down.bias)

@@ -25,7 +25,8 @@ It computes the loss chunk by chunk without ever materializing the ``(tokens x v
   ``out_features``, ``num_items_in_batch``, ``ignore_index``, ``shift_labels``;
 * labels shape matches the hidden states (as ``logits.view(-1, vocab)`` needs);
 * logits were not asked for: no ``ADOPTER_KEEP_LOGITS=1`` in the environment, not inside
-  :func:`keep_logits`.
+  :func:`keep_logits` (a compiled model reads the variable when it is compiled, and recompiles
+  when a ``keep_logits()`` block opens).
 
 Then it returns ``(None, loss)``: **the logits are None** — the one observable difference, and the
 reason for the opt-out. The first such call for a model (its head module) warns with
@@ -57,10 +58,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .backend import _constant_under_compile, last_backend
+from .backend import _constant_under_compile
 from .guarded import _context_reason, _fallback, _plain
 from .ops.linear_cross_entropy import linear_cross_entropy_sum
-from .telemetry import calling_site, record, source_file
+from .telemetry import calling_frame, record_backend, source_file
 
 __all__ = ["KEEP_LOGITS_ENV", "LogitsNotComputedWarning", "keep_logits", "linear_cross_entropy"]
 
@@ -85,21 +86,44 @@ class _KeepLogits(threading.local):
 
 
 _KEEP = _KeepLogits()
+# keep_logits() blocks open in any thread: what compiled code reads instead of the thread-local
+# depth (a module global's value is something torch.compile guards on, so entering a block
+# recompiles with the logits kept; a block in another thread keeps them too, which is always correct)
+_KEEP_ANY = 0
+_KEEP_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def keep_logits():
     """Inside this block the rewritten sites compute the logits as the original code did (training
     code that reads ``outputs.logits``)."""
+    global _KEEP_ANY
     _KEEP.depth += 1
+    with _KEEP_LOCK:
+        _KEEP_ANY += 1
     try:
         yield
     finally:
         _KEEP.depth -= 1
+        with _KEEP_LOCK:
+            _KEEP_ANY -= 1
+
+
+def _env_keeps_logits() -> bool:
+    return os.environ.get(KEEP_LOGITS_ENV, "").strip() not in ("", "0")
+
+
+@_constant_under_compile
+def _env_keeps_logits_at_compile() -> bool:
+    """:func:`_env_keeps_logits` evaluated while torch.compile traces (dynamo cannot guard on the
+    environment: a compiled model reads the variable when it is compiled)."""
+    return _env_keeps_logits()
 
 
 def _logits_wanted() -> bool:
-    return _KEEP.depth > 0 or os.environ.get(KEEP_LOGITS_ENV, "").strip() not in ("", "0")
+    if torch.compiler.is_compiling():
+        return _KEEP_ANY > 0 or _env_keeps_logits_at_compile()
+    return _KEEP.depth > 0 or _env_keeps_logits()
 
 
 @functools.cache
@@ -262,9 +286,16 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
         if torch.is_tensor(n_items):
             n_items = n_items.to(loss_sum.device)
         loss = loss_sum / n_items
-    record(KERNEL, last_backend())
+    record_backend(KERNEL)
     _warn_logits_not_computed(head)
     return None, loss
+
+
+# what optimize's report says at each site rewritten to this kernel (adopter.optimizer.kernel_note)
+linear_cross_entropy.report_note = (
+    "its calls in training with labels return logits=None (the fused loss never materializes them); code "
+    f"that reads outputs.logits needs {KEEP_LOGITS_ENV}=1 or `with adopter.kernels.keep_logits():`"
+)
 
 
 # ---------------------------------------------------------------- the logits=None warning
@@ -275,20 +306,21 @@ _WARNED_SITES: set = set()
 
 
 def logits_not_computed_message(site: str = "") -> str:
-    """What :class:`LogitsNotComputedWarning` says (``site``: ``file:line (function)`` of the call)."""
+    """What :class:`LogitsNotComputedWarning` says (``site``: where the call is, e.g.
+    ``modeling_llama.py:468 (LlamaForCausalLM.forward)``)."""
     where = f" at {site}" if site else ""
     return (
         f"adopter: the rewritten LM head + loss{where} computed the training loss without the logits, so "
         "this model returns logits=None when training with labels (the tokens x vocab logits are never "
-        f"materialized; eval and calls without labels return them). Code that reads outputs.logits "
+        "materialized; eval and calls without labels return them). Code that reads outputs.logits "
         f"(accuracy, distillation) needs them kept: set {KEEP_LOGITS_ENV}=1 or run the model inside "
         "`with adopter.kernels.keep_logits():`. Shown once per model."
     )
 
 
 def _traced_site() -> tuple[str, int, str] | None:
-    """``(file, line, function)`` of the user frame torch.compile is tracing (the rewritten site),
-    when this runs while dynamo traces; None otherwise."""
+    """``(code file, line, function)`` of the user frame torch.compile is tracing (the rewritten
+    site) when this runs while dynamo traces; None otherwise."""
     guards = sys.modules.get("torch._guards")
     context = guards.TracingContext.try_get() if guards is not None else None
     if context is None:
@@ -297,32 +329,50 @@ def _traced_site() -> tuple[str, int, str] | None:
         frames = list(guards.TracingContext.extract_stack())
     except Exception:  # noqa: BLE001  (a private API: without it the warning names no site)
         return "", 0, ""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     for frame in reversed(frames):
-        if not os.path.abspath(frame.filename).startswith(package + os.sep):
-            return source_file(frame.filename), frame.lineno or 0, frame.name
+        if not os.path.abspath(frame.filename).startswith(package):
+            return frame.filename, frame.lineno or 0, frame.name
     return "", 0, ""
+
+
+def _eager_site() -> tuple[str, int, str]:
+    frame = calling_frame()
+    if frame is None:
+        return "", 0, ""
+    code = frame.f_code
+    return code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)
+
+
+def _site_text(code_file: str, line: int, function: str) -> str:
+    """``file:line (function)`` in the user's terms: a model rewritten in memory (``optimize``)
+    runs code whose lines are the rewritten source's, so only its file is named."""
+    if not code_file:
+        return ""
+    file = source_file(code_file)
+    where = os.path.basename(file) if file != code_file else f"{os.path.basename(file)}:{line}"
+    return f"{where} ({function})" if function else where
 
 
 @_constant_under_compile  # runs (once) while torch.compile traces the call, not in the graph
 def _warn_logits_not_computed(head: Any) -> None:
-    """Warn (:class:`LogitsNotComputedWarning`) the first time the call through ``head`` drops the logits."""
+    """Warn (:class:`LogitsNotComputedWarning`) the first time the call through ``head`` drops the
+    logits; the warning is attributed to the calling line (of the rewritten source, which an
+    in-memory rewrite has in ``linecache``)."""
     try:
         if head in _WARNED:
             return
         _WARNED.add(head)
-        key = None
+        per_site = False
     except TypeError:  # not weakly referenceable: once per site instead
-        key = True
-    file, line, function = _traced_site() or calling_site()
-    if key is not None:
-        if (file, function) in _WARNED_SITES:
+        per_site = True
+    code_file, line, function = _traced_site() or _eager_site()
+    if per_site:
+        if (code_file, function) in _WARNED_SITES:
             return
-        _WARNED_SITES.add((file, function))
-    site = f"{os.path.basename(file)}:{line} ({function})" if file else ""
-    message = logits_not_computed_message(site)
-    if file:
-        # attributed to the rewritten line itself (the user's file), not to this module
-        warnings.warn_explicit(message, LogitsNotComputedWarning, file, line)
+        _WARNED_SITES.add((code_file, function))
+    message = logits_not_computed_message(_site_text(code_file, line, function))
+    if code_file:
+        warnings.warn_explicit(message, LogitsNotComputedWarning, code_file, line)
     else:
         warnings.warn(message, LogitsNotComputedWarning, stacklevel=3)

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from .backend import last_backend, select_backend, triton_dtype_ok
+from .backend import select_backend, triton_dtype_ok
 from .ops.common import fx_call, is_proxy, row_block
 from .ops.rms_norm import INPUT_DTYPES, RMSNormForm, RMSNormFunction, rms_norm_reference
-from .telemetry import ORIGINAL, record
+from .telemetry import ORIGINAL, record, record_backend
 
 __all__ = ["rms_norm"]
 
@@ -87,5 +87,5 @@ def rms_norm(
         record(KERNEL, ORIGINAL, reason)
         return rms_norm_reference(x, weight, eps, form)
     out = rms_norm_fused(x, weight, float(eps), form)
-    record(KERNEL, last_backend())
+    record_backend(KERNEL)
     return out

@@ -15,21 +15,26 @@ the fallback is exactly the original expression. The fused kernel
   wider; partial rotary passes ``q[..., :rotary_dim]`` and ``cos`` of ``rotary_dim``);
 * ``cos``/``sin`` need no gradient (the kernel does not produce one).
 
+Under ``torch.compile`` these checks are traced (shapes, dtypes and grad mode become guards of the
+compiled code); the probe of ``rotate_half`` runs once while tracing, for a plain function (other
+callables run the original expression there).
+
 Otherwise the original ``x * cos + rotate_half(x) * sin`` runs (type promotion, broadcasting and
 gradients exactly as written). Each call is counted in :mod:`adopter.kernels.telemetry`.
 """
 from __future__ import annotations
 
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .backend import last_backend
-from .ops.common import is_proxy
+from .backend import _constant_under_compile
+from .ops.common import fx_call, is_proxy, outside_tracing
 from .ops.rotary import rotary_embedding
-from .telemetry import ORIGINAL, record
+from .telemetry import ORIGINAL, record, record_backend
 
 __all__ = ["rotary"]
 
@@ -41,21 +46,26 @@ _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PROBE_SIZE = 6
 
 
+@_constant_under_compile
 def is_half_split_rotation(rotate_half: Callable) -> bool:
     """Whether ``rotate_half(x)`` is ``cat((-x[..., h:], x[..., :h]), dim=-1)``, by one probe call
-    per function object (the answer is cached)."""
+    per function object (the answer is cached). Under ``torch.compile`` it runs while the call is
+    traced, not in the graph (the probe compares values, which a graph cannot branch on); the
+    compiled code is guarded on the function object it was given, so another ``rotate_half``
+    patched in later is probed again."""
     try:
         return _PROBED[rotate_half]
     except (KeyError, TypeError):
         pass
-    probe = torch.arange(2 * _PROBE_SIZE, dtype=torch.float32).reshape(2, _PROBE_SIZE)
-    h = _PROBE_SIZE // 2
-    want = torch.cat((-probe[..., h:], probe[..., :h]), dim=-1)
-    try:
-        got = rotate_half(probe)
-        ok = isinstance(got, torch.Tensor) and got.shape == want.shape and bool(torch.equal(got, want))
-    except Exception:  # noqa: BLE001  (a function that cannot take the probe is not one we can stand in for)
-        ok = False
+    with outside_tracing():
+        probe = torch.arange(2 * _PROBE_SIZE, dtype=torch.float32).reshape(2, _PROBE_SIZE)
+        h = _PROBE_SIZE // 2
+        want = torch.cat((-probe[..., h:], probe[..., :h]), dim=-1)
+        try:
+            got = rotate_half(probe)
+            ok = isinstance(got, torch.Tensor) and got.shape == want.shape and bool(torch.equal(got, want))
+        except Exception:  # noqa: BLE001  (a function that cannot take the probe is not one we can stand in for)
+            ok = False
     try:
         _PROBED[rotate_half] = ok
     except TypeError:  # not weak-referenceable (a builtin): probe again next time
@@ -87,6 +97,9 @@ def _why_not_fused(x: Any, cos: Any, sin: Any, rotate_half: Callable) -> str:
         return f"cos/sin broadcast x {tuple(x.shape)} to {tuple(shape)}"
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         return "cos/sin require grad"
+    if torch.compiler.is_compiling() and not isinstance(rotate_half, types.FunctionType):
+        # probed at trace time only for a plain function (a constant of the compiled code)
+        return f"{type(rotate_half).__name__} rotate_half under torch.compile (only functions are probed)"
     if not is_half_split_rotation(rotate_half):
         return f"{getattr(rotate_half, '__name__', type(rotate_half).__name__)} is not the half-split rotation"
     return ""
@@ -95,10 +108,13 @@ def _why_not_fused(x: Any, cos: Any, sin: Any, rotate_half: Callable) -> str:
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotate_half: Callable) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin``; fused (no ``rotate_half`` temporaries) when the checks
     above hold, else exactly that expression."""
+    traced = fx_call(rotary, (x, cos, sin, rotate_half))
+    if traced is not None:
+        return traced
     reason = _why_not_fused(x, cos, sin, rotate_half)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return (x * cos) + (rotate_half(x) * sin)
     out = rotary_embedding(x, cos, sin)
-    record(KERNEL, last_backend())
+    record_backend(KERNEL)
     return out

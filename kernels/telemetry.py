@@ -8,7 +8,8 @@ Every public entry point of :mod:`adopter.kernels` that a rewrite emits records 
 to rewrites by that site, so a rule whose fused path never ran is visible.
 
 Recording is a dict increment (plus a short frame walk) and is skipped while ``torch.compile``
-traces, so it adds no graph break. Counting is process-global and always on; read it with
+traces, so it adds no graph break and no guard (calls inside compiled code are not counted;
+:func:`record_backend` does not even read the thread's last backend there). Counting is process-global and always on; read it with
 :func:`kernel_calls` or, for one measured region, :class:`count_kernel_calls`.
 """
 from __future__ import annotations
@@ -19,9 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .backend import last_backend
+
 __all__ = [
-    "FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "reset_kernel_calls",
-    "calling_site", "calls_made_at", "site_function", "source_file",
+    "FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "record_backend",
+    "reset_kernel_calls",
+    "calling_frame", "calls_made_at", "site_function", "source_file",
 ]
 
 FUSED_BACKENDS = ("torch", "triton", "xformers")
@@ -120,17 +124,13 @@ def _site() -> tuple[str, str]:
     return source_file(code.co_filename), getattr(code, "co_qualname", code.co_name)
 
 
-def calling_site() -> tuple[str, int, str]:
-    """``(file, line, function)`` of the first frame outside ``adopter.kernels`` (the rewritten
-    site that called the kernel; ``file`` is the user's file, see :func:`source_file`,
-    ``function`` qualified); ``("", 0, "")`` when there is none."""
+def calling_frame():
+    """The first frame outside ``adopter.kernels`` (the rewritten code that called the kernel), or
+    None."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
         frame = frame.f_back
-    if frame is None:
-        return "", 0, ""
-    code = frame.f_code
-    return source_file(code.co_filename), frame.f_lineno, getattr(code, "co_qualname", code.co_name)
+    return frame
 
 
 def _compiling() -> bool:
@@ -144,6 +144,15 @@ def record(kernel: str, backend: str, reason: str = "") -> None:
     key = (kernel, backend, reason, *_site())
     with _LOCK:
         _COUNTS[key] = _COUNTS.get(key, 0) + 1
+
+
+def record_backend(kernel: str) -> None:
+    """Count one fused call of ``kernel`` on the backend its op chose (:func:`last_backend`). Under
+    torch.compile nothing is read: tracing the thread-local backend would add a guard on it, and a
+    recompilation whenever an eager call in between changed it."""
+    if _compiling():
+        return
+    record(kernel, last_backend())
 
 
 def kernel_calls() -> list[KernelCall]:

@@ -16,7 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from adopter.kernels import count_kernel_calls
-from adopter.kernels.guarded_linear_cross_entropy import KEEP_LOGITS_ENV, keep_logits, linear_cross_entropy
+from adopter.kernels.guarded_linear_cross_entropy import (
+    KEEP_LOGITS_ENV,
+    LogitsNotComputedWarning,
+    keep_logits,
+    linear_cross_entropy,
+)
 from adopter.kernels.ops.linear_cross_entropy import chunk_rows, linear_cross_entropy_sum
 from adopter.rewrite import rewrite_source
 from adopter.rewrite.loader import load_rewritten_module
@@ -446,3 +451,144 @@ def test_lazy_export_is_the_guarded_kernel():
     from adopter import kernels
 
     assert kernels.linear_cross_entropy is linear_cross_entropy
+
+
+# ---------------------------------------------------------------- logits=None cannot be missed (issue 21, item 4)
+
+
+def _dropping_calls(model, h, labels, n=2):
+    """``n`` fused training calls of ``_site``, with the LogitsNotComputedWarnings they issued."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [_site(model, h, labels) for _ in range(n)]
+    assert all(logits is None for logits, _ in outs)
+    return [w for w in caught if issubclass(w.category, LogitsNotComputedWarning)]
+
+
+def test_dropped_logits_warn_once_per_model_naming_the_site_and_the_opt_out():
+    from adopter import kernels
+
+    assert issubclass(LogitsNotComputedWarning, UserWarning)
+    assert kernels.LogitsNotComputedWarning is LogitsNotComputedWarning and kernels.keep_logits is keep_logits
+    model = _Model()
+    h = torch.randn(2, 5, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (2, 5))
+    (warning,) = _dropping_calls(model, h, labels)  # the first call only
+    text = str(warning.message)
+    # the site: the function that called the kernel (here the test's _site), where it calls it
+    site_line = _site.__code__.co_firstlineno + 1
+    assert f"{Path(__file__).name}:{site_line} (_site)" in text
+    assert warning.filename == __file__ and warning.lineno == site_line  # attributed to that line
+    assert "logits=None" in text and "training with labels" in text
+    assert f"{KEEP_LOGITS_ENV}=1" in text and "adopter.kernels.keep_logits()" in text
+    assert _dropping_calls(model, h, labels) == []  # once per model
+    assert len(_dropping_calls(_Model(), h, labels)) == 1  # another model: warned again
+
+
+def test_calls_that_return_the_logits_do_not_warn():
+    import warnings
+
+    model = _Model()
+    h = torch.randn(2, 5, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (2, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LogitsNotComputedWarning)
+        assert _site(model, h, None)[0] is not None
+        with keep_logits():
+            assert _site(model, h, labels)[0] is not None
+        with torch.no_grad():
+            assert _site(model, h, labels)[0] is not None
+        model.eval()
+        assert _site(model, h, labels)[0] is not None
+    model.train()
+    assert len(_dropping_calls(model, h, labels)) == 1  # the first call that drops them warns
+
+
+def test_dropped_logits_warning_under_torch_compile_breaks_no_graph():
+    """Issued while dynamo traces the call (once), not in the graph: no graph break, and it still
+    names the rewritten site."""
+    import warnings
+
+    class Site(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _Model()
+
+        def forward(self, h, labels):
+            return _site(self.inner, h, labels)
+
+    model = Site()
+    h = torch.randn(2, 5, 16, requires_grad=True)
+    labels = torch.randint(0, 37, (2, 5))
+    torch._dynamo.reset()
+    try:
+        explanation = torch._dynamo.explain(Site())(h, labels)
+        assert explanation.graph_break_count == 0, [b.reason for b in explanation.break_reasons]
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert compiled(h, labels)[0] is None and compiled(h, labels)[0] is None
+    finally:
+        torch._dynamo.reset()
+    (warning,) = [w for w in caught if issubclass(w.category, LogitsNotComputedWarning)]
+    assert f"{Path(__file__).name}:{_site.__code__.co_firstlineno + 1} (_site)" in str(warning.message)
+
+
+def test_optimize_report_and_rewrite_summary_say_training_calls_return_no_logits(tmp_path, capsys):
+    import json
+
+    from adopter.cli import main
+    from adopter.optimizer import AppliedRewrite, OptimizeReport
+
+    report = OptimizeReport(model_class="m.LlamaForCausalLM", applied=[
+        AppliedRewrite("linear_cross_entropy", "/x/modeling_llama.py", [468], "LlamaForCausalLM", "forward",
+                       "confirmed"),
+        AppliedRewrite("RMSNorm", "/x/modeling_llama.py", [64], "LlamaRMSNorm", "forward", "confirmed"),
+    ])
+    for text in (str(report), report.summary()):
+        (note,) = [line for line in text.splitlines() if "logits=None" in line]  # not at the RMSNorm site
+        assert "note: linear_cross_entropy at modeling_llama.py:468 (LlamaForCausalLM.forward)" in note
+        assert "training with labels" in note and f"{KEEP_LOGITS_ENV}=1" in note and "keep_logits()" in note
+    path = tmp_path / "positive.py"
+    path.write_text((FIXTURES / "positive.py").read_text())
+    assert main(["rewrite", "--jobs", "1", "--rules", "linear_cross_entropy", str(path)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 4  # one per rewritten site: the comment the rewrite leaves on its line
+    assert all(n.endswith(NOTE.removeprefix("adopter: ")) for n in notes)
+    assert "logits None when training with labels" in NOTE and f"{KEEP_LOGITS_ENV}=1 keeps them" in NOTE
+    assert main(["rewrite", "--jobs", "1", "--rules", "linear_cross_entropy", "--format", "json", str(path)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["notes"]) == 4
+    # under --write, at the line of the file written
+    assert main(["rewrite", "--write", "--jobs", "1", "--rules", "linear_cross_entropy", str(path)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    written = path.read_text().splitlines()
+    for note in notes:
+        number = int(note.removeprefix(f"note: {path}:").split(":", 1)[0])
+        assert f"# {NOTE}" in written[number - 1]
+
+
+@pytest.mark.slow
+def test_rewritten_llama_warns_at_its_forward_and_keeps_the_output_contract():
+    import linecache
+    import warnings
+
+    _, rewritten_cls, config = _llama_classes()
+    torch.manual_seed(0)
+    model = rewritten_cls(config).train()
+    ids = torch.randint(0, 1000, (2, 9))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model(input_ids=ids, labels=ids)
+    (warning,) = [w for w in caught if issubclass(w.category, LogitsNotComputedWarning)]
+    # rewritten in memory: the file and function (lines are the rewritten source's, which the
+    # warning's location shows: the loader puts it in linecache)
+    assert "at modeling_llama.py (LlamaForCausalLM.forward)" in str(warning.message)
+    assert os.path.basename(warning.filename).startswith("modeling_llama.py<adopter")
+    assert "linear_cross_entropy(" in linecache.getline(warning.filename, warning.lineno)
+    # what transformers' output contract lets callers do still works: logits is Optional there
+    assert out.logits is None and out[0] is out.loss and out.to_tuple()[0] is out.loss
+    assert "logits" not in out.keys()
+    out.loss.backward()

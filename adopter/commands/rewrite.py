@@ -38,6 +38,31 @@ def add_arguments(parser):
 
 _RULES: dict = {}  # (rule names, rule files) -> rules, built once per process
 
+# A rewrite that changes what the code returns says so in a comment on the rewritten line
+# (``# adopter: logits None when training with labels ...``); the summary repeats those.
+_NOTE_COMMENT = "# adopter: "
+
+
+def _rewrite_notes(results, write: bool) -> list[str]:
+    """``<file>:<line>: <note>`` for each note comment a rewrite added (line numbers of the rewritten
+    file; under --write only files written to disk)."""
+    notes = []
+    for r in results:
+        if r.status != "changed" or (write and not r.written):
+            continue
+        line = 0
+        for text in r.diff.splitlines():
+            if text.startswith("@@"):
+                # "@@ -a,b +c,d @@": the next line of the new file is c
+                line = int(text.split("+", 1)[1].split(",", 1)[0].split(" ", 1)[0]) - 1
+            elif text.startswith("+") and not text.startswith("+++"):
+                line += 1
+                if _NOTE_COMMENT in text:
+                    notes.append(f"{r.path}:{line}: {text.split(_NOTE_COMMENT, 1)[1].strip()}")
+            elif not text.startswith(("-", "\\")):
+                line += 1
+    return notes
+
 
 def _rewrite_indexed(item):
     index, task = item
@@ -149,6 +174,7 @@ def run(args) -> int:
             + [{"file": s["file"], "status": "skipped", "reason": s["reason"], "applied": [], "skipped": [],
                 "written": False, "diff": ""} for s in not_python],
             "summary": dict(counts, rewrites=applied, skipped_matches=skipped_matches),
+            "notes": _rewrite_notes(results, bool(args.write)),
         }
         json.dump(payload, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -172,6 +198,8 @@ def run(args) -> int:
                         lines = ",".join(str(n) for n in o.match.lines)
                         err.write(f"{r.path}:{lines}: {o.match.rule} ({o.match.class_name or o.match.function}) "
                                   f"skipped: {o.reason}\n")
+        for note in _rewrite_notes(results, bool(args.write)):
+            err.write(f"note: {note}\n")
         err.write(summary + "\n")
     if counts["failed"] or any(protected.get(r.path) and r.status == "skipped" for r in results):
         return 2  # some file could not be analysed, or could not be written

@@ -229,7 +229,10 @@ def linear_cross_entropy_sum(
     y = labels.reshape(-1)
     if y.shape[0] != h2.shape[0]:
         raise ValueError(f"{y.shape[0]} labels for {h2.shape[0]} hidden states")
-    chunk = chunk or chunk_rows(h2.shape[0], weight.shape[0])
     if torch.compiler.is_compiling():
+        # the chunk from the vocabulary alone (more rows than there are is the same loop): a
+        # number of tokens that varies (dynamic shapes) is not specialized on
+        chunk = chunk or chunk_rows(2**62, weight.shape[0])
         return _compiled_sum(h2, weight, bias, y, int(ignore_index), int(chunk))
+    chunk = chunk or chunk_rows(h2.shape[0], weight.shape[0])
     return LinearCrossEntropyFunction.apply(h2, weight, bias, y, int(ignore_index), int(chunk))

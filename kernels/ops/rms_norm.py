@@ -15,7 +15,8 @@ the rewrite passes as keyword arguments, see :class:`RMSNormForm`):
 guarded call runs when the kernel may not). :class:`RMSNormFunction` computes the same values
 but keeps only the input (alive anyway: the caller's residual stream) and one float32 ``rstd``
 per row for the backward, which recomputes ``n`` from them; the eager code keeps the float32
-copy, the normalized tensor and its cast for autograd.
+copy, the normalized tensor and its cast for autograd. Under ``torch.compile`` it is traced like
+any autograd Function (the fused normalization is the aten op, one node of the graph).
 """
 from __future__ import annotations
 
