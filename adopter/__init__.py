@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # Lazy so that `import adopter` (and `adopter scan`) never imports torch.
     if name == "optimize":
-        from adopter.optimizer import optimize
+        from adopter.optimizing.optimize import optimize
 
         return optimize
     raise AttributeError(name)

@@ -1,5 +1,5 @@
 """Errors meant for the user, shared by the CLI, the command modules and the orchestration
-(``adopter.verify_run``) without either depending on the other."""
+(``adopter.verification.run``) without either depending on the other."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 
 For each model class below, runs ``adopter.optimize(cls)`` in its own subprocess (time-boxed:
 a model over ``--timeout`` seconds is recorded as skipped) on a small config
-(``adopter.optimizer.shrink_config`` of the class's default config; models with an attention
+(``adopter.optimizing.optimize.shrink_config`` of the class's default config; models with an attention
 implementation switch run twice, default attention and ``_attn_implementation = "eager"``). Records per model: rules applied,
 rules dropped as not equivalent (with the max |diff|), matches the rewrite or the trace skipped
 (with reasons), and errors. Every drop or crash is a codemod/kernel bug a user would otherwise
@@ -46,7 +46,7 @@ def run_one(name: str, eager: bool) -> dict:
     import transformers
 
     from adopter import optimize
-    from adopter.optimizer import shrink_config
+    from adopter.optimizing.optimize import shrink_config
 
     cls = getattr(transformers, name)
     config = shrink_config(cls.config_class())
@@ -80,7 +80,7 @@ def run_one(name: str, eager: bool) -> dict:
     record["warnings"] = list(report.warnings)
     if report.equivalence is not None:
         record["final_max_abs_diff"] = report.equivalence.max_abs_diff
-    # the second check: every config value a rewritten site reads, flipped (adopter.config_flip)
+    # the second check: every config value a rewritten site reads, flipped (adopter.optimizing.config_flip)
     record["flips"] = [str(f) for f in report.flipped]
     record["flipped_note"] = report.flipped_note
     if report.flipped_equivalence is not None:

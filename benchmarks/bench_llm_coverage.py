@@ -15,7 +15,7 @@ LLM family where it matches but is not applied, with the reason.
    **in a process per model** (forked from a server that imported torch, transformers and adopter
    once; killed after ``--timeout`` seconds; ``--jobs`` at a time) with a small config:
    ``--config small`` (default) is the config ``optimize`` would shrink by itself
-   (``adopter.subject.shrink_config``) with the vocabulary capped at 1000 (token ids clipped
+   (``adopter.optimizing.subject.shrink_config``) with the vocabulary capped at 1000 (token ids clipped
    into it), at most 4 experts (2 per token) and small low-rank/rotary dims (``SMALL_CAPS``; when
    that config does not build, the shrunk default is tried); ``--config shrunk`` is
    ``optimize``'s own default. Per rule and file: sites matched, confirmed by the trace, applied
@@ -221,7 +221,7 @@ SMALL_CAPS = {
 def small_config(config_cls):
     """``shrink_config`` of the default config with :data:`SMALL_CAPS` (token ids clipped into the
     smaller vocabulary) -> (config, {field: (default, small)} changed beyond ``shrink_config``)."""
-    from adopter.subject import shrink_config
+    from adopter.optimizing.subject import shrink_config
 
     cfg = shrink_config(config_cls())
     changed = {}
@@ -320,7 +320,7 @@ def worker(spec: dict) -> dict:
 # ---------------------------------------------------------------- runtime stage: driver
 
 
-PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "adopter", "adopter.optimizer", "adopter.tracing")
+PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "adopter", "adopter.optimizing.optimize", "adopter.tracing")
 _CONTEXT = None
 
 

@@ -291,7 +291,7 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
     return None, loss
 
 
-# what optimize's report says at each site rewritten to this kernel (adopter.optimizer.kernel_note)
+# what optimize's report says at each site rewritten to this kernel (adopter.optimizing.optimize.kernel_note)
 linear_cross_entropy.report_note = (
     "its calls in training with labels return logits=None (the fused loss never materializes them); code "
     f"that reads outputs.logits needs {KEEP_LOGITS_ENV}=1 or `with adopter.kernels.keep_logits():`"

@@ -46,7 +46,7 @@ def _bench(**over):
 
 
 def test_speed_report_names_both_ratios_and_explains_a_disagreement():
-    from adopter.verify_gate import format_report
+    from adopter.verification.gate import format_report
 
     text = format_report(_bench())
     # throughputs say optimized is faster (1.87 > 1.85), the per-pair median says 0.977: both are
@@ -59,7 +59,7 @@ def test_speed_report_names_both_ratios_and_explains_a_disagreement():
 
 
 def test_summarize_stores_ratio_of_medians_and_throughput_intervals():
-    from adopter.verify_bench import summarize
+    from adopter.verification.benchmark import summarize
 
     per_block = {"original": [[1.0], [1.2], [1.1], [2.0]], "optimized": [[0.9], [1.1], [1.0], [2.2]]}
     result = summarize(per_block, batch_size=4, seq_len=8, device="cpu", rounds_per_block=1, iterations=1,
@@ -74,7 +74,7 @@ def test_summarize_stores_ratio_of_medians_and_throughput_intervals():
 
 
 def test_str_of_report_is_a_grouped_readable_summary():
-    from adopter.optimizer import AppliedRewrite, OptimizeReport, SkippedRewrite
+    from adopter.optimizing.optimize import AppliedRewrite, OptimizeReport, SkippedRewrite
 
     report = OptimizeReport(model_class="transformers.models.bert.modeling_bert.BertModel", traced=True)
     report.applied.append(AppliedRewrite("fused_QKV", "/x/modeling_bert.py", [175], "BertSelfAttention", "forward",
@@ -156,7 +156,7 @@ def test_failed_write_reports_what_reached_the_disk(rewritable, monkeypatch, cap
 
 
 def test_benchmark_leaves_no_benchmarks_directory_behind(tmp_path, monkeypatch):
-    from adopter.verify_bench import run_pytest_benchmark
+    from adopter.verification.benchmark import run_pytest_benchmark
 
     monkeypatch.chdir(tmp_path)
     steps = {"original": lambda: None, "optimized": lambda: None}
@@ -221,7 +221,7 @@ def test_plot_shows_the_interval_and_titles_each_panel():
     pytest.importorskip("matplotlib")
     from matplotlib.container import ErrorbarContainer
 
-    from adopter.verify_gate import plot_figure
+    from adopter.verification.gate import plot_figure
 
     fig = plot_figure(_bench())
     speed, memory = fig.axes
@@ -250,8 +250,8 @@ def test_optimized_class_records_its_original_and_uses_the_shared_loader(toy):
     import torch
     from adopter.rewrite.loader import RewrittenSourceLoader
 
-    import adopter.optimizer as optimizer
-    from adopter.optimizer import Pipeline, optimize, original_class
+    import adopter.optimizing.optimize as optimizer
+    from adopter.optimizing.optimize import Pipeline, optimize, original_class
 
     nothing = Pipeline(scan=lambda files, rules: ([], []))
     Optimized = optimize(toy.ToyModel, rules=[], init_kwargs={"width": 8}, example_inputs=(torch.randn(2, 8),),
@@ -270,7 +270,7 @@ def test_optimized_class_records_its_original_and_uses_the_shared_loader(toy):
 
 
 def test_verify_run_does_not_depend_on_the_cli():
-    source = (ROOT / "adopter" / "verify_run.py").read_text()
+    source = (ROOT / "adopter" / "verification" / "run.py").read_text()
     assert "adopter.cli" not in source
     from adopter.cli import UserError
     from adopter.errors import UserError as Neutral

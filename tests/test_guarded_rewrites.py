@@ -226,7 +226,7 @@ def optimized_bert():
 
 
 def _compare(original, optimized, inputs):
-    from adopter.verify import check_equivalence
+    from adopter.verification.equivalence import check_equivalence
 
     with count_kernel_calls() as calls:
         result = check_equivalence(original, optimized, inputs)

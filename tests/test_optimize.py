@@ -14,7 +14,7 @@ import torch
 
 from adopter.core.dsl import Layer, Span
 from adopter.core.structures import Match, MatchedNode
-from adopter.optimizer import (
+from adopter.optimizing.optimize import (
     AdopterWarning,
     Pipeline,
     RewriteOutput,
@@ -209,7 +209,7 @@ def test_load_rewritten_modules_restores_original_imports(toy):
 def test_shrink_config_keeps_heads_dividing_hidden():
     from transformers import BertConfig, T5Config
 
-    from adopter.optimizer import shrink_config
+    from adopter.optimizing.optimize import shrink_config
 
     small = shrink_config(BertConfig())
     assert small.num_hidden_layers == 2 and small.hidden_size % small.num_attention_heads == 0
@@ -226,7 +226,7 @@ def test_shrink_config_stage_based_models_still_run(name):
     import transformers
     from adopter.tracing import build_model
 
-    from adopter.optimizer import shrink_config
+    from adopter.optimizing.optimize import shrink_config
 
     cls = getattr(transformers, name)
     full = cls.config_class()
@@ -241,7 +241,7 @@ def test_example_inputs_for_speech_encoder_decoder():
     import transformers
     from adopter.tracing import build_model
 
-    from adopter.optimizer import shrink_config
+    from adopter.optimizing.optimize import shrink_config
 
     config = shrink_config(transformers.WhisperConfig())
     built = build_model(transformers.WhisperModel, init_args=(config,))
@@ -389,7 +389,7 @@ def test_untraceable_class_gives_static_result_with_warning_real_pipeline(monkey
 
 
 def test_class_defined_in_main_script_is_refused():
-    from adopter.optimizer import OptimizeError
+    from adopter.optimizing.optimize import OptimizeError
 
     Script = type("Script", (torch.nn.Module,), {"__module__": "__main__"})
     with pytest.raises(OptimizeError, match="__main__"):
@@ -401,7 +401,7 @@ def test_shrink_config_keeps_embedding_equal_to_hidden_where_it_was():
     ALBERT's factorised embedding still shrinks on its own."""
     from transformers import AlbertConfig, SqueezeBertConfig
 
-    from adopter.optimizer import shrink_config
+    from adopter.optimizing.optimize import shrink_config
 
     squeeze = shrink_config(SqueezeBertConfig())
     assert squeeze.embedding_size == squeeze.hidden_size == 64
@@ -417,8 +417,8 @@ def test_speech_model_with_spec_augment_is_equivalent_to_itself():
     import transformers
     from adopter.tracing import build_model
 
-    from adopter.optimizer import shrink_config
-    from adopter.verify import check_equivalence
+    from adopter.optimizing.optimize import shrink_config
+    from adopter.verification.equivalence import check_equivalence
 
     config = shrink_config(transformers.Wav2Vec2Config())
     assert config.mask_time_prob > 0

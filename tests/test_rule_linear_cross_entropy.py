@@ -215,7 +215,7 @@ def test_chunk_rows_budget():
 
 
 def _cpu_peak(step) -> int:
-    from adopter.verify_bench import _cpu_allocator_peak
+    from adopter.verification.benchmark import _cpu_allocator_peak
 
     return _cpu_allocator_peak(step)
 
@@ -541,7 +541,7 @@ def test_optimize_report_and_rewrite_summary_say_training_calls_return_no_logits
     import json
 
     from adopter.cli import main
-    from adopter.optimizer import AppliedRewrite, OptimizeReport
+    from adopter.optimizing.optimize import AppliedRewrite, OptimizeReport
 
     report = OptimizeReport(model_class="m.LlamaForCausalLM", applied=[
         AppliedRewrite("linear_cross_entropy", "/x/modeling_llama.py", [468], "LlamaForCausalLM", "forward",

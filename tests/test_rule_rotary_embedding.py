@@ -498,7 +498,7 @@ def optimized_llama():
 
 
 def _equivalent_and_fused(original_cls, optimized_cls, config):
-    from adopter.verify import check_equivalence
+    from adopter.verification.equivalence import check_equivalence
 
     torch.manual_seed(0)
     inputs = {"input_ids": torch.randint(0, config.vocab_size, (2, 9))}

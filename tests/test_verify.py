@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from adopter.verify import check_equivalence, dropout_disabled, flatten_tensors, tolerance_for
-from adopter.verify_gate import (
+from adopter.verification.equivalence import check_equivalence, dropout_disabled, flatten_tensors, tolerance_for
+from adopter.verification.gate import (
     RESULT_FORMAT,
     evaluate_gate,
     format_report,
@@ -168,7 +168,7 @@ def test_tolerances():
 
 @pytest.mark.slow
 def test_benchmark_pair_runs_pytest_benchmark_and_saves_json(tmp_path):
-    from adopter.verify_bench import benchmark_pair
+    from adopter.verification.benchmark import benchmark_pair
 
     torch.manual_seed(0)
     original, optimized = Block(), Block()
@@ -195,7 +195,7 @@ def test_benchmark_pair_runs_pytest_benchmark_and_saves_json(tmp_path):
 
 
 def test_summarize_pairs_blocks_and_computes_ratio():
-    from adopter.verify_bench import summarize
+    from adopter.verification.benchmark import summarize
 
     per_block = {"original": [[0.2], [0.22], [0.2]], "optimized": [[0.1], [0.11], [0.1]]}
     result = summarize(
@@ -493,8 +493,8 @@ def test_tuple_outputs_with_the_loss_first_are_compared_on_loss_and_gradients():
 
 
 def test_training_step_and_equivalence_back_propagate_the_models_own_loss():
-    from adopter.verify import training_loss
-    from adopter.verify_bench import training_step_loss
+    from adopter.verification.benchmark import training_step_loss
+    from adopter.verification.equivalence import training_loss
 
     outputs = TinyLM()(**_lm_inputs())
     assert torch.equal(training_loss(outputs), outputs["loss"].float())

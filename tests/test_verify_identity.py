@@ -15,8 +15,8 @@ from test_verify import BERT_FILE, _applied, _result
 from torch import nn
 
 from adopter import kernels
-from adopter.verify_gate import evaluate_gate, format_report, load_json, write_json
-from adopter.verify_run import attribute_kernel_calls, portable_path
+from adopter.verification.gate import evaluate_gate, format_report, load_json, write_json
+from adopter.verification.run import attribute_kernel_calls, portable_path
 
 RELU_REASON = "activation is ReLU, not a GeLU the kernel computes"
 
@@ -256,7 +256,7 @@ def test_result_with_kernel_calls_round_trips_through_json(tmp_path):
 
 
 def test_step_kernel_calls_counts_one_step():
-    from adopter.verify_bench import step_kernel_calls
+    from adopter.verification.benchmark import step_kernel_calls
 
     model = GeluNormBlock(nn.GELU())
     calls = step_kernel_calls(lambda: model(torch.randn(2, 8)))
@@ -270,7 +270,7 @@ def test_step_kernel_calls_counts_one_step():
 def test_real_rewrite_is_attributed_through_the_in_memory_module(toy):
     """optimize() loads rewritten source under a pseudo file name; its calls still land on the
     applied rule's location, and a guard falling back (a hook on the LayerNorm) is recorded."""
-    from adopter.optimizer import optimize
+    from adopter.optimizing.optimize import optimize
 
     optimized_cls = optimize(
         toy.ToyModel, rules=["Dropout_LayerNorm"], init_kwargs={"width": 8}, example_inputs=(torch.randn(5, 8),)

@@ -28,7 +28,7 @@ DEFAULT_BATCH_SIZE = 4
 DEFAULT_SEQ_LEN = 32
 DEFAULT_BENCH_SECONDS = 20.0
 DEFAULT_THREADS = 1
-# mirrors adopter.verify_bench (not imported here: commands import torch only in run)
+# mirrors adopter.verification.benchmark (not imported here: commands import torch only in run)
 MIN_BLOCKS, MAX_BLOCKS = 6, 30
 
 
@@ -94,7 +94,7 @@ def _shipped_verify_settings(model: str) -> dict:
 
 def run(args) -> int:
     from adopter.errors import UserError
-    from adopter.verify_gate import PlotUnavailable, load_json, parse_threshold, require_matplotlib
+    from adopter.verification.gate import PlotUnavailable, load_json, parse_threshold, require_matplotlib
 
     # Validate everything cheap before the long steps.
     try:
@@ -135,7 +135,7 @@ def run(args) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
 
     progress = _Progress(args.quiet)
-    from adopter.verify_run import VerifyOptions, run_verify
+    from adopter.verification.run import VerifyOptions, run_verify
 
     options = VerifyOptions(
         model=args.model,
@@ -161,7 +161,7 @@ def run(args) -> int:
     )
     outcome = run_verify(options, progress)
 
-    from adopter.verify_gate import format_report, write_json, write_plot
+    from adopter.verification.gate import format_report, write_json, write_plot
 
     print(format_report(outcome.result, outcome.gate))
     if args.json:

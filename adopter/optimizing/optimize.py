@@ -10,7 +10,7 @@ Steps (ARCHITECTURE.md data flow):
    the static matches, with a warning);
 4. per rule: rewrite those files with that rule's matches, load the rewritten modules in
    memory, build the rewritten class with the same constructor arguments, load the original
-   weights strictly and check equivalence forward and backward (:mod:`adopter.verify`);
+   weights strictly and check equivalence forward and backward (:mod:`adopter.verification.equivalence`);
    a rule that is not equivalent (or fails to rewrite/load) is dropped, with the reason;
 5. rewrite with all the rules that passed, check the combination again (if it fails, add
    rules one at a time and keep those that stay equivalent), and return that class.
@@ -36,13 +36,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from adopter.config_flip import FlipCheck
 from adopter.core.structures import Match
 from adopter.errors import OptimizeError, one_line
 from adopter.kernels.telemetry import count_kernel_calls, site_function
+from adopter.optimizing.config_flip import FlipCheck
+from adopter.optimizing.subject import Subject, build_subject, is_transformers_class, package_files, shrink_config
 from adopter.rewrite.loader import load_rewritten_modules  # the one in-memory loader (re-exported)
 from adopter.rewrite.source_io import read_source
-from adopter.subject import Subject, build_subject, is_transformers_class, package_files, shrink_config
 
 __all__ = [
     "AdopterWarning",
@@ -162,8 +162,8 @@ class OptimizeReport:
     skipped: list[SkippedRewrite] = field(default_factory=list)
     diff: str = ""
     traced: bool = False
-    equivalence: Any = None  # adopter.verify.EquivalenceResult of the final class, on the analysed instance
-    # the same check with every config value a rewritten site reads flipped (adopter.config_flip)
+    equivalence: Any = None  # adopter.verification.equivalence.EquivalenceResult of the final class, on the analysed instance
+    # the same check with every config value a rewritten site reads flipped (adopter.optimizing.config_flip)
     flipped: list[Any] = field(default_factory=list)  # ConfigFlip
     flipped_equivalence: Any = None
     flipped_note: str = ""  # why there is no flipped check, or which flips were left out
@@ -223,7 +223,7 @@ class OptimizeReport:
         lines.append(
             f"note: the optimized class is rebuilt from the rewritten source, not a subclass: its instances are "
             f"not isinstance(..., {name}); check isinstance(model, Optimized), or "
-            f"issubclass(adopter.optimizer.original_class(model), {name})"
+            f"issubclass(adopter.optimizing.optimize.original_class(model), {name})"
         )
         return "\n".join(lines)
 
@@ -380,12 +380,12 @@ def optimize(
     transformers classes: ``model_cls.config_class()`` shrunk), or for plain modules a dict of
     keyword / tuple of positional constructor arguments (or use ``init_args``/``init_kwargs``).
     ``example_inputs``: a dict of forward keyword arguments (generated for transformers models).
-    Every rule is checked for equivalence alone and all together (:mod:`adopter.verify`);
+    Every rule is checked for equivalence alone and all together (:mod:`adopter.verification.equivalence`);
     rules that fail are dropped and reported, so the class never holds a non-equivalent rewrite.
     """
     import torch  # noqa: F401  (optimize always needs torch; import errors surface here)
 
-    from adopter.verify import check_equivalence
+    from adopter.verification.equivalence import check_equivalence
 
     pipe = pipeline or Pipeline()
     if not (isinstance(model_cls, type)):

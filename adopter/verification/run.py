@@ -3,7 +3,7 @@
 build model -> optimize its class (per-rule equivalence on a shrunk config) -> build the
 optimized model at full size -> equivalence check (same weights, forward + backward) ->
 training-step benchmark -> regression gate. Produces the JSON result (format
-:data:`adopter.verify_gate.RESULT_FORMAT`).
+:data:`adopter.verification.gate.RESULT_FORMAT`).
 
 The result says what it measured: the model (``--model`` id and class), each applied rule's
 location (``path`` relative to its ``sys.path`` root, so results compare across machines;
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adopter.kernels.telemetry import site_function
-from adopter.verify_gate import RESULT_FORMAT, GateResult, evaluate_gate
+from adopter.verification.gate import RESULT_FORMAT, GateResult, evaluate_gate
 
 
 @dataclass
@@ -73,10 +73,10 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     import torch
 
     from adopter.errors import UserError
-    from adopter.optimizer import AdopterWarning, OptimizeError, optimize, optimize_instance, shrink_config
+    from adopter.optimizing.optimize import AdopterWarning, OptimizeError, optimize, optimize_instance, shrink_config
     from adopter.tracing import TracingError, build_model, make_example_inputs
     from adopter.tracing.models import check_model_ref
-    from adopter.verify import check_equivalence
+    from adopter.verification.equivalence import check_equivalence
 
     if options.threads:
         torch.set_num_threads(options.threads)
@@ -185,7 +185,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     gate = None
 
     if options.benchmark and equivalence.equivalent:
-        from adopter.verify_bench import benchmark_pair, merge
+        from adopter.verification.benchmark import benchmark_pair, merge
 
         inputs = make_example_inputs(
             original, config, batch_size=options.batch_size, seq_len=options.seq_len, device=device

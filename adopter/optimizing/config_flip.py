@@ -20,7 +20,7 @@ from typing import Any
 from adopter.core.structures import Match
 from adopter.errors import one_line
 from adopter.kernels.telemetry import count_kernel_calls
-from adopter.subject import Subject
+from adopter.optimizing.subject import Subject
 
 __all__ = ["ConfigFlip", "FlipCheck", "config_fields_read", "flips_for"]
 
@@ -147,7 +147,7 @@ def flips_for(settings: Any, fields: Iterable[str]) -> list[ConfigFlip]:
 
 
 class FlipCheck:
-    """Equivalence under the flipped configuration (:mod:`adopter.config_flip`): every config value
+    """Equivalence under the flipped configuration (:mod:`adopter.optimizing.config_flip`): every config value
     the rewritten sites read, changed, for both the original class and the rewritten one."""
 
     def __init__(self, model_cls: type, subject: Subject, files: dict[str, str], texts: dict[str, str]):
@@ -166,7 +166,7 @@ class FlipCheck:
 
     def _original_runs(self, flips) -> str:
         """Why the original class does not run with ``flips`` ("" when it does)."""
-        from adopter.verify import call_model
+        from adopter.verification.equivalence import call_model
 
         try:
             call_model(self.subject.make_with(self.model_cls, self._values(flips)), self.subject.example_inputs)
@@ -199,7 +199,7 @@ class FlipCheck:
         return self._check(new_cls).equivalent
 
     def _check(self, new_cls: type):
-        from adopter.verify import EquivalenceResult, check_equivalence, tolerance_for
+        from adopter.verification.equivalence import EquivalenceResult, check_equivalence, tolerance_for
 
         values = self._values(self.flips)
         original = self.subject.make_with(self.model_cls, values)

@@ -12,8 +12,8 @@ through its own ``state_dict()`` (kernel modules that fuse several layers, e.g. 
 split them back to ``query.weight``/``key.weight``/... there), so fused parameters are
 compared slice by slice with the layers they replace.
 
-The benchmark, report and regression gate live in :mod:`adopter.verify_bench` and
-:mod:`adopter.verify_gate`.
+The benchmark, report and regression gate live in :mod:`adopter.verification.benchmark` and
+:mod:`adopter.verification.gate`.
 """
 
 from __future__ import annotations
