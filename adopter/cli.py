@@ -10,7 +10,8 @@ import argparse
 import importlib
 import sys
 
-from adopter.errors import UserError
+from adopter.core.extras import MissingExtra
+from adopter.errors import EXIT_ERROR, UserError
 
 __all__ = ["COMMANDS", "EXIT_STATUS_HELP", "UserError", "build_parser", "main"]
 
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"adopter {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
+    except MissingExtra as exc:
+        print(f"adopter {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("adopter: interrupted", file=sys.stderr)
         return 130

@@ -10,6 +10,17 @@ loaded lazily). The ``Fused*`` modules are the module form of the same kernels (
 rewritten by earlier versions). Backend choice lives in ``backend.py``. Importing this package
 needs neither triton, xformers nor a GPU.
 """
+import torch as _torch
+
+# The floor: torch.library.custom_op (torch 2.4) registers the fused LM-head loss at import.
+# Features newer than the floor are detected at run time and take the original math without them.
+TORCH_FLOOR = (2, 4)
+if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2] if p.isdigit()) < TORCH_FLOOR:
+    raise ImportError(
+        f"adopter.kernels needs torch>={TORCH_FLOOR[0]}.{TORCH_FLOOR[1]}, found {_torch.__version__}: "
+        f"pip install 'torch>={TORCH_FLOOR[0]}.{TORCH_FLOOR[1]}'"
+    )
+
 from .backend import ENV_VAR as BACKEND_ENV_VAR
 from .backend import KernelBackendError, select_backend
 from .batch_norm import FusedConv2dBatchNorm2d, FusedLinearBatchNorm1d

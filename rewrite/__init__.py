@@ -5,6 +5,7 @@
     load_rewritten_module(original_module, new_text) -> module   (adopter.rewrite.loader)
 """
 
+from adopter.rewrite import fissix_cache  # noqa: F401  (before fissix loads its grammar)
 from adopter.rewrite.engine import (
     FileRewrite,
     MatchOutcome,

@@ -250,3 +250,26 @@ def test_in_repo_corpus_files_resolve_next_to_the_labels_file(tmp_path):
     files = corpus_eval.corpus_files(corpus)
     assert files.paths == {"m.py": src.resolve()}
     assert set(files.stale) == {"gone.py", "old.py"} and "changed since labelling" in files.stale["old.py"]
+
+
+def test_labels_follow_their_code_to_another_patch_release(corpus, files, tmp_path):
+    # another transformers patch release shifts lines: labels are found again by their code
+    import copy
+
+    name = next(n for n in sorted(files.paths) if any(e["file"] == n for e in corpus["labels"]))
+    info = corpus["files"][name]
+    shifted = tmp_path / info["path"]
+    shifted.parent.mkdir(parents=True)
+    shifted.write_text("# a line added upstream\n" * 3 + files.paths[name].read_text(encoding="utf-8"))
+    moved = copy.deepcopy(corpus)
+    again = corpus_eval.corpus_files(moved, models_dir=tmp_path)
+    assert name in again.paths, again.stale
+    text = shifted.read_text(encoding="utf-8").splitlines()
+    for before, after in zip(corpus["labels"], moved["labels"]):
+        if before["file"] == name:
+            assert after["lines"] == [line + 3 for line in before["lines"]]
+            for line, code in after["code"].items():
+                assert text[int(line) - 1].strip() == code
+    gone = next(iter(next(e for e in corpus["labels"] if e["file"] == name)["code"].values()))
+    shifted.write_text("\n".join(t for t in text if t.strip() != gone))
+    assert name in corpus_eval.corpus_files(copy.deepcopy(corpus), models_dir=tmp_path).stale

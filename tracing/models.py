@@ -76,8 +76,14 @@ def default_device() -> str:
 # ------------------------------------------------------------------ config handling
 
 
+def _transformers():
+    from adopter.core.extras import require
+
+    return require("transformers", "hf", "a model built from a HuggingFace config")
+
+
 def _config_from_dict(data: dict):
-    from transformers import AutoConfig
+    AutoConfig = _transformers().AutoConfig
 
     data = {k: v for k, v in data.items() if not k.startswith("_adopter")}
     model_type = data.pop("model_type", None)
@@ -90,7 +96,7 @@ def _config_from_dict(data: dict):
 
 
 def _model_class_for(config):
-    import transformers
+    transformers = _transformers()
 
     archs = getattr(config, "architectures", None) or []
     for name in archs:

@@ -469,12 +469,12 @@ class PlotUnavailable(RuntimeError):
 
 
 def require_matplotlib() -> None:
+    from adopter.core.extras import MissingExtra, require
+
     try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise PlotUnavailable(
-            "--plot needs matplotlib, which is not installed (pip install matplotlib)"
-        ) from None
+        require("matplotlib", "verify", "--plot")
+    except MissingExtra as exc:
+        raise PlotUnavailable(str(exc)) from None
 
 
 def plot_figure(result: dict):

@@ -56,12 +56,14 @@ class VerifyOutcome:
 
 
 def run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> VerifyOutcome:
+    from adopter.core.extras import require
     from adopter.errors import UserError
 
     try:
         import torch
     except ImportError:
         raise UserError("adopter verify needs torch, which is not installed") from None
+    require("pytest_benchmark", "verify", "adopter verify")
     previous_threads = torch.get_num_threads()
     try:
         return _run_verify(options, progress)

@@ -86,12 +86,37 @@ def corpus_files(corpus: dict, models_dir: Path | None = None, base_dir: Path | 
             out.stale[name] = f"missing: {p}"
             continue
         digest = hashlib.sha256(p.read_bytes()).hexdigest()
-        if digest != info["sha256"]:
+        # another transformers release: labels follow their code (an in-repo file is ours: stale)
+        if digest != info["sha256"] and (repo or not _relocate(corpus, name, p)):
             since = "" if repo else f" (transformers {corpus['transformers_version']})"
-            out.stale[name] = f"{p} changed since labelling{since}"
+            out.stale[name] = f"{p} changed since labelling{since} and a labelled line is gone"
             continue
         out.paths[name] = p
     return out
+
+
+def _relocate(corpus: dict, name: str, path: Path) -> bool:
+    """Move the labels of ``name`` to where their recorded code stands in ``path`` now (another
+    patch release of transformers shifts lines): each entry's code lines, with their relative
+    offsets, at the occurrence nearest the recorded line. False (nothing moved) when some
+    entry's code is not in the file any more."""
+    text = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    entries = [e for e in corpus["labels"] + corpus["negatives"] if e["file"] == name]
+    moves = []
+    for entry in entries:
+        code = sorted((int(line), c) for line, c in entry["code"].items())
+        if not code:
+            continue
+        first = code[0][0]
+        starts = [i + 1 for i, t in enumerate(text) if t == code[0][1]
+                  and all(0 < i + 1 + ln - first <= len(text) and text[i + ln - first] == c for ln, c in code)]
+        if not starts:
+            return False
+        moves.append((entry, min(starts, key=lambda s: abs(s - first)) - first))
+    for entry, delta in moves:
+        entry["lines"] = [line + delta for line in entry["lines"]]
+        entry["code"] = {str(int(line) + delta): c for line, c in entry["code"].items()}
+    return True
 
 
 @dataclass
