@@ -33,7 +33,7 @@ test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q
 
-# the fast subset (no model instantiation or corpus runs): about a minute
+# the fast subset (no model instantiation or corpus runs): a few minutes (README: the recorded run)
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow"
 

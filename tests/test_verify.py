@@ -320,8 +320,10 @@ def test_gate_skips_memory_when_metric_differs():
 
 def test_parse_threshold():
     assert parse_threshold("5%") == pytest.approx(0.05)
-    assert parse_threshold("0.05") == pytest.approx(0.05)
-    assert parse_threshold("5") == pytest.approx(0.05)
+    assert parse_threshold("0.5%") == pytest.approx(0.005)
+    for bare in ("0.05", "5", "1", "0.9"):  # one reading only: a percentage, written as one
+        with pytest.raises(ValueError, match="percentage"):
+            parse_threshold(bare)
     with pytest.raises(ValueError):
         parse_threshold("five")
     with pytest.raises(ValueError):

@@ -63,7 +63,8 @@ def add_arguments(parser) -> None:
                         "(default: next to --json, else .benchmarks/)")
     parser.add_argument("--plot", metavar="FILE.png", help="bar chart of speed and memory (needs matplotlib)")
     parser.add_argument("--baseline", metavar="FILE", help="regression gate: compare with this verify JSON")
-    parser.add_argument("--max-regression", default="5%", help="gate threshold (default 5%%)")
+    parser.add_argument("--max-regression", default="5%", help="gate threshold, a percentage such as 5%% (default 5%%): the largest loss in speed or memory "
+                        "ratio against the baseline that still passes")
     parser.add_argument("--save-baseline", metavar="FILE", help="write this run's result as a baseline")
     parser.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
 

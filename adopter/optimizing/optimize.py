@@ -185,10 +185,12 @@ class OptimizeReport:
             checked = "; equivalent to the original" if eq.equivalent else "; NOT equivalent to the original"
             if getattr(eq, "max_abs_diff", None) is not None:
                 checked += f", max |diff| {eq.max_abs_diff:.2g}"
+        n_rejected = sum(1 for s in self.skipped if s.reason.startswith("precondition"))
+        rejected_text = f", {n_rejected} rejected by a rule precondition" if n_rejected else ""
         lines = [
             f"adopter: {self.model_class}: {len(self.applied)} rewrite(s) applied, "
-            f"{len(self.skipped)} match(es) not applied ({'traced' if self.traced else 'not traced: static matches'}"
-            f"{checked})"
+            f"{len(self.skipped) - n_rejected} match(es) not applied{rejected_text} "
+            f"({'traced' if self.traced else 'not traced: static matches'}{checked})"
         ]
         if self.flipped_equivalence is not None:
             verdict = "equivalent" if self.flipped_equivalence.equivalent else "NOT equivalent"

@@ -35,15 +35,13 @@ RESULT_FORMAT = "adopter-verify/1"
 
 
 def parse_threshold(text: str) -> float:
-    """``"5%"`` -> 0.05, ``"0.05"`` -> 0.05, ``"5"`` -> 0.05 (values above 1 are percents)."""
+    """``"5%"`` -> 0.05. Only a percentage: a bare number was read two ways (``1`` as 1 %, ``0.9``
+    as 90 %), so it is refused with the spelling to use."""
     raw = str(text).strip()
+    if not raw.endswith("%"):
+        raise ValueError(f"--max-regression expects a percentage such as 5% (got {text!r}; write {raw}%?)")
     try:
-        if raw.endswith("%"):
-            value = float(raw[:-1]) / 100.0
-        else:
-            value = float(raw)
-            if value >= 1.0:
-                value /= 100.0
+        value = float(raw[:-1]) / 100.0
     except ValueError:
         raise ValueError(f"--max-regression expects a percentage like 5% (got {text!r})") from None
     if not (0.0 <= value < 1.0) or math.isnan(value):
