@@ -16,12 +16,11 @@ and runs the fused kernel when everything holds, or else calls the modules exact
 original source did (``norm(dropout(x) + residual)``). So a rewritten class computes what the
 original computed for every configuration and every instance, including instances the analysis
 never saw. Each call is counted in :mod:`adopter.kernels.telemetry` with its path, so a
-fallback is visible in reports. While ``torch.fx`` traces (Proxy inputs) a call is recorded as
-one node of the kernel itself, its modules as ``get_attr`` nodes (``ops.common.fx_call``), so the
-traced module decides at run time as the eager one does and computes the same; where an argument
-cannot be a graph argument (a function such as ``F.gelu``) the original computation is traced.
-Under TorchScript none of this is compiled: rewrites keep the original statements in an
-``if torch.jit.is_scripting():`` branch.
+fallback is visible in reports. While ``torch.fx`` traces (Proxy inputs) the original
+computation is traced (the graph shows the user's modules and scripts), except a BatchNorm fold,
+which is traced as the fold's ops on the parameters, for the mode traced in: the traced module then
+computes what the eager one computes. Under TorchScript none of this is compiled: rewrites keep
+the original statements in an ``if torch.jit.is_scripting():`` branch.
 """
 from __future__ import annotations
 
@@ -31,12 +30,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx import Proxy
 from torch.nn.modules import module as _module_mod
 
 from .backend import last_backend
-from .ops.batch_norm_fold import fold_batch_norm
+from .ops.batch_norm_fold import fold_batch_norm, fold_with
 from .ops.bias_gelu import linear_bias_gelu
-from .ops.common import fx_call, is_proxy
+from .ops.common import is_proxy
 from .ops.dropout_add_layer_norm import dropout_add_layer_norm as _dropout_add_layer_norm
 from .telemetry import ORIGINAL, record
 
@@ -68,6 +68,10 @@ def _plain(module: Any, base: type, *methods: str) -> str:
 
 def _has_hooks(module: Any) -> bool:
     return any(getattr(module, d, None) for d in _HOOK_DICTS)
+
+
+def _hooks_reason() -> str:
+    return "global module hooks (the fused path would skip them)" if _global_hooks() else ""
 
 
 def _context_reason(*tensors: Any) -> str:
@@ -127,9 +131,6 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
 def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: Any, **act_kwargs: Any) -> Any:
     """``activation(linear(x), *act_args, **act_kwargs)``; with an ``nn.Linear`` and a GeLU the
     kernel computes, the matmul then one fused bias+GeLU kernel (triton on CUDA)."""
-    traced = fx_call(linear_gelu, (linear, activation, x, *act_args), act_kwargs)
-    if traced is not None:
-        return traced
     reason = _context_reason(x) or _plain(linear, nn.Linear)
     if not reason:
         mode, reason = gelu_mode(activation, act_args, act_kwargs)
@@ -189,9 +190,6 @@ def dropout_add_layer_norm(
     plain ``nn.LayerNorm``: one fused kernel each way on CUDA (dropout mask regenerated in the
     backward), the unfused ops otherwise; anything else runs the original computation. ``x`` may
     be in half precision with a float32 ``residual`` (autocast)."""
-    traced = fx_call(dropout_add_layer_norm, (dropout, norm, x, residual, *drop_args), {"prenorm": prenorm, **drop_kwargs})
-    if traced is not None:
-        return traced
     reason = _context_reason(x, residual) or _plain(norm, nn.LayerNorm)
     p = training = None
     if not reason:
@@ -250,9 +248,6 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
     """``(query(x), key(x), value(x))``; three ``nn.Linear`` on one input run as one matmul over
     their concatenated weights (parameters unchanged; the concatenation is cached while no
     gradient flows). On CPU the three modules run (see ``QKV_FUSE_ON_CPU``)."""
-    traced = fx_call(qkv, (query, key, value, x))
-    if traced is not None:
-        return traced[0], traced[1], traced[2]
     layers = (query, key, value)
     reason = _context_reason(x)
     if not reason and x.device.type == "cpu" and not QKV_FUSE_ON_CPU:
@@ -303,6 +298,14 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         _fallback(kernel, reason)
         return bn(layer(x))
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
+    if is_proxy(x):
+        # fx: the fold is recorded as ops on the parameters (get_attr nodes), so the graph computes
+        # what this call computes eagerly, bit for bit, follows later changes of the weights, and
+        # scripts (plain aten ops); decided for the mode traced in, as fx decides every branch
+        proxies = tuple(None if t is None else Proxy(x.tracer.create_arg(t), x.tracer) for t in tensors)
+        real = layer._parameters["weight"]  # (fx hands out parameters as proxies while it traces)
+        weight, bias = fold_with(*proxies, bn.eps, device_type=real.device.type, dtype=real.dtype, ndim=real.dim())
+        return run(x, weight, bias)
     weight, bias = _cached(_FOLD_CACHE, bn, tensors, lambda: fold_batch_norm(*tensors, bn.eps))
     out = run(x, weight, bias)
     record(kernel, "torch")
@@ -312,20 +315,14 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(conv(x))``; an eval-mode BatchNorm with running statistics is folded into the conv's
     weights: one conv."""
-    traced = fx_call(conv_bn, (conv, bn, x))
-    if traced is not None:
-        return traced
-    reason = _context_reason(x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
+    reason = _hooks_reason() or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
     return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward)
 
 
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(linear(x))`` for ``(batch, features)`` input; an eval-mode BatchNorm1d with running
     statistics is folded into the Linear: one matmul."""
-    traced = fx_call(linear_bn, (linear, bn, x))
-    if traced is not None:
-        return traced
-    reason = _context_reason(x) or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
-    if not reason and x.dim() != 2:
+    reason = _hooks_reason() or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
+    if not reason and (is_proxy(x) or x.dim() != 2):  # (fx: the rank is unknown while tracing)
         reason = f"input of rank {x.dim()} (folding needs (batch, features))"
     return _folded_call("linear_bn", linear, bn, x, reason, F.linear)

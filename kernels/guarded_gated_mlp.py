@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .guarded import _context_reason, _fallback, _has_hooks, _plain, gelu_mode
-from .ops.common import fx_call
 from .ops.gated_act import gated_act
 from .telemetry import record_backend
 
@@ -91,9 +90,6 @@ def gated_mlp(gate: nn.Module, up: nn.Module, down: nn.Module, act: Any, x: torc
     """``down(act(gate(x), *act_args, **act_kwargs) * up(x))``; with plain ``nn.Linear``
     projections and a SiLU/GeLU activation, ``act(g) * u`` runs as one op that recomputes
     ``act(g)`` in the backward instead of storing it."""
-    traced = fx_call(gated_mlp, (gate, up, down, act, x, *act_args), act_kwargs)
-    if traced is not None:
-        return traced
     reason = (_context_reason(x) or _plain(gate, nn.Linear) or _plain(up, nn.Linear) or _plain(down, nn.Linear))
     activation = None
     if not reason:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .backend import select_backend, triton_dtype_ok
-from .ops.common import fx_call, is_proxy, row_block
+from .ops.common import is_proxy, row_block
 from .ops.rms_norm import INPUT_DTYPES, RMSNormForm, RMSNormFunction, rms_norm_reference
 from .telemetry import ORIGINAL, record, record_backend
 
@@ -75,12 +75,6 @@ def rms_norm(
     cast_to_half_weight: bool = False,
 ) -> Any:
     """The RMSNorm form the keywords name, applied to ``x`` over its last dimension (module doc)."""
-    traced = fx_call(rms_norm, (x, weight, eps), {
-        "offset": offset, "weight_before_cast": weight_before_cast, "weight_fp32": weight_fp32,
-        "cast_to_half_weight": cast_to_half_weight,
-    })
-    if traced is not None:
-        return traced
     form = RMSNormForm(offset, weight_before_cast, weight_fp32, cast_to_half_weight)
     reason = _reason(x, weight, eps)
     if reason:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .backend import _constant_under_compile
-from .ops.common import fx_call, is_proxy, outside_tracing
+from .ops.common import is_proxy, outside_tracing
 from .ops.rotary import rotary_embedding
 from .telemetry import ORIGINAL, record, record_backend
 
@@ -108,9 +108,6 @@ def _why_not_fused(x: Any, cos: Any, sin: Any, rotate_half: Callable) -> str:
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotate_half: Callable) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin``; fused (no ``rotate_half`` temporaries) when the checks
     above hold, else exactly that expression."""
-    traced = fx_call(rotary, (x, cos, sin, rotate_half))
-    if traced is not None:
-        return traced
     reason = _why_not_fused(x, cos, sin, rotate_half)
     if reason:
         record(KERNEL, ORIGINAL, reason)

@@ -13,8 +13,8 @@ forward, hooks, eval mode...) and otherwise calls the two children as ``nn.Seque
 Kernel calls are counted under the function that built the Sequential. It prints as
 ``Sequential`` (``print(model)`` shows the user's structure); ``type(m) is nn.Sequential`` is
 the one thing that tells it apart. ``torch.jit.script`` compiles ``nn.Sequential``'s loop, and
-``torch.fx`` records each fused pair as one node of its kernel (``fx_call``), so traced and
-eager models agree.
+``torch.fx`` records a fused pair's fold as ops on its parameters, so traced and eager models
+agree.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ layer, a Llama block) is rewritten by the real scan + rewrite and both versions 
 must hold, per model and mode (eval, and training with the same seed):
 
 * fx: the traced rewritten model computes what the eager rewritten model computes, bit for bit
-  (a guarded kernel is one node that decides at run time; a BatchNorm fold included);
+  (the user's computation is traced, a BatchNorm fold as its ops), two documented cases within
+  rounding; and the traced graph scripts;
 * TorchScript: the rewritten model scripts, and computes what the scripted and the eager original
   compute, bit for bit (the rewrite keeps the user's statements for TorchScript);
 * dynamo (``backend="eager"``, one graph) and ``torch.export``: what the eager rewritten model
@@ -92,14 +93,25 @@ def test_the_rewrite_keeps_the_users_statements_for_torchscript(zoo):
     assert not [m for m in again if m.status != "refused"]  # the kept statements are not matched again
 
 
+# Where fx cannot record what the eager kernel computes, it records the user's computation and
+# the two agree within rounding only: a Linear+BatchNorm1d fold needs the input's rank (a proxy has
+# none); the fused rotary rounds its two products differently from the written expression.
+FX_WITHIN_ROUNDING = {("Head", False), ("LlamaBlock", False), ("LlamaBlock", True)}
+
+
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_fx_traced_rewrite_agrees_with_eager_bit_for_bit(zoo, name, training):
     original, rewritten = _pair(zoo, name, training)
     x = MODELS[name]()
     traced = torch.fx.symbolic_trace(rewritten)
-    assert torch.equal(_run(traced, x), _run(rewritten, x))
+    if (name, training) in FX_WITHIN_ROUNDING:
+        torch.testing.assert_close(_run(traced, x), _run(rewritten, x))
+    else:
+        assert torch.equal(_run(traced, x), _run(rewritten, x))
     torch.testing.assert_close(_run(traced, x), _run(original, x), rtol=1e-4, atol=1e-5)
+    # and the traced graph scripts (timm's test_model_forward_fx_torchscript): plain torch ops
+    assert torch.equal(_run(torch.jit.script(traced), x), _run(traced, x))
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])

@@ -24,7 +24,15 @@ def fold_batch_norm(
     It runs once per parameter change (cached by the module), so the cost is negligible.
     Differentiable.
     """
-    compute = torch.float64 if weight.device.type != "mps" else torch.float32
+    return fold_with(weight, bias, running_mean, running_var, bn_weight, bn_bias, eps,
+                     device_type=weight.device.type, dtype=weight.dtype, ndim=weight.dim())
+
+
+def fold_with(weight, bias, running_mean, running_var, bn_weight, bn_bias, eps: float, *, device_type: str,
+              dtype: torch.dtype, ndim: int):
+    """:func:`fold_batch_norm` with the facts it reads off ``weight`` given: the same ops on
+    ``torch.fx`` proxies record the fold in a graph (a proxy cannot tell its device or rank)."""
+    compute = torch.float64 if device_type != "mps" else torch.float32
     scale = torch.rsqrt(running_var.to(compute) + eps)
     if bn_weight is not None:
         scale = scale * bn_weight.to(compute)
@@ -32,5 +40,5 @@ def fold_batch_norm(
     folded_bias = shifted * scale
     if bn_bias is not None:
         folded_bias = folded_bias + bn_bias.to(compute)
-    folded_weight = weight.to(compute) * scale.reshape(-1, *([1] * (weight.dim() - 1)))
-    return folded_weight.to(weight.dtype), folded_bias.to(weight.dtype)
+    folded_weight = weight.to(compute) * scale.reshape(-1, *([1] * (ndim - 1)))
+    return folded_weight.to(dtype), folded_bias.to(dtype)

@@ -22,17 +22,24 @@ def row_block(n_cols: int, element_size: int = 4) -> int:
     return block
 
 
-def fx_leaf(fn):
+def fx_leaf(fn=None, *, traced=None):
     """Make a functional kernel a single ``call_function`` node under ``torch.fx`` symbolic tracing.
 
     Kernels branch on device, dtype and shape, which a symbolic ``Proxy`` cannot answer; like
     ``torch.fx.wrap`` (but wherever the function is called from), a call with a Proxy argument is
-    recorded as one node instead of being traced through.
+    recorded as one node instead of being traced through. With ``traced`` (a function of the same
+    arguments in plain torch ops: what the kernel computes on the torch backend) that function is
+    traced instead, so the graph holds torch ops, which TorchScript compiles.
     """
+    if fn is None:
+        return functools.partial(fx_leaf, traced=traced)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         proxy = _first_proxy(args, kwargs)
         if proxy is not None:
+            if traced is not None:
+                return traced(*args, **kwargs)
             return proxy.tracer.create_proxy("call_function", wrapper, args, kwargs)
         return fn(*args, **kwargs)
 
@@ -64,83 +71,6 @@ def outside_tracing():
 
     with unset_fake_temporarily(), disable_proxy_modes_tracing():
         yield
-
-
-def fx_call(fn, args: tuple, kwargs: dict | None = None):
-    """What a guarded kernel returns while ``torch.fx`` symbolically traces a call of it (a
-    ``Proxy`` among its arguments): the call recorded as one ``call_function`` node of ``fn``,
-    its modules as ``get_attr`` nodes, so the traced ``GraphModule`` runs ``fn`` itself, with its
-    run-time checks, and computes what the eager model computes (a fold of BatchNorm in eval
-    mode included). None when not tracing, or when an argument cannot be a graph argument (a
-    function such as ``F.gelu``, a module outside the traced root): the caller then traces the
-    original computation."""
-    kwargs = kwargs or {}
-    proxy = _first_proxy(args, kwargs)
-    if proxy is None:
-        return None
-    tracer = proxy.tracer
-    if not all(_graph_argument(tracer, value) for value in kwargs.values()):
-        return None
-    functions = tuple(i for i, value in enumerate(args) if _function_reference(value) is not None)
-    if functions:
-        # a function argument (``F.gelu``, the source's ``rotate_half``) travels as its import
-        # path: a graph holds no function values, but ``call_with_functions`` looks it up again
-        args = tuple(_function_reference(a) if i in functions else a for i, a in enumerate(args))
-        args, fn = (_function_reference(fn), functions, *args), call_with_functions
-    if not all(_graph_argument(tracer, value) for value in args):
-        return None
-    return tracer.create_proxy("call_function", fn, args, kwargs)
-
-
-def _function_reference(value) -> str | None:
-    """``"module:qualname"`` of a function importable by that path (found there again), else None."""
-    import sys
-    import types
-
-    if not isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
-        return None
-    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
-    if not module or "<" in qualname:
-        return None
-    return f"{module}:{qualname}" if _resolve(f"{module}:{qualname}", sys.modules) is value else None
-
-
-def _resolve(reference: str, modules) -> object:
-    module, _, qualname = reference.partition(":")
-    value = modules.get(module)
-    for part in qualname.split("."):
-        value = getattr(value, part, None)
-    return value
-
-
-def call_with_functions(kernel: str, functions: tuple, *args, **kwargs):
-    """What an fx graph calls for a guarded kernel that took functions: ``kernel`` and the
-    arguments at positions ``functions`` are ``"module:qualname"`` references (see ``fx_call``),
-    looked up on each call (a few dict lookups; a reloaded module is found as it is now)."""
-    import sys
-
-    def resolved(reference: str):
-        value = _resolve(reference, sys.modules)
-        if value is None:
-            raise LookupError(f"adopter: {reference} is not importable any more")
-        return value
-
-    args = tuple(resolved(a) if i in functions else a for i, a in enumerate(args))
-    return resolved(kernel)(*args, **kwargs)
-
-
-def _graph_argument(tracer, value) -> bool:
-    """Whether ``tracer.create_arg`` can represent ``value`` without adding nodes it may not need."""
-    import torch
-
-    if value is None or isinstance(value, (Proxy, bool, int, float, str, torch.dtype, torch.device, torch.Tensor)):
-        return True
-    if isinstance(value, (tuple, list)):
-        return all(_graph_argument(tracer, item) for item in value)
-    if isinstance(value, torch.nn.Module):
-        root = getattr(tracer, "root", None)
-        return isinstance(root, torch.nn.Module) and any(m is value for m in root.modules())
-    return False
 
 
 def rotary_function(rotate, name: str, doc: str) -> type:

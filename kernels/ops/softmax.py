@@ -9,7 +9,11 @@ from ..telemetry import record
 from .common import fx_leaf, row_block
 
 
-@fx_leaf
+def _traced_softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return F.softmax(input, dim, dtype=dtype)
+
+
+@fx_leaf(traced=_traced_softmax)
 def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``."""
     if input.dim() == 0:
