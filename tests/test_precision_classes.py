@@ -43,7 +43,8 @@ def by_class(matches, rule: str) -> dict:
 
 def test_codes_are_documented():
     assert set(PRECISION_CODES) == {"needs-config", "dim-not-last", "not-a-layernorm", "branch-straddle",
-                                    "torchscript", "norm-variant", "logits-transformed", "logits-read"}
+                                    "torchscript", "norm-variant", "logits-transformed", "logits-read",
+                                    "method-divergence"}
     assert all(PRECISION_CODES.values())
 
 
@@ -595,3 +596,42 @@ def test_a_trace_settles_a_conditional_match_and_keeps_a_refused_one(tmp_path, a
     assert got["biased_GeLU"].status == status, got["biased_GeLU"].reason
     assert got["biased_GeLU"].code == "needs-config" and got["biased_GeLU"].condition  # kept after the trace
     assert got["softmax"].status == "refused" and got["softmax"].code == "dim-not-last"
+
+
+# ---------------------------------------------------------------- method-divergence
+
+DIVERGING = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv_stem = nn.Conv2d(3, 8, 3)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv = nn.Conv2d(8, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward_features(self, x):
+        x = self.bn1(self.conv_stem(x))
+        return self.bn(self.conv(x))
+
+    def forward_intermediates(self, x):
+        x = self.conv_stem(x)
+        taps = [x]  # the value between conv and BN is read: this method cannot fuse them
+        x = self.bn1(x)
+        x = self.bn(self.conv(x))
+        return x, taps
+"""
+
+
+def test_a_pair_another_method_runs_unfused_is_refused_and_one_both_fuse_is_not():
+    found = [m for m in scan_source(DIVERGING, "net.py", all_rules()) if m.rule == "Conv_BatchNorm"]
+    lines = {m.lines[0]: m for m in found}
+    stem = lines[DIVERGING.splitlines().index("        x = self.bn1(self.conv_stem(x))") + 1]
+    assert stem.status == "refused" and stem.code == "method-divergence"
+    assert "Net.forward_intermediates also runs self.bn1, self.conv_stem" in stem.reason
+    body = [m for m in found if m is not stem]
+    assert len(body) == 2 and all(m.status == "static" for m in body)  # both methods take that rewrite
+    assert {m.function.split(".")[-1] for m in body} == {"forward_features", "forward_intermediates"}

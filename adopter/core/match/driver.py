@@ -24,7 +24,7 @@ from adopter.core.match.post import (
     _VariantRanker,
     _veto_inconsistent_paths,
 )
-from adopter.core.match.precision import straddle_refusal, torchscript_refusal, type_dependence
+from adopter.core.match.precision import method_divergence, straddle_refusal, torchscript_refusal, type_dependence
 from adopter.core.match.sequential import is_sequential_expansion, match_sequentials
 from adopter.core.structures import (
     ClassInfo,
@@ -218,6 +218,12 @@ def match_structures(
                 rejected_by_rule[i][key] = replace(m, reason=verdict)
             else:
                 accepted[i][key] = replace(m, status="conditional", code=verdict[0], condition=verdict[1])
+    for i, rule in enumerate(rules):
+        found = list(accepted[i].items())
+        for index, verdict in method_divergence([m for _, m in found], source).items():
+            key, m = found[index]
+            del accepted[i][key]
+            rejected_by_rule[i][key] = replace(m, status="refused", code=verdict.code, reason=str(verdict))
     results: list[Match] = []
     for i, rule in enumerate(rules):
         found = list(accepted[i].values())

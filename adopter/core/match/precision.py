@@ -604,3 +604,66 @@ def type_dependence(
                          else f"{attr} is {_short(matched_type)}, not {others}" + (f" ({cond})" if cond else ""))
             out.append((key, m, ("needs-config", condition)))
     return out
+
+
+# ---------------------------------------------------------------- methods that would diverge
+
+
+def _self_calls(fn: ast.AST) -> set[str]:
+    """``a`` of every ``self.a(...)`` call in ``fn``."""
+    out = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+            out.add(node.func.attr)
+    return out
+
+
+def _class_methods(source: str) -> dict[str, dict[str, set[str]]]:
+    """class name -> method name -> the ``self.<attr>(...)`` calls of that method."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    out: dict[str, dict[str, set[str]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            out[node.name] = {f.name: _self_calls(f) for f in node.body
+                              if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name != "__init__"}
+    return out
+
+
+def _module_attrs(match: Match) -> frozenset[str]:
+    names = set()
+    for mn in match.nodes:
+        name = getattr(getattr(mn.node, "module", None), "name", "") or ""
+        if name.startswith("self.") and name.count(".") == 1:
+            names.add(name[len("self."):])
+    return frozenset(names)
+
+
+def method_divergence(matches: list[Match], source: str | None) -> dict[int, Refusal]:
+    """``method-divergence`` refusals (by index in ``matches``): a match over layers ``self.a``,
+    ``self.b`` of a class whose other method calls both and holds no match of the same rule over
+    them (timm's ``forward_intermediates`` reads the conv output before the BatchNorm that
+    ``forward_features`` folds). Every method that runs a pair gets the rewrite, or none does."""
+    if not source or not matches:
+        return {}
+    methods = None
+    covered = {(m.rule, m.class_name, m.function.split(".")[-1], _module_attrs(m)) for m in matches}
+    out: dict[int, Refusal] = {}
+    for index, m in enumerate(matches):
+        attrs = _module_attrs(m)
+        if not m.class_name or len(attrs) < 2 or m.sequential is not None:
+            continue
+        if methods is None:
+            methods = _class_methods(source)
+        own = m.function.split(".")[-1]
+        for name, calls in methods.get(m.class_name, {}).items():
+            if name != own and attrs <= calls and (m.rule, m.class_name, name, attrs) not in covered:
+                layers = ", ".join(f"self.{a}" for a in sorted(attrs))
+                out[index] = Refusal("method-divergence", f"{m.class_name}.{name} also runs {layers} and cannot "
+                                     "take the same rewrite: fusing them here alone would make the two methods "
+                                     "answer differently")
+                break
+    return out
