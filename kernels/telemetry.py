@@ -10,7 +10,8 @@ to rewrites by that site, so a rule whose fused path never ran is visible.
 Recording is a dict increment (plus a short frame walk) and is skipped while ``torch.compile``
 traces, so it adds no graph break and no guard (calls inside compiled code are not counted;
 :func:`record_backend` does not even read the thread's last backend there). Counting is process-global and always on; read it with
-:func:`kernel_calls` or, for one measured region, :class:`count_kernel_calls`.
+:func:`kernel_calls` or, for one measured region, :class:`count_kernel_calls`;
+:func:`fallback_summary` condenses either into one line per site (fused vs original, and why).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .backend import last_backend
 
 __all__ = [
     "FUSED_BACKENDS", "KernelCall", "count_kernel_calls", "kernel_calls", "record", "record_backend",
-    "reset_kernel_calls",
+    "reset_kernel_calls", "SiteSummary", "fallback_summary",
     "calling_frame", "calls_made_at", "site_function", "source_file",
 ]
 
@@ -194,3 +195,54 @@ class count_kernel_calls:  # noqa: N801 - used as a context manager, like torch.
 
         real = os.path.realpath(file)
         return [c for c in self.calls if c.function == function and os.path.realpath(c.file) == real]
+
+
+@dataclass
+class SiteSummary:
+    """The calls of one ``kernel`` at one site (``function`` of ``file``): how many took the fused
+    path (per backend) and how many the original computation (per fallback reason)."""
+
+    kernel: str
+    file: str
+    function: str
+    backends: dict[str, int]
+    reasons: dict[str, int]
+
+    @property
+    def fused(self) -> int:
+        return sum(self.backends.values())
+
+    @property
+    def original(self) -> int:
+        return sum(self.reasons.values())
+
+    def __str__(self) -> str:
+        import os
+
+        where = f"{self.function} ({os.path.basename(self.file)})" if self.file else self.function
+        why = "; ".join(f"{reason or 'no reason given'}: {n}" for reason, n in self.reasons.items())
+        return f"{where} {self.kernel}: {self.fused} fused, {self.original} original" + (f" ({why})" if why else "")
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "file": self.file, "function": self.function, "fused": self.fused,
+                "original": self.original, "backends": dict(self.backends), "reasons": dict(self.reasons)}
+
+
+def fallback_summary(calls=None) -> list[SiteSummary]:
+    """Per site, fused vs original: ``calls`` (:func:`kernel_calls` when None, or a
+    ``count_kernel_calls().calls`` list) grouped by (kernel, file, function), e.g. after wrapping
+    an optimized model in PEFT LoRA and training it::
+
+        with count_kernel_calls() as counted:
+            trainer.train()
+        for site in fallback_summary(counted.calls):
+            print(site)  # BertIntermediate.forward (modeling_bert.py) linear_gelu: 0 fused, 6 original (Linear is not a Linear: 6)
+
+    (``Linear`` there is PEFT's ``lora.Linear``: the guard runs the original code for a module that is
+    not the plain torch class). Sites are sorted by file, function and kernel."""
+    sites: dict[tuple[str, str, str], SiteSummary] = {}
+    for c in kernel_calls() if calls is None else calls:
+        site = sites.setdefault((c.file, c.function, c.kernel), SiteSummary(c.kernel, c.file, c.function, {}, {}))
+        counts, key = (site.backends, c.backend) if c.fused else (site.reasons, c.reason)
+        counts[key] = counts.get(key, 0) + c.count
+    return [sites[key] for key in sorted(sites)]
