@@ -146,6 +146,34 @@ def _signature_is_known(fn: Any) -> bool:
     return True
 
 
+def _never_reads(fn: Any, name: str) -> bool:
+    """Whether the code of ``fn`` never loads its parameter ``name`` (bytecode, not source: what runs)."""
+    import dis
+
+    code = getattr(fn, "__code__", None)
+    if code is None or name not in code.co_varnames:
+        return False
+    return not any(i.opname.startswith("LOAD_") and i.argval == name for i in dis.get_instructions(code))
+
+
+@_constant_under_compile
+@functools.cache
+def _extra_keywords_ignored() -> bool:
+    """Whether transformers' causal-LM loss drops keyword arguments it does not name (models pass
+    theirs on: ``output_attentions=None`` under PEFT): ``ForCausalLMLoss`` hands ``**kwargs`` only to
+    ``fixed_cross_entropy``, whose code never reads them. Checked on the installed version."""
+    module = sys.modules.get(_LOSS_MODULE)
+    outer = getattr(module, "ForCausalLMLoss", None)
+    inner = getattr(module, "fixed_cross_entropy", None)
+    if outer is None or inner is None or not _never_reads(inner, "kwargs"):
+        return False
+    import dis
+
+    loads = [i.argval for i in dis.get_instructions(outer.__code__) if i.opname.startswith("LOAD_")]
+    # kwargs is read once, to be passed on to fixed_cross_entropy (nothing else reads it)
+    return loads.count("kwargs") == 1 and "fixed_cross_entropy" in loads
+
+
 @_constant_under_compile  # a fact of the function object: evaluated once while torch.compile traces
 def _causal_lm_loss_reason(loss_function: Any) -> str:
     """"" when ``loss_function`` is transformers' ``ForCausalLMLoss`` as the kernel implements it."""
@@ -175,7 +203,7 @@ def _bind(loss_args: tuple, loss_kwargs: dict) -> tuple[dict | None, str]:
             args[name] = value
         else:
             extra.append(name)
-    if extra:
+    if extra and not _extra_keywords_ignored():
         return None, f"loss keyword arguments the kernel does not implement: {', '.join(sorted(extra))}"
     for name in ("labels", "vocab_size"):
         if name not in args:

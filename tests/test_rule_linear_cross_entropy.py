@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import adopter.kernels.guarded_linear_cross_entropy as guarded_lce
 import pytest
 import torch
 import torch.nn.functional as F
@@ -309,6 +310,8 @@ def test_guard_falls_back_to_the_original_computation(case, reason, monkeypatch)
     if case == "custom loss":
         model.loss_function = _custom_loss
     if case == "extra kwarg":
+        # a transformers whose loss reads keywords it does not name (the installed one drops them)
+        monkeypatch.setattr(guarded_lce, "_extra_keywords_ignored", lambda: False)
         kwargs["output_router_logits"] = True
     if case == "vocab mismatch":
         vocab = 36
@@ -592,3 +595,19 @@ def test_rewritten_llama_warns_at_its_forward_and_keeps_the_output_contract():
     assert out.logits is None and out[0] is out.loss and out.to_tuple()[0] is out.loss
     assert "logits" not in out.keys()
     out.loss.backward()
+
+
+
+def test_keywords_the_loss_ignores_keep_the_fused_path():
+    # PEFT's causal-LM wrapper passes output_attentions=None and Llama hands it on to the loss:
+    # transformers' ForCausalLMLoss drops it (its bytecode never reads it), so the kernel may too
+    assert guarded_lce._extra_keywords_ignored()
+    model = _Model()
+    h = torch.randn(2, 5, 16, requires_grad=True)
+    labels = torch.randint(0, 36, (2, 5))
+    with count_kernel_calls() as calls:
+        _, loss = linear_cross_entropy(model.lm_head, h, model.loss_function, labels=labels,
+                                       vocab_size=model.vocab_size, output_attentions=None)
+    ((backend, _),) = _backends(calls)
+    assert backend != "original"
+    torch.testing.assert_close(loss, model.loss_function(model.lm_head(h), labels, model.vocab_size))
