@@ -77,7 +77,7 @@ def unsettled_reason(match: Match) -> str:
         return f"refused ({match.code}): {match.reason}"
     if match.status == "conditional":
         return (f"conditional ({match.code}): {match.condition}; not applied without a trace confirming it "
-                "(adopter optimize, adopter scan --model)")
+                "(adopter rewrite --model package.module:Class --write, or optimize() in Python)")
     return ""
 
 

@@ -86,7 +86,7 @@ def test_str_of_report_is_a_grouped_readable_summary():
     report.skipped.append(SkippedRewrite("softmax", "/x/modeling_bert.py", [130], "not-executed: line 130 never runs"))
     text = str(report)
     assert "SkippedRewrite(" not in text and "\n" in text
-    assert "1 rewrite(s) applied, 7 match(es) not applied" in text
+    assert "1 rewrite(s) applied, 1 match(es) not applied, 6 rejected by a rule precondition" in text
     assert "T5Attention x3" in text and "GPT2Attention x3" in text
     assert "rejected by a rule precondition (6" in text
     assert text.count("is not a T5Attention class") == 1  # grouped, not six near-identical lines

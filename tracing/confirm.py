@@ -82,11 +82,23 @@ def _op_names_for(node) -> set[str] | None:
 
 @functools.cache
 def _class_file(cls: type) -> str | None:
-    try:
-        f = inspect.getsourcefile(cls)
-    except (TypeError, OSError):
-        return None
+    f = _main_class_file(cls) if cls.__module__ == "__main__" else None
+    if f is None:
+        try:
+            f = inspect.getsourcefile(cls)
+        except (TypeError, OSError):
+            return None
     return os.path.realpath(f) if f else None
+
+
+def _main_class_file(cls: type) -> str | None:
+    """Where a class of the script being run or of a notebook cell was compiled: its ``forward``'s
+    (else ``__init__``'s) file name (``__main__.__file__`` is no cell's, and a notebook has none)."""
+    for name in ("forward", "__init__"):
+        code = getattr(inspect.unwrap(vars(cls)[name]), "__code__", None) if name in vars(cls) else None
+        if code is not None:
+            return code.co_filename
+    return None
 
 
 def _instances(model: nn.Module, class_name: str, file: str) -> list[tuple[str, nn.Module]]:

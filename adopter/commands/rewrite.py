@@ -6,6 +6,11 @@ change (CI / pre-commit). Exit codes: 0 ok, 1 changes pending under --check, 2 w
 could not be analysed or written (every other file is still processed). ``--write`` leaves alone,
 with a message, a read-only file and a file that is (or lies through) a symbolic link out of
 the paths given, unless ``--force``. A path that is not Python is skipped with a notice.
+
+``--model package.module:Class`` (with ``--model-args``) rewrites from a trace instead: it runs
+``optimize()`` on the class and prints (``--write``: writes, ``--check``: checks) exactly the
+rewritten source ``optimize()`` proved equivalent, conditional matches the trace confirmed
+included (see :mod:`adopter.commands._rewrite_model`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,30 @@ import sys
 
 HELP = "rewrite model source to use the optimized kernels (prints diffs unless --write)"
 
+DESCRIPTION = """\
+Rewrite model source to use the optimized kernels (prints diffs unless --write).
+
+Statically (PATH...): every `static` match is rewritten; a `conditional` match (one that holds only
+under a configuration the source does not settle, see `adopter scan --help`) and a `refused` one
+never are. --check exits 1 when any file would change and writes nothing (CI, pre-commit).
+
+From a trace (--model package.module:Class): adopter imports your class, builds it with the
+arguments and example inputs of --model-args (or a factory's), and runs optimize() on it: scan,
+torch.fx trace (which settles conditional matches), rewrite, equivalence check forward and
+backward per rule and all together, and a second check with the config values the rewritten
+sites read flipped. What is printed (--diff), checked (--check) or written (--write) is exactly
+the rewritten source optimize() proved equivalent, for each file of the class's package it
+changed under the working directory (or under PATH... when given), with diff paths relative
+to the working directory. --write
+replaces a file atomically, keeping its encoding and newlines, and only if it is still the text
+optimize() read (else: changed since read, not written, exit 2); it leaves read-only files and
+symbolic links alone unless --force, as the static --write does."""
+
 
 def add_arguments(parser):
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories (recursive over *.py)")
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="Python files or directories (recursive over *.py); with --model: where the files "
+                             "optimize() rewrote may be changed (default: the working directory)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--diff", action="store_true", help="print unified diffs and change nothing (default)")
     mode.add_argument("--write", action="store_true", help="write the rewritten files (atomic, keeps encoding/newlines)")
@@ -34,6 +60,13 @@ def add_arguments(parser):
     parser.add_argument("--force", action="store_true",
                         help="with --write, also replace read-only files and files reached through a symbolic "
                              "link (the link's target is written; the link stays)")
+    from adopter.commands._model import USER_MODEL_EPILOG, add_model_args
+
+    add_model_args(parser, user_only=True, help_prefix="rewrite what optimize() proves on this class (a trace "
+                                                      "settles conditional matches) instead of the static matches of "
+                                                      "PATH...: ")
+    parser.add_argument("--device", default=None, help="with --model: where to build and check it (default: cpu)")
+    parser.epilog = USER_MODEL_EPILOG + "\n" + (parser.epilog or "")
 
 
 _RULES: dict = {}  # (rule names, rule files) -> rules, built once per process
@@ -106,6 +139,14 @@ def run(args) -> int:
     select_rules(args)  # validate names and rule files once, with one-line errors
     if args.force and not args.write:
         raise UserError("--force only applies to --write")
+    if args.model or args.model_args:
+        from adopter.commands._rewrite_model import run_model
+
+        return run_model(args)
+    if args.device:
+        raise UserError("--device only applies to --model")
+    if not args.paths:
+        raise UserError("give the PATHs to rewrite, or --model package.module:Class to rewrite from a trace")
     paths, not_python = split_python_paths(args.paths)
     try:
         files = [str(f) for f in collect_files(paths)]
@@ -200,6 +241,11 @@ def run(args) -> int:
                                   f"skipped: {o.reason}\n")
         for note in _rewrite_notes(results, bool(args.write)):
             err.write(f"note: {note}\n")
+        conditional = sum(1 for r in results for o in r.outcomes if not o.applied and o.match.status == "conditional")
+        if conditional:
+            err.write(f"note: {conditional} conditional match(es) not applied: a trace settles them; "
+                      "adopter rewrite --model package.module:Class [--model-args FILE.json] --write applies the "
+                      "ones it confirms (see adopter rewrite --help)\n")
         err.write(summary + "\n")
     if counts["failed"] or any(protected.get(r.path) and r.status == "skipped" for r in results):
         return 2  # some file could not be analysed, or could not be written

@@ -20,20 +20,32 @@ of the kernel fails; shown with its code). Codes:
 """ + "".join(textwrap.fill(text, 96, initial_indent=f"  {code:<17}", subsequent_indent=" " * 19) + "\n"
               for code, text in PRECISION_CODES.items()) + """\
 Only `static` (and, with --model, `confirmed`) matches are predictions; `adopter rewrite` never
-applies a conditional or refused match. With --model every match gets a runtime status
-(confirmed, not-executed, untraced, rejected, runtime-only); refused ones stay refused."""
+applies a conditional or refused match (`adopter rewrite --model package.module:Class` applies
+the ones a trace confirms). With --model every match gets a runtime status (confirmed,
+not-executed, untraced, rejected, runtime-only); refused ones stay refused. --model imports and
+runs the model's code; without it nothing scanned is imported.
+
+--format sarif writes SARIF 2.1.0 (GitHub code scanning and other SARIF viewers): one result per
+match, ruleId the rule, level warning for static/confirmed/runtime-only, note for conditional,
+none (kind informational) for refused/rejected/not-executed/untraced; the message says the
+status and its reason or condition, the region the matched lines; tool.driver.rules describes
+the rules in use. Paths are relative to the working directory (%SRCROOT%)."""
 
 PROGRESS_MIN_FILES = 20
 
 
 def add_arguments(parser):
     parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories (recursive over *.py)")
-    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument("--format", choices=("text", "json", "sarif"), default="text",
+                        help="output format (default: text; sarif: SARIF 2.1.0, described above)")
     parser.add_argument("--rules", metavar="NAME,...", help="comma-separated rule names (default: all built-in rules)")
     parser.add_argument("--rules-file", metavar="FILE", action="append", default=[],
                         help="rules written in the DSL (syntax: `pydoc adopter.core.dsl_text`); used instead of the "
                              "built-in rules unless --rules also names some; may repeat")
-    parser.add_argument("--model", metavar="ID", help="confirm matches by tracing this model id (imports torch)")
+    from adopter.commands._model import USER_MODEL_EPILOG, add_model_args
+
+    add_model_args(parser, help_prefix="confirm matches by tracing this model (imports torch): ")
+    parser.epilog = USER_MODEL_EPILOG + "\n" + (parser.epilog or "")
     parser.add_argument("--device", metavar="DEV", default=None, help="device for --model tracing (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar on stderr")
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
@@ -146,6 +158,9 @@ def run(args) -> int:
     from adopter.errors import UserError
 
     rules = select_rules(args)
+    from adopter.commands._model import resolve_user_model
+
+    user = resolve_user_model(args)  # --model package.module:Name imports the user's module (opt-in)
     # A named file that is not Python: a one-line notice, counted as skipped (text and JSON).
     args.paths, not_python = split_python_paths(args.paths)
     for s in not_python:
@@ -173,18 +188,37 @@ def run(args) -> int:
         if "scanned_files" in inspect.signature(confirm_model_id).parameters:
             kwargs["scanned_files"] = [str(f) for f in files]
             kwargs["rules"] = rules
+        target = args.model
+        device = args.device
+        if user is not None:
+            from adopter.tracing.models import default_device
+
+            device = device or default_device()
+            target = user.model_cls
+            kwargs.update(user.build_kwargs(device))
         try:
-            report.matches = list(confirm_model_id(report.matches, args.model, device=args.device, **kwargs))
+            report.matches = list(confirm_model_id(report.matches, target, device=device, **kwargs))
         except UserError:
             raise
         except Exception as exc:
             msg = str(exc).strip().splitlines()
-            raise UserError(f"tracing {args.model} failed: {msg[0] if msg else type(exc).__name__}") from None
+            first = msg[0] if msg else type(exc).__name__
+            if user is not None:
+                from adopter.tracing.models import TracingError
+                from adopter.tracing.user_model import cli_wording
+
+                if isinstance(exc, TracingError):  # the user's model cannot be built or fed
+                    raise UserError(f"--model {args.model}: {cli_wording(first)}") from None
+            raise UserError(f"tracing {args.model} failed: {first}") from None
 
     if args.format == "json":
         payload = report.to_json()
         payload["skipped"] = not_python
         sys.stdout.write(json.dumps(payload) + "\n")
+    elif args.format == "sarif":
+        from adopter.commands._sarif import to_sarif
+
+        sys.stdout.write(json.dumps(to_sarif(report, rules, skipped=not_python), indent=1) + "\n")
     else:
         print(format_text(report, confirmed=bool(args.model), skipped=len(not_python)))
     # Keep going past a file that cannot be analysed (every other file is scanned and

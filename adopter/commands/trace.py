@@ -11,8 +11,10 @@ HELP = "scan a model's source and confirm the matches with a torch.fx trace of t
 
 
 def add_arguments(parser):
-    parser.add_argument("--model", metavar="ID",
-                        help="known model id (see --list-models), or a directory holding config.json")
+    from adopter.commands._model import USER_MODEL_EPILOG, add_model_args
+
+    add_model_args(parser, help_prefix="the model to build and trace (--list-models shows the shipped ids): ")
+    parser.epilog = USER_MODEL_EPILOG + "\n" + (parser.epilog or "")
     parser.add_argument("--device", choices=("cpu", "cuda", "meta"), default=None,
                         help="where to build the model (default: cuda if available, else cpu; "
                              "meta builds without allocating weights)")
@@ -52,6 +54,7 @@ def run(args) -> int:
         return 0
     if not args.model:
         raise UserError("--model ID is required (known model ids: " + ", ".join(known_model_ids()) + ")")
+    from adopter.commands._model import resolve_user_model
     from adopter.commands.scan import format_text, select_rules
     from adopter.core.scan import scan_paths
     from adopter.tracing import (
@@ -65,12 +68,20 @@ def run(args) -> int:
 
     rules = select_rules(args)
     overrides = _parse_overrides(args.overrides)
+    user = resolve_user_model(args)  # package.module:Name: imports the user's module
+    if user is not None and overrides:
+        raise UserError("--set overrides config values of shipped models; give your model's arguments in --model-args")
     start = time.perf_counter()
     try:
-        built = build_model(
-            args.model, device=args.device, attn_implementation=args.attn_implementation,
-            config_overrides=overrides or None,
-        )
+        if user is not None:
+            from adopter.tracing.user_model import build_user_model
+
+            built = build_user_model(user, device=args.device, attn_implementation=args.attn_implementation)
+        else:
+            built = build_model(
+                args.model, device=args.device, attn_implementation=args.attn_implementation,
+                config_overrides=overrides or None,
+            )
     except TracingError as exc:
         raise UserError(str(exc)) from None
     if not built.source_files:

@@ -2,11 +2,13 @@
 
     adopter verify --model bert-base-uncased [--json out.json] [--plot out.png]
     adopter verify --model tiny-bert --baseline benchmarks/baselines/tiny-bert.json --max-regression 5%
+    adopter verify --model mypkg.model:Net --model-args net.json --blocks 6
 
 Steps: build the model (known id: shipped config, random weights; or a local directory with
-config.json and optionally weights), optimize its class (scan + trace + rewrite + in-memory
-load, each rule checked for equivalence on a shrunk config), check the optimized model
-against the original at full size (same weights, forward and backward), then benchmark a
+config.json and optionally weights; or your own class, package.module:Name, with the arguments and
+example inputs of --model-args or a factory), optimize its class (scan + trace + rewrite + in-memory
+load, each rule checked for equivalence on a shrunk config, or on your arguments), check the optimized
+model against the original at full size (same weights, forward and backward), then benchmark a
 training step of both (pytest-benchmark, alternating rounds) and compare against a baseline.
 
 Exit status: 0 equivalent (and gate passed), 1 not equivalent or gate failed, 2 bad input.
@@ -33,7 +35,12 @@ MIN_BLOCKS, MAX_BLOCKS = 6, 30
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model id or local directory (default {DEFAULT_MODEL})")
+    from adopter.commands._model import USER_MODEL_EPILOG, add_model_args
+
+    add_model_args(parser, default=DEFAULT_MODEL, help_prefix=f"the model (default {DEFAULT_MODEL}): ")
+    parser.epilog = (USER_MODEL_EPILOG + "  The benchmark trains on those example inputs as given (their first dimension "
+                     "is the batch size);\n  --batch-size and --seq-len are for shipped and config-directory models.\n\n"
+                     + (parser.epilog or ""))
     parser.add_argument("--rules", default=None, help="comma-separated rule names (default: all rules)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=None,
@@ -94,8 +101,13 @@ def _shipped_verify_settings(model: str) -> dict:
 
 
 def run(args) -> int:
+    from adopter.commands._model import is_user_ref, resolve_user_model
     from adopter.errors import UserError
     from adopter.verification.gate import PlotUnavailable, load_json, parse_threshold, require_matplotlib
+
+    if is_user_ref(args.model) and (args.batch_size is not None or args.seq_len is not None):
+        raise UserError("--batch-size/--seq-len apply to shipped models; for --model package.module:Name "
+                        "set the example inputs' shapes in --model-args")
 
     # Validate everything cheap before the long steps.
     try:
@@ -135,6 +147,7 @@ def run(args) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
 
+    user = resolve_user_model(args)  # package.module:Name: imports the user's module
     progress = _Progress(args.quiet)
     from adopter.verification.run import VerifyOptions, run_verify
 
@@ -159,6 +172,7 @@ def run(args) -> int:
         baseline=baseline,
         baseline_path=args.baseline,
         max_regression=threshold,
+        user_model=user,
     )
     outcome = run_verify(options, progress)
 

@@ -40,9 +40,9 @@ from adopter.core.structures import Match
 from adopter.errors import OptimizeError, one_line
 from adopter.kernels.telemetry import count_kernel_calls, site_function
 from adopter.optimizing.config_flip import FlipCheck
+from adopter.optimizing.main_module import MAIN, load_main_rewrite, main_source_file, source_text
 from adopter.optimizing.subject import Subject, build_subject, is_transformers_class, package_files, shrink_config
 from adopter.rewrite.loader import load_rewritten_modules  # the one in-memory loader (re-exported)
-from adopter.rewrite.source_io import read_source
 
 __all__ = [
     "AdopterWarning",
@@ -170,6 +170,9 @@ class OptimizeReport:
     warnings: list[str] = field(default_factory=list)
     modules: dict[str, str] = field(default_factory=dict)  # original module -> generated module name
     files: list[str] = field(default_factory=list)  # files scanned
+    # file -> (the text optimize read, the rewritten text the returned class was built from and
+    # checked), for each file the returned class's rewrites changed (`adopter rewrite --model` writes these)
+    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def applied_rules(self) -> list[str]:
@@ -275,7 +278,7 @@ def _default_scan(files: Sequence[str], rules: Sequence[Any]) -> tuple[list[Matc
     matches: list[Match] = []
     rejected: list[Match] = []
     for path in files:
-        text = read_source(path).text
+        text = source_text(path)
         try:
             # The source enables the matcher's source-level checks (escapes through plain
             # assignments, optional modules/inputs when choosing a path variant, Conv2d subclasses).
@@ -392,22 +395,22 @@ def optimize(
     pipe = pipeline or Pipeline()
     if not (isinstance(model_cls, type)):
         raise OptimizeError(f"optimize() expects a model class, got {type(model_cls).__name__}")
-    if model_cls.__module__ == "__main__":
-        # Loading the rewritten module means executing it: for the running script that would
-        # run the script (and this optimize() call) again.
-        raise OptimizeError(
-            f"{model_cls.__name__} is defined in the script being run (__main__); "
-            "move it into a module and import it from there"
-        )
+    if model_cls.__module__ == MAIN and _subject is None:
+        # the script being run, or a notebook: its source must be had before anything is built
+        main_source_file(model_cls, [model_cls])
     subject = _subject or build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs)
     report = OptimizeReport(model_class=f"{model_cls.__module__}.{model_cls.__qualname__}")
 
-    files = package_files(subject.model, model_cls)
+    if model_cls.__module__ == MAIN:
+        # only its definitions are rewritten and run again (adopter.optimizing.main_module)
+        files = {MAIN: main_source_file(model_cls, [type(m) for m in subject.model.modules()])}
+    else:
+        files = package_files(subject.model, model_cls)
     report.files = list(files.values())
     texts = {}
     for name, path in files.items():
         # Decoded exactly as the scan reads it (coding cookie, newlines), so match positions agree.
-        texts[name] = read_source(path).text
+        texts[name] = source_text(path)
     module_of_file = {path: name for name, path in files.items()}
 
     rule_objects = _resolve_rules(rules)
@@ -453,6 +456,8 @@ def optimize(
 
     candidates = [m for m in candidates if os.path.realpath(m.file) in module_of_file]
 
+    built_sources: dict[type, dict[str, tuple[str, str]]] = {}  # class -> the texts it was built from
+
     def build(selected: list[Match]):
         """Rewrite, load and instantiate with ``selected`` matches -> (class, applied, failed, diff)."""
         by_file: dict[str, list[Match]] = {}
@@ -473,12 +478,17 @@ def optimize(
                     if out.diff:
                         diffs.append(out.diff)
         root = model_cls.__module__
+        changed = {path: (texts[name], new_text) for name, (path, new_text) in sources.items()}
         if root not in sources:
             sources[root] = (files[root], texts[root])
-        modules = load_rewritten_modules(sources)
+        if root == MAIN:
+            modules = {MAIN: load_main_rewrite(*sources[MAIN])}
+        else:
+            modules = load_rewritten_modules(sources)
         new_cls = getattr(modules[root], model_cls.__qualname__.split(".")[0])
         for part in model_cls.__qualname__.split(".")[1:]:
             new_cls = getattr(new_cls, part)
+        built_sources[new_cls] = changed
         return new_cls, modules, applied, failed, "".join(diffs)
 
     def equivalent(new_cls):
@@ -583,6 +593,7 @@ def optimize(
             AppliedRewrite(m.rule, m.file, m.lines, m.class_name, m.function, m.status, {k: v for k, v in calls.items() if v})
         )
     report.diff = diff
+    report.sources = built_sources[new_cls]
     report.modules = {name: module.__name__ for name, module in modules.items()}
     new_cls.adopter_report = report
     # Not a subclass of model_cls (see the module docstring): record the original instead.

@@ -46,6 +46,9 @@ class VerifyOptions:
     baseline: dict | None = None
     baseline_path: str | None = None  # named in the gate's "regenerate the baseline" message
     max_regression: float = 0.05
+    # --model package.module:Name: the user's class with its arguments and example inputs
+    # (adopter.tracing.user_model.UserModel); ``model`` is then that reference
+    user_model: Any = None
 
 
 @dataclass
@@ -86,9 +89,11 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     t0 = time.perf_counter()
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
+    user = options.user_model
     # Everything that can be checked cheaply is checked before the first progress line.
     try:
-        check_model_ref(options.model)
+        if user is None:
+            check_model_ref(options.model)
     except TracingError as exc:
         raise UserError(str(exc)) from None
     rules = None
@@ -102,7 +107,12 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
 
     progress(f"building {options.model} on {device}")
     try:
-        built = build_model(options.model, device=device, attn_implementation=options.attn_implementation)
+        if user is not None:
+            from adopter.tracing.user_model import build_user_model
+
+            built = build_user_model(user, device=device, attn_implementation=options.attn_implementation)
+        else:
+            built = build_model(options.model, device=device, attn_implementation=options.attn_implementation)
     except TracingError as exc:
         raise UserError(str(exc)) from None
     original = built.model
@@ -110,14 +120,19 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     config = built.config
     phases["build"] = time.perf_counter() - t0
 
-    progress(f"optimizing {model_cls.__name__}: scan, trace, rewrite, per-rule equivalence (shrunk config)")
+    on = "shrunk config" if user is None else "the given arguments"
+    progress(f"optimizing {model_cls.__name__}: scan, trace, rewrite, per-rule equivalence ({on})")
     t = time.perf_counter()
     caught: list[str] = []
     with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always", AdopterWarning)
         try:
-            small = shrink_config(config) if config is not None else None
-            optimized_cls = optimize(model_cls, rules=rules, config=small, device=device)
+            if user is not None:  # the user's arguments as given: no config to shrink
+                optimized_cls = optimize(model_cls, rules=rules, init_args=user.init_args, init_kwargs=user.init_kwargs,
+                                         example_inputs=built.example_inputs, device=device)
+            else:
+                small = shrink_config(config) if config is not None else None
+                optimized_cls = optimize(model_cls, rules=rules, config=small, device=device)
         except OptimizeError as exc:
             raise UserError(f"cannot optimize {model_cls.__name__}: {exc}") from None
     caught += [str(w.message) for w in recorded if issubclass(w.category, AdopterWarning)]
@@ -128,6 +143,8 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     t = time.perf_counter()
 
     def make_full(cls):
+        if user is not None:
+            return cls(*copy.deepcopy(user.init_args), **copy.deepcopy(user.init_kwargs)).to(device).eval()
         return cls(copy.deepcopy(config)).to(device).eval()
 
     try:
@@ -189,9 +206,14 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     if options.benchmark and equivalence.equivalent:
         from adopter.verification.benchmark import benchmark_pair, merge
 
-        inputs = make_example_inputs(
-            original, config, batch_size=options.batch_size, seq_len=options.seq_len, device=device
-        )
+        if user is not None:  # the user's inputs as given (their batch size is the benchmark's)
+            inputs = built.example_inputs
+            options.batch_size = next((int(v.shape[0]) for v in inputs.values()
+                                       if isinstance(v, torch.Tensor) and v.dim()), 1)
+        else:
+            inputs = make_example_inputs(
+                original, config, batch_size=options.batch_size, seq_len=options.seq_len, device=device
+            )
         uses_tokens = "input_ids" in inputs
         os.makedirs(os.path.dirname(os.path.abspath(options.benchmark_json)), exist_ok=True)
 
