@@ -114,6 +114,7 @@ def test_write_skips_a_read_only_file_unless_force(rewritable):
     assert "read-only (mode 0444)" in r.stderr and "--force" in r.stderr
     assert rewritable.read_text() == before
     assert "0 rewrite(s) written to disk" in r.stderr
+    assert "1 file(s) not written (read-only or a link; --force writes them): exit status 2" in r.stderr
 
     r = adopter("rewrite", "--write", "--force", "--jobs", "1", rewritable.parent)
     assert r.returncode == 0, r.stderr

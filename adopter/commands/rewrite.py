@@ -208,13 +208,17 @@ def run(args) -> int:
         f"({applied} rewrite(s) {'written to disk' if args.write else 'would be applied'}, "
         f"{skipped_matches} match(es) skipped)"
     )
+    not_written = sum(1 for r in results if protected.get(r.path) and r.status == "skipped")
+    if not_written:
+        # the exit status is 2 for these: say so where the counts are
+        summary += f"; {not_written} file(s) not written (read-only or a link; --force writes them): exit status 2"
     if args.format == "json":
         payload = {
             "mode": "write" if args.write else "check" if args.check else "diff",
             "files": [dict(r.to_json(), diff=r.diff) for r in results]
             + [{"file": s["file"], "status": "skipped", "reason": s["reason"], "applied": [], "skipped": [],
                 "written": False, "diff": ""} for s in not_python],
-            "summary": dict(counts, rewrites=applied, skipped_matches=skipped_matches),
+            "summary": dict(counts, rewrites=applied, skipped_matches=skipped_matches, not_written=not_written),
             "notes": _rewrite_notes(results, bool(args.write)),
         }
         json.dump(payload, sys.stdout, indent=2)
@@ -247,7 +251,7 @@ def run(args) -> int:
                       "adopter rewrite --model package.module:Class [--model-args FILE.json] --write applies the "
                       "ones it confirms (see adopter rewrite --help)\n")
         err.write(summary + "\n")
-    if counts["failed"] or any(protected.get(r.path) and r.status == "skipped" for r in results):
+    if counts["failed"] or not_written:
         return 2  # some file could not be analysed, or could not be written
     if args.check and counts["changed"]:
         return 1
