@@ -390,76 +390,202 @@ def optimize(
     """
     import torch  # noqa: F401  (optimize always needs torch; import errors surface here)
 
-    from adopter.verification.equivalence import check_equivalence
-
-    pipe = pipeline or Pipeline()
     if not (isinstance(model_cls, type)):
         raise OptimizeError(f"optimize() expects a model class, got {type(model_cls).__name__}")
     if model_cls.__module__ == MAIN and _subject is None:
         # the script being run, or a notebook: its source must be had before anything is built
         main_source_file(model_cls, [model_cls])
     subject = _subject or build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs)
-    report = OptimizeReport(model_class=f"{model_cls.__module__}.{model_cls.__qualname__}")
+    run = _OptimizeRun(model_cls, subject, pipeline or Pipeline(), _resolve_rules(rules))
+    matches = run.scan()
+    candidates = run.confirm(matches)
+    accepted = run.check_each_rule(candidates)
+    final_rules = run.combine_equivalent(accepted)
+    final_rules = run.check_flipped_config(accepted, final_rules)
+    return run.finish()
 
-    if model_cls.__module__ == MAIN:
-        # only its definitions are rewritten and run again (adopter.optimizing.main_module)
-        files = {MAIN: main_source_file(model_cls, [type(m) for m in subject.model.modules()])}
-    else:
-        files = package_files(subject.model, model_cls)
-    report.files = list(files.values())
-    texts = {}
-    for name, path in files.items():
+
+class _OptimizeRun:
+    """The stages of one :func:`optimize` call over the state they share: the class and the
+    instance analysed, its source files and texts, the rules, the report being filled, and the
+    class built last (with the matches it applied, its diff and the kernel calls of its checks)."""
+
+    def __init__(self, model_cls: type, subject: Subject, pipe: Pipeline, rule_objects: list) -> None:
+        self.model_cls, self.subject, self.pipe, self.rule_objects = model_cls, subject, pipe, rule_objects
+        self.report = OptimizeReport(model_class=f"{model_cls.__module__}.{model_cls.__qualname__}")
+        if model_cls.__module__ == MAIN:
+            # only its definitions are rewritten and run again (adopter.optimizing.main_module)
+            self.files = {MAIN: main_source_file(model_cls, [type(m) for m in subject.model.modules()])}
+        else:
+            self.files = package_files(subject.model, model_cls)
+        self.report.files = list(self.files.values())
         # Decoded exactly as the scan reads it (coding cookie, newlines), so match positions agree.
-        texts[name] = source_text(path)
-    module_of_file = {path: name for name, path in files.items()}
+        self.texts = {name: source_text(path) for name, path in self.files.items()}
+        self.built_sources: dict[type, dict[str, tuple[str, str]]] = {}  # class -> the texts it was built from
+        self.flip_check: FlipCheck | None = None
+        self.final: tuple = ()  # (class, modules, applied, diff, equivalence, its kernel calls)
+        self.final_error = ""  # why the final class could not be checked (it cannot be built)
+        self.flipped: tuple = (None, None)  # (equivalence under the flipped config, its kernel calls)
 
-    rule_objects = _resolve_rules(rules)
-    matches, rejected = pipe.scan(list(files.values()), rule_objects)
-    for m in rejected:
-        # refused: the pattern fits but a precision precondition of the kernel fails (its code says which)
-        why = f"refused ({m.code}): {m.reason}" if m.status == "refused" else f"precondition: {m.reason}"
-        report.skipped.append(SkippedRewrite(m.rule, m.file, m.lines, why))
+    def skip(self, rule: str, m: Match, reason: str, diff: float | None = None) -> None:
+        self.report.skipped.append(SkippedRewrite(rule, m.file, m.lines, reason, diff))
 
-    # trace: keep confirmed matches; untraceable -> static matches, with a warning
-    untraceable = ""
-    try:
-        confirmed = pipe.confirm(subject.model, subject.example_inputs, matches, rule_objects) if matches else []
-    except Exception as exc:  # noqa: BLE001 - any tracing failure: static result with a warning
-        untraceable = one_line(exc)
-    else:
-        static = [m for m in confirmed if m.status != "runtime-only"]
-        if static and all(m.status == "untraced" for m in static):
-            # the tracing API reports a model it cannot capture as every match "untraced"
-            untraceable = static[0].reason or "no trace"
-    if untraceable:
-        message = (
-            f"{model_cls.__name__} could not be traced ({untraceable}); "
-            "using the static matches, each still checked for equivalence"
-        )
-        warnings.warn(message, AdopterWarning, stacklevel=2)
-        report.warnings.append(message)
-        # a conditional match needs the trace to settle it: without one it is not applied
-        candidates = [m for m in matches if m.status != "conditional"]
-        for m in matches:
-            if m.status == "conditional":
-                report.skipped.append(SkippedRewrite(
-                    m.rule, m.file, m.lines, f"conditional ({m.code}): {m.condition}; no trace settled it"))
-    else:
-        report.traced = True
-        confirmed = _runtime_reach(subject, files, texts, matches, confirmed, rule_objects, pipe)
-        candidates = [m for m in confirmed if m.status == "confirmed"]
-        for m in confirmed:
-            if m.status != "confirmed":
-                report.skipped.append(
-                    SkippedRewrite(m.rule, m.file, m.lines, m.status + (f": {m.reason}" if m.reason else ""))
+    # ---------------------------------------------------------------- stages
+
+    def scan(self) -> list[Match]:
+        """Static matches in the class's files; the refused and rejected ones go to the report."""
+        matches, rejected = self.pipe.scan(list(self.files.values()), self.rule_objects)
+        for m in rejected:
+            # refused: the pattern fits but a precision precondition of the kernel fails (its code says which)
+            self.skip(m.rule, m, f"refused ({m.code}): {m.reason}" if m.status == "refused"
+                      else f"precondition: {m.reason}")
+        return matches
+
+    def confirm(self, matches: list[Match]) -> list[Match]:
+        """The matches a trace confirms; a model that cannot be traced keeps its static matches
+        (each still checked for equivalence), with a warning."""
+        report, model_cls = self.report, self.model_cls
+        untraceable = ""
+        try:
+            confirmed = (self.pipe.confirm(self.subject.model, self.subject.example_inputs, matches,
+                                           self.rule_objects) if matches else [])
+        except Exception as exc:  # noqa: BLE001 - any tracing failure: static result with a warning
+            untraceable = one_line(exc)
+        else:
+            static = [m for m in confirmed if m.status != "runtime-only"]
+            if static and all(m.status == "untraced" for m in static):
+                # the tracing API reports a model it cannot capture as every match "untraced"
+                untraceable = static[0].reason or "no trace"
+        if untraceable:
+            message = (
+                f"{model_cls.__name__} could not be traced ({untraceable}); "
+                "using the static matches, each still checked for equivalence"
+            )
+            warnings.warn(message, AdopterWarning, stacklevel=3)
+            report.warnings.append(message)
+            # a conditional match needs the trace to settle it: without one it is not applied
+            candidates = [m for m in matches if m.status != "conditional"]
+            for m in matches:
+                if m.status == "conditional":
+                    self.skip(m.rule, m, f"conditional ({m.code}): {m.condition}; no trace settled it")
+        else:
+            report.traced = True
+            confirmed = _runtime_reach(self.subject, self.files, self.texts, matches, confirmed, self.rule_objects,
+                                       self.pipe)
+            candidates = [m for m in confirmed if m.status == "confirmed"]
+            for m in confirmed:
+                if m.status != "confirmed":
+                    self.skip(m.rule, m, m.status + (f": {m.reason}" if m.reason else ""))
+        in_files = set(self.files.values())
+        return [m for m in candidates if os.path.realpath(m.file) in in_files]
+
+    def check_each_rule(self, candidates: list[Match]) -> dict[str, list[Match]]:
+        """Rule -> its applied matches, for every rule whose rewrite alone loads and is equivalent;
+        rules in the order given (their priority when two do not combine), then any others."""
+        order = {getattr(r, "name", str(r)): i for i, r in enumerate(self.rule_objects)}
+        by_rule: dict[str, list[Match]] = {}
+        for m in sorted(candidates, key=lambda m: order.get(m.rule, len(order))):
+            by_rule.setdefault(m.rule, []).append(m)
+        accepted: dict[str, list[Match]] = {}
+        for rule, rule_matches in by_rule.items():
+            try:
+                new_cls, _, applied, failed, _ = self.build(rule_matches)
+            except Exception as exc:  # noqa: BLE001 - a rewrite that does not load is dropped
+                for m in rule_matches:
+                    self.skip(rule, m, f"rewritten source fails to load: {one_line(exc)}")
+                continue
+            for m, reason in failed:
+                self.skip(rule, m, f"rewrite: {reason}")
+            if not applied:
+                continue
+            result, error = self.equivalent(new_cls)
+            if result is None or not result.equivalent:
+                reason = error or (
+                    f"not equivalent: max |diff| {result.max_abs_diff:.3g} at {result.worst}"
+                    if not result.error
+                    else f"not equivalent: {result.error}"
                 )
+                for m in applied:
+                    self.skip(rule, m, reason, None if result is None else result.max_abs_diff)
+                continue
+            accepted[rule] = applied
+        return accepted
 
-    candidates = [m for m in candidates if os.path.realpath(m.file) in module_of_file]
+    def combine_equivalent(self, accepted: dict[str, list[Match]]) -> list[str]:
+        """All accepted rules together; when they are not equivalent together, rules are added one
+        at a time and kept while the class stays equivalent. Returns the rules kept."""
+        final_rules = list(accepted)
+        result = self.build_final(accepted, final_rules)
+        if result is None or not result.equivalent:
+            kept: list[str] = []
+            for rule in final_rules:
+                trial, _ = self.equivalent(self.combine(accepted, kept + [rule])[0])
+                if trial is not None and trial.equivalent:
+                    kept.append(rule)
+                else:
+                    for m in accepted[rule]:
+                        self.skip(rule, m, "not equivalent in combination with the other rules",
+                                  None if trial is None else trial.max_abs_diff)
+            final_rules = kept
+            result = self.build_final(accepted, final_rules)
+            if result is None or not result.equivalent:
+                error = self.final_error if result is None else result.summary()
+                raise OptimizeError(
+                    f"the rewritten {self.model_cls.__name__} is not equivalent even with the remaining rules "
+                    f"({error})"
+                )
+        return final_rules
 
-    built_sources: dict[type, dict[str, tuple[str, str]]] = {}  # class -> the texts it was built from
+    def check_flipped_config(self, accepted: dict[str, list[Match]], final_rules: list[str]) -> list[str]:
+        """The second check, on a configuration whose values the rewritten sites read flipped
+        (:mod:`adopter.optimizing.config_flip`); rules wrong there are dropped."""
+        new_cls, _, applied = self.final[:3]
+        flip_check = self.flip_check = FlipCheck(self.model_cls, self.subject, self.files, self.texts)
+        flip_check.choose(applied)
+        self.flipped = flip_check.run(new_cls)
+        if self.flipped[0] is None or self.flipped[0].equivalent:
+            return final_rules
+        wrong = [r for r in final_rules if not flip_check.equivalent(self.combine(accepted, [r])[0])]
+        for rule in wrong:
+            for m in accepted[rule]:
+                self.skip(rule, m, f"not equivalent under the flipped config ({flip_check.flips_text})")
+        final_rules = [r for r in final_rules if r not in wrong]
+        result = self.build_final(accepted, final_rules)
+        self.flipped = flip_check.run(self.final[0])
+        if result is None or not result.equivalent or (self.flipped[0] is not None and not self.flipped[0].equivalent):
+            raise OptimizeError(f"the rewritten {self.model_cls.__name__} is not equivalent under the flipped config "
+                                f"({flip_check.flips_text}) even without the rules that fail it alone")
+        return final_rules
 
-    def build(selected: list[Match]):
-        """Rewrite, load and instantiate with ``selected`` matches -> (class, applied, failed, diff)."""
+    def finish(self) -> type:
+        """The report filled in (per applied site: its kernel calls in the checks) and attached."""
+        new_cls, modules, applied, diff, result, analysed_calls = self.final
+        flipped_result, flipped_calls = self.flipped
+        report, model_cls = self.report, self.model_cls
+        report.equivalence = result
+        report.flipped, report.flipped_equivalence, report.flipped_note = (
+            self.flip_check.flips, flipped_result, self.flip_check.note)
+        for m in applied:
+            calls = {"analysed": _site_counts(analysed_calls, m)}
+            if flipped_calls is not None:
+                calls["flipped"] = _site_counts(flipped_calls, m)
+            report.applied.append(AppliedRewrite(m.rule, m.file, m.lines, m.class_name, m.function, m.status,
+                                                 {k: v for k, v in calls.items() if v}))
+        report.diff = diff
+        report.sources = self.built_sources[new_cls]
+        report.modules = {name: module.__name__ for name, module in modules.items()}
+        new_cls.adopter_report = report
+        # Not a subclass of model_cls (see the module docstring): record the original instead.
+        new_cls.adopter_original = model_cls
+        if is_transformers_class(model_cls) and hasattr(model_cls, "from_pretrained"):
+            new_cls.from_pretrained = _from_pretrained_via(model_cls)
+        return new_cls
+
+    # ---------------------------------------------------------------- building and checking
+
+    def build(self, selected: list[Match]):
+        """Rewrite, load and instantiate with ``selected`` matches -> (class, modules, applied,
+        failed, diff)."""
         by_file: dict[str, list[Match]] = {}
         for m in selected:
             by_file.setdefault(os.path.realpath(m.file), []).append(m)
@@ -467,140 +593,51 @@ def optimize(
         applied: list[Match] = []
         failed: list[tuple[Match, str]] = []
         diffs = []
-        for name, path in files.items():
+        for name, path in self.files.items():
             file_matches = by_file.get(path, [])
             if file_matches:
-                out = pipe.rewrite(texts[name], file_matches, path, rules=rule_objects)
+                out = self.pipe.rewrite(self.texts[name], file_matches, path, rules=self.rule_objects)
                 applied += out.applied
                 failed += out.failed
                 if out.applied:
                     sources[name] = (path, out.new_text)
                     if out.diff:
                         diffs.append(out.diff)
-        root = model_cls.__module__
-        changed = {path: (texts[name], new_text) for name, (path, new_text) in sources.items()}
+        root = self.model_cls.__module__
+        changed = {path: (self.texts[name], new_text) for name, (path, new_text) in sources.items()}
         if root not in sources:
-            sources[root] = (files[root], texts[root])
+            sources[root] = (self.files[root], self.texts[root])
         if root == MAIN:
             modules = {MAIN: load_main_rewrite(*sources[MAIN])}
         else:
             modules = load_rewritten_modules(sources)
-        new_cls = getattr(modules[root], model_cls.__qualname__.split(".")[0])
-        for part in model_cls.__qualname__.split(".")[1:]:
+        new_cls = getattr(modules[root], self.model_cls.__qualname__.split(".")[0])
+        for part in self.model_cls.__qualname__.split(".")[1:]:
             new_cls = getattr(new_cls, part)
-        built_sources[new_cls] = changed
+        self.built_sources[new_cls] = changed
         return new_cls, modules, applied, failed, "".join(diffs)
 
-    def equivalent(new_cls):
+    def combine(self, accepted: dict[str, list[Match]], rules_in_order: list[str]):
+        return self.build([m for r in rules_in_order for m in accepted[r]])
+
+    def equivalent(self, new_cls):
+        from adopter.verification.equivalence import check_equivalence
+
         try:
-            candidate = subject.make(new_cls)
+            candidate = self.subject.make(new_cls)
         except Exception as exc:  # noqa: BLE001
             return None, f"rewritten class cannot be built: {one_line(exc)}"
-        return check_equivalence(subject.model, candidate, subject.example_inputs), ""
+        return check_equivalence(self.subject.model, candidate, self.subject.example_inputs), ""
 
-    # Rules in the order given (their priority when two do not combine), then any others.
-    order = {getattr(r, "name", str(r)): i for i, r in enumerate(rule_objects)}
-    by_rule: dict[str, list[Match]] = {}
-    for m in sorted(candidates, key=lambda m: order.get(m.rule, len(order))):
-        by_rule.setdefault(m.rule, []).append(m)
-
-    accepted: dict[str, list[Match]] = {}
-    for rule, rule_matches in by_rule.items():
-        try:
-            new_cls, _, applied, failed, _ = build(rule_matches)
-        except Exception as exc:  # noqa: BLE001 - a rewrite that does not load is dropped
-            for m in rule_matches:
-                report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewritten source fails to load: {one_line(exc)}"))
-            continue
-        for m, reason in failed:
-            report.skipped.append(SkippedRewrite(rule, m.file, m.lines, f"rewrite: {reason}"))
-        if not applied:
-            continue
-        result, error = equivalent(new_cls)
-        if result is None or not result.equivalent:
-            reason = error or (
-                f"not equivalent: max |diff| {result.max_abs_diff:.3g} at {result.worst}"
-                if not result.error
-                else f"not equivalent: {result.error}"
-            )
-            for m in applied:
-                report.skipped.append(
-                    SkippedRewrite(rule, m.file, m.lines, reason, None if result is None else result.max_abs_diff)
-                )
-            continue
-        accepted[rule] = applied
-
-    def combine(rules_in_order: list[str]):
-        selected = [m for r in rules_in_order for m in accepted[r]]
-        return build(selected)
-
-    def counted_equivalent(new_cls):
-        """``equivalent(new_cls)`` plus the kernel calls the check made (fused or fallback, per site)."""
+    def build_final(self, accepted: dict[str, list[Match]], rules_in_order: list[str]):
+        """Build the class of ``rules_in_order`` and check it, counting the kernel calls of the
+        check (fused or fallback, per site): recorded as the final class; returns its equivalence."""
+        new_cls, modules, applied, _, diff = self.combine(accepted, rules_in_order)
         with count_kernel_calls() as calls:
-            result, error = equivalent(new_cls)
-        return result, error, calls
-
-    final_rules = list(accepted)
-    new_cls, modules, applied, _, diff = combine(final_rules)
-    result, error, analysed_calls = counted_equivalent(new_cls)
-    if result is None or not result.equivalent:
-        # Rules that pass alone but not together: add them one at a time, keep what stays equivalent.
-        kept: list[str] = []
-        for rule in final_rules:
-            trial_cls, *_ = combine(kept + [rule])
-            trial, _ = equivalent(trial_cls)
-            if trial is not None and trial.equivalent:
-                kept.append(rule)
-            else:
-                for m in accepted[rule]:
-                    report.skipped.append(
-                        SkippedRewrite(rule, m.file, m.lines, "not equivalent in combination with the other rules",
-                                       None if trial is None else trial.max_abs_diff)
-                    )
-        final_rules = kept
-        new_cls, modules, applied, _, diff = combine(final_rules)
-        result, error, analysed_calls = counted_equivalent(new_cls)
-        if result is None or not result.equivalent:
-            raise OptimizeError(
-                f"the rewritten {model_cls.__name__} is not equivalent even with the remaining rules "
-                f"({error or result.summary()})"
-            )
-    flip_check = FlipCheck(model_cls, subject, files, texts)
-    flip_check.choose(applied)
-    flipped_result, flipped_calls = flip_check.run(new_cls)
-    if flipped_result is not None and not flipped_result.equivalent:
-        # Find the rules that are wrong under the flipped config, drop them, rebuild.
-        wrong = [r for r in final_rules if not flip_check.equivalent(combine([r])[0])]
-        for rule in wrong:
-            for m in accepted[rule]:
-                report.skipped.append(SkippedRewrite(
-                    rule, m.file, m.lines, f"not equivalent under the flipped config ({flip_check.flips_text})"))
-        final_rules = [r for r in final_rules if r not in wrong]
-        new_cls, modules, applied, _, diff = combine(final_rules)
-        result, error, analysed_calls = counted_equivalent(new_cls)
-        flipped_result, flipped_calls = flip_check.run(new_cls)
-        if result is None or not result.equivalent or (flipped_result is not None and not flipped_result.equivalent):
-            raise OptimizeError(f"the rewritten {model_cls.__name__} is not equivalent under the flipped config "
-                                f"({flip_check.flips_text}) even without the rules that fail it alone")
-    report.equivalence = result
-    report.flipped, report.flipped_equivalence, report.flipped_note = flip_check.flips, flipped_result, flip_check.note
-
-    for m in applied:
-        calls = {"analysed": _site_counts(analysed_calls, m)}
-        if flipped_calls is not None:
-            calls["flipped"] = _site_counts(flipped_calls, m)
-        report.applied.append(
-            AppliedRewrite(m.rule, m.file, m.lines, m.class_name, m.function, m.status, {k: v for k, v in calls.items() if v})
-        )
-    report.diff = diff
-    report.sources = built_sources[new_cls]
-    report.modules = {name: module.__name__ for name, module in modules.items()}
-    new_cls.adopter_report = report
-    # Not a subclass of model_cls (see the module docstring): record the original instead.
-    new_cls.adopter_original = model_cls
-    if is_transformers_class(model_cls) and hasattr(model_cls, "from_pretrained"):
-        new_cls.from_pretrained = _from_pretrained_via(model_cls)
-    return new_cls
+            result, error = self.equivalent(new_cls)
+        self.final = (new_cls, modules, applied, diff, result, calls)
+        self.final_error = error
+        return result
 
 
 def _site_counts(calls, m: Match) -> dict[str, int]:
