@@ -40,3 +40,11 @@ test-fast: install
 gate: install
 	adopter verify --model tiny-bert --baseline benchmarks/baselines/tiny-bert.json --max-regression 5%
 	adopter verify --model llama-tiny --baseline benchmarks/baselines/llama-tiny.json --max-regression 5%
+
+# peer suites (issue 21): timm's and transformers' own tests, pristine vs rewritten by `adopter rewrite`,
+# in throwaway virtual environments under benchmarks/.cache/peer; PEER_SUBSET=full for the long run
+PEER_SUBSET ?= ci
+PEER_LIB ?= all
+.PHONY: peer
+peer: install
+	$(PYTHON) benchmarks/bench_peer_suites.py --lib $(PEER_LIB) --subset $(PEER_SUBSET)

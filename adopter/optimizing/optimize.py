@@ -461,7 +461,7 @@ class _OptimizeRun:
                 f"{model_cls.__name__} could not be traced ({untraceable}); "
                 "using the static matches, each still checked for equivalence"
             )
-            warnings.warn(message, AdopterWarning, stacklevel=3)
+            warnings.warn(message, AdopterWarning, stacklevel=4)  # the user's optimize() call
             report.warnings.append(message)
             # a conditional match needs the trace to settle it: without one it is not applied
             candidates = [m for m in matches if m.status != "conditional"]

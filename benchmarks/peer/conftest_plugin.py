@@ -6,6 +6,9 @@ Two jobs, both read from environment variables the script sets:
   imported from the copy under ``PEER_EXPECT_ROOT`` (pristine or rewritten), never from the
   virtual environment or the system; the session stops at once otherwise. The origin, the versions
   and how many of the package's modules import ``adopter.kernels`` go to ``PEER_IMPORT_CHECK`` (JSON).
+* ``PEER_KERNEL_CALLS``: at the end, how many calls of each ``adopter.kernels`` entry point took
+  which path (``adopter.kernels.kernel_calls()``: fused backend or ``original``, the guard's
+  fallback), summed over the session; written only when the code under test imported the kernels.
 * ``PEER_OUTCOMES``: one JSON line per test phase report (node id, phase, outcome, error head and
   the innermost frame), appended and flushed as the run goes, so a crash keeps what ran before it.
 """
@@ -24,13 +27,15 @@ _PACKAGE = os.environ.get("PEER_PACKAGE", "")
 _ROOT = os.environ.get("PEER_EXPECT_ROOT", "")
 _OUT = os.environ.get("PEER_OUTCOMES", "")
 _CHECK = os.environ.get("PEER_IMPORT_CHECK", "")
+_CALLS = os.environ.get("PEER_KERNEL_CALLS", "")
 
 
 def _import_check() -> dict:
     module = importlib.import_module(_PACKAGE)
     origin = Path(module.__file__).resolve().parent
-    import adopter
     import torch
+
+    import adopter
 
     uses_kernels = sorted(
         str(p.relative_to(origin)) for p in origin.rglob("*.py") if "adopter.kernels" in p.read_text(errors="replace")
@@ -99,3 +104,26 @@ def pytest_runtest_logreport(report):
     with open(_OUT, "a") as fh:
         fh.write(json.dumps(record) + "\n")
         fh.flush()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _CALLS or "adopter.kernels" not in sys.modules:
+        return
+    try:
+        from adopter.kernels import kernel_calls
+
+        calls = kernel_calls()
+    except Exception as exc:  # the telemetry API is not this plugin's to pin
+        Path(_CALLS).write_text(json.dumps({"error": repr(exc)}))
+        return
+    by_path: dict = {}
+    reasons: dict = {}
+    for call in calls:
+        key = f"{call.kernel} {call.backend}"
+        by_path[key] = by_path.get(key, 0) + call.count
+        if call.reason:
+            rkey = f"{call.kernel}: {call.reason}"
+            reasons[rkey] = reasons.get(rkey, 0) + call.count
+    Path(_CALLS).write_text(json.dumps({"calls_by_kernel_and_backend": dict(sorted(by_path.items())),
+                                        "fallback_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1]))},
+                                       indent=1))

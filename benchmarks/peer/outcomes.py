@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-GROUPS = ("torchscript", "fx", "export", "compile", "generation", "intermediates", "pruning", "features",
+GROUPS = ("torchscript", "fx", "export", "compile", "generation", "pruning", "intermediates", "features",
           "backward", "forward", "other")
 FAILED = ("failed", "error", "missing")
 # outcome of a test in one run; "missing": collected in the other run, never reported in this one
@@ -23,9 +23,9 @@ _GROUP_RULES = (
     ("fx", re.compile(r"(^|_)fx(_|$)|symbolic_trace|graph_node")),
     ("export", re.compile(r"export")),
     ("compile", re.compile(r"compile")),
-    ("generation", re.compile(r"generat|greedy|beam|sample|past_key|cache|decod")),
-    ("intermediates", re.compile(r"intermediate|hidden_states_output")),
+    ("generation", re.compile(r"generat|greedy|beam|_sampl|past_key|decoder_model_past|(?<!bias_)cache")),
     ("pruning", re.compile(r"prune|pruned|pruning")),
+    ("intermediates", re.compile(r"intermediate|hidden_states_output")),
     ("features", re.compile(r"feature")),
     ("backward", re.compile(r"backward|training|grad")),
     ("forward", re.compile(r"forward|inference|determinism|batching|outputs_equivalence|attention_outputs")),
@@ -188,11 +188,11 @@ def table(comparison: dict, title: str) -> str:
     (failed + error + missing) / skipped, then newly failing / passing."""
     rows = [title, f"{'group':<14}{'tests':>6}  {'pristine p/f/s':>16}  {'rewritten p/f/s':>16}  {'new fail':>8}"
                    f"  {'new pass':>8}"]
+    def pfs(s):
+        return f"{s.get('passed', 0)}/{sum(s.get(o, 0) for o in FAILED)}/{s.get('skipped', 0) + s.get('xfailed', 0)}"
+
     for group, c in comparison["counts"].items():
-        def pfs(side):
-            s = c[side]
-            return f"{s.get('passed', 0)}/{sum(s.get(o, 0) for o in FAILED)}/{s.get('skipped', 0) + s.get('xfailed', 0)}"
-        rows.append(f"{group:<14}{c['total']:>6}  {pfs('pristine'):>16}  {pfs('rewritten'):>16}  "
+        rows.append(f"{group:<14}{c['total']:>6}  {pfs(c['pristine']):>16}  {pfs(c['rewritten']):>16}  "
                     f"{c['newly_failing']:>8}  {c['newly_passing']:>8}")
     return "\n".join(rows)
 
