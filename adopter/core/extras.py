@@ -5,7 +5,6 @@ Stdlib only: every layer may ask."""
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
 # extra -> what it is for (its packages are in setup.cfg's [options.extras_require])
@@ -24,7 +23,8 @@ class MissingExtra(ImportError):
 def require(module: str, extra: str, feature: str) -> ModuleType:
     """``import module``, or :class:`MissingExtra` naming the ``pip install`` that brings it."""
     try:
-        return importlib.import_module(module)
+        # the import statement's machinery (builtins.__import__), as a plain ``import`` would
+        return __import__(module, fromlist=["__name__"])
     except ImportError:
         root = module.split(".")[0]
         raise MissingExtra(
