@@ -336,7 +336,8 @@ def footer(record: dict) -> str:
     date = record["date"].replace("T", " ")[:16] + " UTC"
     changes = record["uncommitted_code_changes"]
     commit = record["git_commit"][:7] + (f" plus uncommitted changes to {len(changes)} file(s)" if changes else "")
-    machine = f"Python {record['python']}, torch {record['torch']}, {record['cpu_count']} CPUs"
+    transformers = f", transformers {record['transformers']}" if record.get("transformers") else ""
+    machine = f"Python {record['python']}, torch {record['torch']}{transformers}, {record['cpu_count']} CPUs"
     return (f"(output of {record['shown']}, run {date} at {commit}; {machine}; exit status {record['exit_status']}, "
             f"{record['wall_s']:.0f} s; results file {relative(result_path(record['name']))})")
 
