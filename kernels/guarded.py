@@ -302,7 +302,11 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         # fx: the fold is recorded as ops on the parameters (get_attr nodes), so the graph computes
         # what this call computes eagerly, bit for bit, follows later changes of the weights, and
         # scripts (plain aten ops); decided for the mode traced in, as fx decides every branch
-        proxies = tuple(None if t is None else Proxy(x.tracer.create_arg(t), x.tracer) for t in tensors)
+        # TorchScript types a module's bias and running statistics Optional[Tensor]: each read is
+        # unwrapped in the graph (torch.jit._unwrap_optional: identity in Python), so it scripts
+        proxies = tuple(None if t is None else x.tracer.create_proxy(
+            "call_function", torch.jit._unwrap_optional, (Proxy(x.tracer.create_arg(t), x.tracer),), {})
+            for t in tensors)
         real = layer._parameters["weight"]  # (fx hands out parameters as proxies while it traces)
         weight, bias = fold_with(*proxies, bn.eps, device_type=real.device.type, dtype=real.dtype, ndim=real.dim())
         return run(x, weight, bias)

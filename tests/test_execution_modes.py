@@ -191,3 +191,25 @@ def test_onnx_export_of_the_rewrite_computes_the_eager_result(zoo, name, tmp_pat
     session = ort.InferenceSession(str(tmp_path / "model.onnx"))
     (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     torch.testing.assert_close(torch.from_numpy(out), _run(rewritten, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_traced_fold_scripts_with_optional_parameters():
+    # TorchScript types a conv's bias and a BatchNorm's statistics Optional[Tensor] (timm's
+    # test_model_forward_fx_torchscript on inception_next / swiftformer): the traced fold unwraps them
+    from adopter.kernels import conv_bn
+
+    class Stem(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+
+        def forward(self, x):
+            return conv_bn(self.stem[0], self.stem[1], x)
+
+    model = Stem().eval()
+    model.stem[1].running_mean.uniform_(-1, 1)
+    model.stem[1].running_var.uniform_(0.5, 2.0)
+    traced = torch.fx.symbolic_trace(model)
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(_run(torch.jit.script(traced), x), _run(model, x))
+    assert torch.equal(_run(traced, x), _run(model, x))
