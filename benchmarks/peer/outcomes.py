@@ -12,6 +12,10 @@ from pathlib import Path
 GROUPS = ("torchscript", "fx", "export", "compile", "generation", "pruning", "intermediates", "features",
           "backward", "forward", "other")
 FAILED = ("failed", "error", "missing")
+# a test is listed as a slowdown when its rewritten run took SLOWDOWN_FACTOR times its pristine
+# run plus SLOWDOWN_MIN_S seconds (both runs on the same loaded machine: only large ratios mean much)
+SLOWDOWN_FACTOR = 5.0
+SLOWDOWN_MIN_S = 30.0
 # outcome of a test in one run; "missing": collected in the other run, never reported in this one
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing")
 
@@ -121,7 +125,8 @@ def compare(pristine: dict[str, dict], rewritten: dict[str, dict]) -> dict:
     """Per test outcome pristine vs rewritten (the union of node ids; a test absent from one run is
     ``missing`` there), counts per group, and the lists of tests newly failing (passed pristine,
     failed / error / missing rewritten), newly passing (the reverse) and newly skipped (passed
-    pristine, skipped rewritten), each with its error head."""
+    pristine, skipped rewritten), each with its error head; ``slowdowns``: tests far slower
+    rewritten (``SLOWDOWN_FACTOR``, ``SLOWDOWN_MIN_S``), slowest first."""
     tests: dict[str, dict] = {}
     counts: dict[str, dict] = {}
     newly_failing, newly_passing, newly_skipped, both_failing = [], [], [], []
@@ -130,6 +135,9 @@ def compare(pristine: dict[str, dict], rewritten: dict[str, dict]) -> dict:
         after = rewritten.get(nodeid, {"outcome": "missing"})
         group = group_of(nodeid)
         entry = {"group": group, "pristine": before["outcome"], "rewritten": after["outcome"]}
+        for side, rec in (("pristine", before), ("rewritten", after)):
+            if "duration" in rec:
+                entry[f"{side}_s"] = rec["duration"]
         for side, rec in (("pristine", before), ("rewritten", after)):
             if rec["outcome"] in FAILED and rec.get("message"):
                 entry[f"{side}_message"] = rec["message"]
@@ -155,6 +163,12 @@ def compare(pristine: dict[str, dict], rewritten: dict[str, dict]) -> dict:
             per["newly_skipped"] += 1
         elif before["outcome"] in FAILED and after["outcome"] in FAILED:
             both_failing.append(nodeid)
+    slowdowns = sorted(
+        ({"test": t, "group": e["group"], "pristine_s": e["pristine_s"], "rewritten_s": e["rewritten_s"]}
+         for t, e in tests.items()
+         if "pristine_s" in e and "rewritten_s" in e and e["rewritten_s"] >= SLOWDOWN_FACTOR * e["pristine_s"]
+         + SLOWDOWN_MIN_S),
+        key=lambda d: d["pristine_s"] - d["rewritten_s"])
     total = _empty_counts()
     for per in counts.values():
         for side in ("pristine", "rewritten"):
@@ -170,6 +184,7 @@ def compare(pristine: dict[str, dict], rewritten: dict[str, dict]) -> dict:
         "newly_skipped": newly_skipped,
         "both_failing": both_failing,
         "causes": dict(collections.Counter(f["cause"] for f in newly_failing).most_common()),
+        "slowdowns": slowdowns,
         "tests": tests,
     }
 
@@ -216,6 +231,11 @@ def findings_markdown(comparison: dict, title: str, limit: int = 400) -> str:
     if comparison["newly_passing"]:
         out.append(f"### newly passing ({len(comparison['newly_passing'])})")
         out.extend(f"- `{f['test']}`" for f in comparison["newly_passing"])
+        out.append("")
+    if comparison.get("slowdowns"):
+        out.append(f"### far slower rewritten ({len(comparison['slowdowns'])})")
+        out.extend(f"- `{f['test']}`: {f['pristine_s']:.1f} s pristine, {f['rewritten_s']:.1f} s rewritten"
+                   for f in comparison["slowdowns"])
         out.append("")
     if comparison["newly_skipped"]:
         out.append(f"### passed pristine, skipped rewritten ({len(comparison['newly_skipped'])})")
