@@ -25,8 +25,9 @@ import ast
 import difflib
 from dataclasses import dataclass
 
+from adopter.rewrite.apply import KERNELS_MODULE
+
 SCRIPTING_TEST = "torch.jit.is_scripting()"
-KERNELS_MODULE = "adopter.kernels"
 
 
 @dataclass(frozen=True)
