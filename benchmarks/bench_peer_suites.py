@@ -50,10 +50,12 @@ The rewritten copy runs first (its failures are logged as they come), then the p
 ``--reuse-pristine`` takes the pristine outcomes from an earlier run when the selected tests, the
 package, the test files and the plugin are byte-identical (a pristine run never calls adopter).
 The rewritten run also records ``adopter.kernels.kernel_calls()`` (which path each kernel took:
-fused or the guard's fallback), so a suite that never reached a fused path shows. Timings on the
-shared 2-core machine (load ~5 from other users): timm full 428 tests, ~22 min rewritten + ~22-38
-min pristine; timm ci 32 tests, ~1.5 min a side; transformers full ~950 tests, ~15 min a side;
-transformers ci 68 tests, ~1-3 min a side.
+fused or the guard's fallback), so a suite that never reached a fused path shows.
+
+Timings on the shared 2-core machine, a side (rewritten, pristine; plus ~30 s of copying, rewriting
+and collecting): timm ``full`` (428 tests) ~4 min idle, 22-38 min under a load of ~5 from other
+users; timm ``ci`` (32) ~20 s idle, 1-1.5 min loaded; transformers ``full`` (958) ~3-8 min idle,
+~15 min loaded; transformers ``ci`` (74) ~35 s idle, 1-3 min loaded.
 
 Both runs check where the package was imported from (``benchmarks/peer/conftest_plugin.py``,
 copied as the runs' ``conftest.py``): a run importing the package from anywhere but its copy

@@ -19,7 +19,7 @@ applies to which model (no TorchScript test for hrnet, no ``forward_features`` f
 * ``FULL_NAMED``: the tests with their own short model lists (TorchScript of pruned models and of
   feature getters, pruning, attention-bias caches after ``eval()`` and dtype changes, ...), where
   a parameter names a rewritten model (``NAMED_MODELS``).
-* ``CI_TESTS``: a few dozen node ids, under ~2 minutes a run on an idle machine: TorchScript, FX,
+* ``CI_TESTS``: 32 node ids, ~20 s a run on an idle machine (~1.5 min loaded): TorchScript, FX,
   intermediates, the GuardedSequential models (visformer, ghostnet, hrnet, xception, dla).
 """
 
