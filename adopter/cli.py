@@ -32,8 +32,10 @@ exit status (every command):
   2  error: bad arguments, or some input could not be analysed (a file that does not parse or
      cannot be read or written, an unknown model). Commands keep going past such a file:
      every other file is still analysed and reported, then the exit status is 2.
-  A path that is not Python (no .py suffix, no python #! line) is skipped with a notice,
-  not an error."""
+  141 the output pipe was closed by its reader (`adopter scan . | head -1`): stopped quietly.
+  A path that is not Python (no .py suffix, no python #! line), or not a regular file (a FIFO,
+  a device) found in a directory, is skipped with a notice, not an error; named directly, a
+  path that is not a regular file is exit 2. Files larger than --max-file-size are errors."""
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -60,7 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(modules[args.command].run(args) or 0)
+        status = int(modules[args.command].run(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # The reader went away (`adopter scan . | head -1`): stop quietly, as Unix tools do.
+        _silence_stdout()
+        return 128 + 13  # killed by SIGPIPE, as the shell reports it
     except UserError as exc:
         print(f"adopter {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
@@ -70,6 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("adopter: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush of what is still buffered
+    cannot raise BrokenPipeError again at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

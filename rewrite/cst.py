@@ -17,6 +17,8 @@ from fissix.pgen2 import driver as pgen_driver
 from fissix.pgen2 import token
 from fissix.pygram import python_symbols as syms
 
+from adopter.core.source_file import source_lines
+
 Node = pytree.Node
 Leaf = pytree.Leaf
 LN = pytree.Base
@@ -183,7 +185,7 @@ def parse_statements(text: str, indent: str) -> list[LN]:
         tree = parse(text)
         stmts = statements_in(tree)
     else:
-        body = "".join(indent + line if line.strip() else line for line in text.splitlines(keepends=True))
+        body = "".join(indent + line if line.strip() else line for line in source_lines(text, keepends=True))
         tree = parse("if 1:\n" + body)
         suite = tree.children[0].children[3]
         stmts = statements_in(suite)

@@ -18,13 +18,14 @@ from adopter.rewrite import cst
 from adopter.rewrite.apply import KERNELS_MODULE, add_kernel_imports, apply_edit
 from adopter.rewrite.partial import PartialTree
 from adopter.rewrite.scripting import GuardError, keep_original_for_torchscript
-from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
+from adopter.rewrite.source_io import WriteRefused, read_source, unified_diff, write_atomic
 
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit
 from adopter.core.codemod.generic import generic_codemod
 from adopter.core.codemod.sequential import SEQUENTIAL_CODEMOD
 from adopter.core.rules import find_rule
+from adopter.core.source_file import DEFAULT_MAX_BYTES, SourceReadError
 from adopter.core.structures import Match
 
 __all__ = [
@@ -37,12 +38,17 @@ class MatchOutcome:
     match: Match
     applied: bool
     reason: str = ""
+    # The rewrite was meant to apply but its place in the source could not be found (or its
+    # codemod failed): an analysis bug, always reported, never a silent skip.
+    unplaced: bool = False
 
     def to_json(self) -> dict:
         out = {"rule": self.match.rule, "class": self.match.class_name, "function": self.match.function,
                "lines": self.match.lines}
         if not self.applied:
             out["reason"] = self.reason
+        if self.unplaced:
+            out["unplaced"] = True
         return out
 
 
@@ -204,10 +210,11 @@ def rewrite_source(
         try:
             edit = codemod.analyze(match, ctx)
         except Skip as exc:
-            outcomes[index] = MatchOutcome(match, False, str(exc))
+            outcomes[index] = MatchOutcome(match, False, str(exc), unplaced="not found" in str(exc))
             continue
         except Exception as exc:  # a codemod bug must not take the file down with it
-            outcomes[index] = MatchOutcome(match, False, f"internal error in {match.rule} codemod: {exc!r}")
+            outcomes[index] = MatchOutcome(match, False, f"internal error in {match.rule} codemod: {exc!r}",
+                                           unplaced=True)
             continue
         planned.append((index, match, edit))
 
@@ -243,11 +250,12 @@ def rewrite_source(
         try:
             _bowler_apply(partial.root, edit, filename)
         except Skip as exc:
-            outcomes[index] = MatchOutcome(match, False, str(exc))
+            outcomes[index] = MatchOutcome(match, False, str(exc), unplaced="not found" in str(exc))
             partial = _replay(partial.reparse(), applied_edits, filename)
             continue
         except Exception as exc:
-            outcomes[index] = MatchOutcome(match, False, f"internal error applying {match.rule}: {exc!r}")
+            outcomes[index] = MatchOutcome(match, False, f"internal error applying {match.rule}: {exc!r}",
+                                           unplaced=True)
             partial = _replay(partial.reparse(), applied_edits, filename)
             continue
         applied_edits.append(edit)
@@ -355,25 +363,30 @@ class FileRewrite:
 MAX_PASSES = 3
 
 
-def rewrite_file(path: str | os.PathLike, rules: Iterable | None = None, write: bool = False) -> FileRewrite:
+def rewrite_file(
+    path: str | os.PathLike, rules: Iterable | None = None, write: bool = False,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> FileRewrite:
     """Scan ``path`` with ``rules`` (all when None), rewrite, and write when asked.
 
-    The file keeps its encoding, newline style and final-newline state; it is replaced
-    atomically and only when the rewritten text compiles."""
+    Every byte outside the edited lines stays as it was (line endings, encoding, BOM, final
+    newline); the file is replaced atomically, only when the rewritten text compiles and only
+    while the file is still what was read (:func:`adopter.rewrite.source_io.write_atomic`).
+    ``max_bytes``: larger files are not read (``None``/0: no limit)."""
     from adopter.core.scan import relaxed_gc
 
     with relaxed_gc():
-        return _rewrite_file(path, rules, write)
+        return _rewrite_file(path, rules, write, max_bytes)
 
 
-def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) -> FileRewrite:
+def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool, max_bytes: int | None) -> FileRewrite:
     from adopter.core.scan import scan_source
 
     name = str(path)
     try:
-        source = read_source(name)
-    except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as exc:
-        return FileRewrite(name, "failed", reason=f"cannot read: {exc}")
+        source = read_source(name, max_bytes)
+    except SourceReadError as exc:
+        return FileRewrite(name, "skipped" if exc.skipped else "failed", reason=exc.message)
     if rules is None:
         from adopter.core.rules import all_rules
 
@@ -396,6 +409,8 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
             return FileRewrite(name, "failed", reason=f"syntax error: {exc.msg} (line {exc.lineno})")
         except RecursionError:
             return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
+        except MemoryError:
+            return FileRewrite(name, "failed", reason="out of memory analysing it")
         if not matches:
             break
         result = rewrite_source(text, matches, filename=name, rules=rules, torchscript_guard=False)
@@ -422,10 +437,13 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool) 
     result = RewriteResult(new_text=text, outcomes=outcomes, diff=unified_diff(source.text, text, name))
     written = False
     if write:
-        new_source = source.with_text(result.new_text)
         try:
-            write_atomic(name, new_source.encode())
+            written = write_atomic(name, source.encode_text(result.new_text), source.stamp)
+        except WriteRefused as exc:
+            return FileRewrite(name, "failed", result.outcomes, result.diff, reason=str(exc))
         except (OSError, UnicodeEncodeError) as exc:
             return FileRewrite(name, "failed", result.outcomes, result.diff, reason=f"cannot write: {exc}")
-        written = True
+        if not written:  # another run wrote this very rewrite meanwhile: not this run's write
+            return FileRewrite(name, "unchanged", result.outcomes, result.diff,
+                               reason="already rewritten meanwhile (by another run)")
     return FileRewrite(name, "changed", result.outcomes, result.diff, written=written)

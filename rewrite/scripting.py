@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from adopter.rewrite.apply import KERNELS_MODULE
 
+from adopter.core.source_file import source_lines
+
 SCRIPTING_TEST = "torch.jit.is_scripting()"
 
 
@@ -58,8 +60,8 @@ def keep_original_for_torchscript(original: str, rewritten: str) -> str:
     if not kernel_functions:
         return rewritten
     old_functions = _functions(ast.parse(original))
-    orig_lines = original.splitlines(keepends=True)
-    new_lines = rewritten.splitlines(keepends=True)
+    orig_lines = source_lines(original, keepends=True)
+    new_lines = source_lines(rewritten, keepends=True)
     regions: list[_Region] = []
     for qualname, new_fn in _functions(new_tree).items():
         old_fn = old_functions.get(qualname)
@@ -238,7 +240,7 @@ def _add_torch_import(text: str, tree: ast.Module) -> str:
     kernel_import = next(
         s for s in tree.body if isinstance(s, ast.ImportFrom) and s.module == KERNELS_MODULE and not s.level
     )
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text, keepends=True)
     at = kernel_import.lineno - 1
     return "".join(lines[:at] + ["import torch\n"] + lines[at:])
 
@@ -246,7 +248,7 @@ def _add_torch_import(text: str, tree: ast.Module) -> str:
 def python_view(text: str) -> str:
     """``text`` as Python runs it: each ``if torch.jit.is_scripting():`` guard replaced by its
     ``else`` branch, dedented (for reading a rewrite, and for tests of what a rewrite does)."""
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text, keepends=True)
     out: list[str] = []
     i = 0
     while i < len(lines):

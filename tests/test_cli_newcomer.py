@@ -143,7 +143,7 @@ def test_failed_write_reports_what_reached_the_disk(rewritable, monkeypatch, cap
 
     from adopter.cli import main
 
-    def refuse(path, data):
+    def refuse(path, data, stamp=None):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(engine, "write_atomic", refuse)
@@ -202,7 +202,7 @@ def test_non_python_path_is_a_notice_and_counts_as_skipped(tmp_path):
     r = adopter("scan", other)
     assert r.returncode == 0
     assert r.stderr.count("\n") == 1 and "not a Python file" in r.stderr
-    assert "0 scanned, 1 skipped (not Python)" in r.stdout
+    assert "0 scanned, 1 skipped, " in r.stdout
     r = adopter("scan", other, "--format", "json")
     data = json.loads(r.stdout)
     assert data["files_scanned"] == 0 and data["skipped"][0]["file"] == str(other)

@@ -68,8 +68,9 @@ def _optimize(args, user):
 def run_model(args) -> int:
     from adopter.commands._inputs import split_python_paths, write_protections
     from adopter.commands._model import resolve_user_model
+    from adopter.core.source_file import SourceReadError
     from adopter.errors import UserError
-    from adopter.rewrite.source_io import read_source, unified_diff, write_atomic
+    from adopter.rewrite.source_io import WriteRefused, read_source, unified_diff, write_atomic
 
     if args.model_args and not args.model:
         raise UserError("--model-args needs --model package.module:Class")
@@ -110,8 +111,8 @@ def run_model(args) -> int:
         old, new = report.sources[f.path]
         try:
             current = read_source(target)
-        except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as exc:
-            f.status, f.reason = "failed", f"cannot read: {exc}"
+        except SourceReadError as exc:
+            f.status, f.reason = "failed", exc.message
             failed = True
             continue
         if current.text != old:
@@ -119,10 +120,17 @@ def run_model(args) -> int:
             failed = True
             continue
         try:
-            write_atomic(target, current.with_text(new).encode())
+            written = write_atomic(target, current.encode_text(new), current.stamp)
+        except WriteRefused as exc:
+            f.status, f.reason = "failed", str(exc)
+            failed = True
+            continue
         except (OSError, UnicodeEncodeError) as exc:
             f.status, f.reason = "failed", f"cannot write: {exc}"
             failed = True
+            continue
+        if not written:  # another run wrote this very text meanwhile
+            f.status, f.reason = "unchanged", "already rewritten meanwhile (by another run)"
             continue
         f.written = True
 

@@ -57,6 +57,9 @@ def add_arguments(parser):
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
                         help="worker processes (default: CPU count; 1 = in process)")
     parser.add_argument("--verbose", "-v", action="store_true", help="also list every skipped match with its reason")
+    from adopter.commands.scan import add_max_file_size
+
+    add_max_file_size(parser)
     parser.add_argument("--force", action="store_true",
                         help="with --write, also replace read-only files and files reached through a symbolic "
                              "link (the link's target is written; the link stays)")
@@ -111,7 +114,7 @@ def _init_worker() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
+def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool, int | None]):
     """Worker: rules travel as their names and rule files (rule objects hold closures that do
     not pickle) and are rebuilt here exactly as the parent validated them."""
     import argparse
@@ -119,22 +122,23 @@ def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool]):
     from adopter.commands.scan import select_rules
     from adopter.rewrite import FileRewrite, rewrite_file
 
-    path, rule_names, rule_files, write = task
+    path, rule_names, rule_files, write, max_bytes = task
     key = (rule_names, tuple(rule_files))
     rules = _RULES.get(key)
     if rules is None:  # once per process
         rules = _RULES[key] = select_rules(argparse.Namespace(rules=rule_names, rules_file=list(rule_files)))
     try:
-        return rewrite_file(path, rules, write=write)
+        return rewrite_file(path, rules, write=write, max_bytes=max_bytes)
     except Exception as exc:  # one bad file must not stop the run
         return FileRewrite(path, "failed", reason=f"internal error: {exc!r}")
 
 
 def run(args) -> int:
     from adopter.commands._inputs import split_python_paths, write_protections
-    from adopter.commands.scan import select_rules
+    from adopter.commands.scan import max_file_size, select_rules
     from adopter.core.scan import collect_files
     from adopter.errors import UserError
+    from adopter.rewrite import FileRewrite
 
     select_rules(args)  # validate names and rule files once, with one-line errors
     if args.force and not args.write:
@@ -148,10 +152,14 @@ def run(args) -> int:
     if not args.paths:
         raise UserError("give the PATHs to rewrite, or --model package.module:Class to rewrite from a trace")
     paths, not_python = split_python_paths(args.paths)
+    max_bytes = max_file_size(args)
     try:
-        files = [str(f) for f in collect_files(paths)]
+        collected = collect_files(paths)
     except (FileNotFoundError, PermissionError) as exc:
         raise UserError(str(exc)) from None
+    files = [str(f) for f in collected.files]
+    # not regular files (a FIFO, a device): a notice, counted as skipped (exit 2 when named)
+    not_python += [{"file": e.file, "reason": e.message} for e in collected.skipped]
     if args.jobs < 0:
         raise UserError("--jobs must be >= 0")
     # A file --write must not replace (read-only; a symbolic link, or outside the paths given)
@@ -161,7 +169,8 @@ def run(args) -> int:
         # through a link: write its target, so the link stays a link
         files = [os.path.realpath(f) if protected.get(f) else f for f in files]
         protected = {}
-    tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write) and not protected.get(f)) for f in files]
+    tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write) and not protected.get(f), max_bytes)
+             for f in files]
     from adopter.core.scan import default_jobs
 
     jobs = min(args.jobs or default_jobs(), max(len(tasks), 1))
@@ -188,6 +197,8 @@ def run(args) -> int:
             for index, result in pool.imap_unordered(_rewrite_indexed, [(i, tasks[i]) for i in order]):
                 results[index] = result
 
+    # paths that could not be searched or opened (a symbolic link loop, an unreadable directory)
+    results = [FileRewrite(e.file, "failed", reason=e.message) for e in collected.errors] + results
     for r in results:
         why = protected.get(r.path)
         if why and r.status == "changed":
@@ -237,6 +248,11 @@ def run(args) -> int:
                     out.write(f"would rewrite {r.path}\n")
             elif r.status in ("skipped", "failed"):
                 err.write(f"{r.path}: {r.status}: {r.reason}\n")
+            for o in r.outcomes:
+                if o.unplaced and not args.verbose:  # an analysis bug: never silent
+                    lines = ",".join(str(n) for n in o.match.lines)
+                    err.write(f"{r.path}:{lines}: warning: {o.match.rule} ({o.match.class_name or o.match.function}) "
+                              f"could not be placed in the source, not applied: {o.reason}\n")
             if args.verbose:
                 for o in r.outcomes:
                     if not o.applied:
@@ -251,7 +267,7 @@ def run(args) -> int:
                       "adopter rewrite --model package.module:Class [--model-args FILE.json] --write applies the "
                       "ones it confirms (see adopter rewrite --help)\n")
         err.write(summary + "\n")
-    if counts["failed"] or not_written:
+    if counts["failed"] or not_written or collected.named_skipped:
         return 2  # some file could not be analysed, or could not be written
     if args.check and counts["changed"]:
         return 1

@@ -50,12 +50,36 @@ def add_arguments(parser):
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar on stderr")
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
                         help="worker processes (default: one per CPU; 1 = in process)")
+    add_max_file_size(parser)
+
+
+def add_max_file_size(parser) -> None:
+    from adopter.core.source_file import DEFAULT_MAX_BYTES, format_size
+
+    parser.add_argument("--max-file-size", metavar="SIZE", default=None,
+                        help=f"larger files are reported and not read (default: {format_size(DEFAULT_MAX_BYTES)}; "
+                             "e.g. 8M, 512K, 0 = no limit): analysis needs about 200x a file's size in memory")
+
+
+def max_file_size(args) -> int | None:
+    """Bytes from ``--max-file-size`` (the default when not given; None: no limit)."""
+    from adopter.core.source_file import DEFAULT_MAX_BYTES, parse_size
+    from adopter.errors import UserError
+
+    raw = getattr(args, "max_file_size", None)
+    if raw is None:
+        return DEFAULT_MAX_BYTES
+    try:
+        return parse_size(raw) or None
+    except ValueError as exc:
+        raise UserError(f"--max-file-size: {exc}") from None
 
 
 def select_rules(args) -> list:
     """Rules from ``--rules`` / ``--rules-file`` (all built-in ones when neither is given)."""
     from adopter.core.dsl_text import DSLSyntaxError
     from adopter.core.rules import UnknownRuleError, all_rules, get_rules, load_rules_file
+    from adopter.core.source_file import SourceReadError
     from adopter.errors import UserError
 
     rules = []
@@ -69,6 +93,8 @@ def select_rules(args) -> list:
     for path in args.rules_file:
         try:
             rules.extend(load_rules_file(path))
+        except SourceReadError as exc:
+            raise UserError(exc.message) from None
         except OSError as exc:
             raise UserError(f"cannot read rules file {path}: {exc.strerror or exc}") from None
         except DSLSyntaxError as exc:
@@ -145,7 +171,7 @@ def format_text(report, confirmed: bool, skipped: int = 0) -> str:
     out.append(
         f"{found} match{'es' if found != 1 else ''} in {matched_files} "
         f"file{'s' if matched_files != 1 else ''} ({report.files_scanned} scanned, "
-        + (f"{skipped} skipped (not Python), " if skipped else "")
+        + (f"{skipped} skipped, " if skipped else "")
         + f"{len(report.errors)} "
         f"error{'s' if len(report.errors) != 1 else ''}, {report.seconds:.2f} s)" + (f": {summary}" if summary else "")
     )
@@ -163,10 +189,9 @@ def run(args) -> int:
     user = resolve_user_model(args)  # --model package.module:Name imports the user's module (opt-in)
     # A named file that is not Python: a one-line notice, counted as skipped (text and JSON).
     args.paths, not_python = split_python_paths(args.paths)
-    for s in not_python:
-        print(f"adopter scan: skipping {s['file']}: {s['reason']}", file=sys.stderr)
+    max_bytes = max_file_size(args)
     try:
-        files = collect_files(args.paths)
+        files = collect_files(args.paths).files
     except (FileNotFoundError, PermissionError) as exc:
         raise UserError(str(exc)) from None
     progress = None
@@ -175,7 +200,12 @@ def run(args) -> int:
     jobs = getattr(args, "jobs", 0) or 0
     if jobs < 0:
         raise UserError("--jobs must be >= 0")
-    report = scan_paths(args.paths, rules, progress=progress, jobs=jobs)
+    report = scan_paths(args.paths, rules, progress=progress, jobs=jobs, max_bytes=max_bytes)
+    # A path that is not a Python source (not Python; not a regular file: a FIFO, a device):
+    # a one-line notice, counted as skipped (text and JSON).
+    not_python += [{"file": e.file, "reason": e.message} for e in report.skipped]
+    for s in not_python:
+        print(f"adopter scan: skipping {s['file']}: {s['reason']}", file=sys.stderr)
 
     if args.model:
         try:
@@ -222,5 +252,6 @@ def run(args) -> int:
     else:
         print(format_text(report, confirmed=bool(args.model), skipped=len(not_python)))
     # Keep going past a file that cannot be analysed (every other file is scanned and
-    # reported), then say so in the exit status: 2, as for every command (`adopter --help`).
-    return 2 if report.errors else 0
+    # reported), then say so in the exit status: 2, as for every command (`adopter --help`);
+    # also for a path named on the command line that is not a regular file.
+    return 2 if report.errors or report.named_skipped else 0

@@ -8,8 +8,10 @@ scan goes on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,10 +20,11 @@ from pathlib import Path
 from adopter.core.extract import extract_source
 from adopter.core.match import match_structures
 from adopter.core.rules import all_rules
+from adopter.core.source_file import DEFAULT_MAX_BYTES, SourceReadError, file_kind, read_source
 from adopter.core.structures import Match
 
 __all__ = [
-    "ScanError", "ScanReport", "collect_files", "default_jobs", "relaxed_gc", "scan_file", "scan_paths", "scan_source",
+    "CollectedFiles", "ScanError", "ScanReport", "collect_files", "default_jobs", "relaxed_gc", "scan_file", "scan_paths", "scan_source",
 ]
 
 SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".tox", ".mypy_cache", ".pytest_cache", "node_modules"}
@@ -47,6 +50,10 @@ class ScanReport:
     seconds: float
     errors: list[ScanError] = field(default_factory=list)
     matches: list[Match] = field(default_factory=list)
+    # Paths left alone with a notice (not regular files); ``named_skipped`` of them were named
+    # on the command line (exit status 2).
+    skipped: list[ScanError] = field(default_factory=list)
+    named_skipped: int = 0
 
     def counts(self) -> dict[str, int]:
         """Matches per rule, ``refused`` ones left out (see :meth:`refused_counts`)."""
@@ -70,36 +77,74 @@ class ScanReport:
             "seconds": round(self.seconds, 3),
             "errors": [e.to_json() for e in self.errors],
             "matches": [m.to_json() for m in self.matches],
+            "skipped": [{"file": e.file, "reason": e.message} for e in self.skipped],
         }
 
 
-def collect_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
+@dataclass
+class CollectedFiles:
+    """What :func:`collect_files` found: the files to read, those left alone with a notice
+    (not regular files: FIFOs, devices, sockets; ``named`` ones were given on the command
+    line), and paths that could not be searched or opened (a symbolic link loop, an
+    unreadable directory): errors, the other files are still processed."""
+
+    files: list[Path] = field(default_factory=list)
+    skipped: list[ScanError] = field(default_factory=list)
+    errors: list[ScanError] = field(default_factory=list)
+    named_skipped: int = 0  # how many of ``skipped`` were named directly (exit status 2)
+
+
+def collect_files(paths: Sequence[str | os.PathLike]) -> CollectedFiles:
     """Python files named by ``paths``: files as given, directories recursively (``*.py``,
-    sorted, skipping VCS/cache directories). Raises ``FileNotFoundError`` for a path that
-    does not exist and ``PermissionError`` for a file or directory that cannot be read."""
-    out: list[Path] = []
-    seen: set[Path] = set()
+    sorted, skipping VCS/cache directories); only regular files (see :class:`CollectedFiles`).
+    Raises ``FileNotFoundError`` for a path that does not exist and ``PermissionError`` for a
+    file or directory given that cannot be read."""
+    out = CollectedFiles()
+    seen: set[str] = set()
     for raw in paths:
         p = Path(raw)
-        if not p.exists():
-            raise FileNotFoundError(f"no such file or directory: {raw}")
-        if p.is_dir():
+        try:
+            st = os.stat(p)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                out.errors.append(ScanError(str(raw), "symbolic link loop"))
+                continue
+            if not os.path.lexists(p):
+                raise FileNotFoundError(f"no such file or directory: {raw}") from None
+            out.errors.append(ScanError(str(raw), f"cannot read: {exc.strerror or exc}"))
+            continue
+        if stat.S_ISDIR(st.st_mode):
             if not os.access(p, os.R_OK | os.X_OK):
                 raise PermissionError(f"directory not readable: {raw}")
             found = []
-            for root, dirs, files in os.walk(p):
+
+            def unreadable(exc: OSError) -> None:
+                out.errors.append(ScanError(str(exc.filename), "directory not readable: "
+                                            + (exc.strerror or str(exc)).lower() + "; its files were not checked"))
+
+            for root, dirs, files in os.walk(p, onerror=unreadable):
                 dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
                 found.extend(Path(root) / f for f in files if f.endswith(".py"))
-            candidates = sorted(found)
+            candidates, named = sorted(found), False
         else:
-            if not os.access(p, os.R_OK):
+            if stat.S_ISREG(st.st_mode) and not os.access(p, os.R_OK):
                 raise PermissionError(f"file not readable: {raw}")
-            candidates = [p]
+            candidates, named = [p], True
         for c in candidates:
-            key = c.resolve()
+            try:
+                mode = os.stat(c).st_mode
+            except OSError as exc:
+                message = "symbolic link loop" if exc.errno == errno.ELOOP else f"cannot read: {exc.strerror or exc}"
+                out.errors.append(ScanError(str(c), message))
+                continue
+            if not stat.S_ISREG(mode):
+                out.skipped.append(ScanError(str(c), f"not a regular file ({file_kind(mode)})"))
+                out.named_skipped += named
+                continue
+            key = os.path.realpath(c)
             if key not in seen:
                 seen.add(key)
-                out.append(c)
+                out.files.append(c)
     return out
 
 
@@ -139,32 +184,33 @@ def with_refused(structures, rules: Iterable, text: str) -> list[Match]:
     return sorted(matches + refused, key=lambda m: (m.lines[:1] or [0], m.rule))
 
 
-def scan_file(path: str | os.PathLike, rules: Iterable) -> list[Match]:
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    return scan_source(text, str(p), rules)
+def scan_file(path: str | os.PathLike, rules: Iterable, max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[Match]:
+    """Matches of ``rules`` in one file (raises :class:`SourceReadError`, ``SyntaxError``)."""
+    return scan_source(read_source(path, max_bytes).text, str(path), rules)
 
 
-def _scan_one(name: str, rules: list) -> tuple[list[Match], ScanError | None]:
+def _scan_one(name: str, rules: list, max_bytes: int | None = DEFAULT_MAX_BYTES) -> tuple[list[Match], ScanError | None]:
     """Matches and error (``None`` when none) of one file; never raises but ``ImportError``."""
     try:
-        text = Path(name).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        return [], ScanError(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}")
-    except OSError as exc:
-        return [], ScanError(name, f"cannot read: {exc.strerror or exc}")
+        text = read_source(name, max_bytes).text
+    except SourceReadError as exc:
+        return [], ScanError(name, exc.message)
     try:
         structures = extract_source(text, name)
     except SyntaxError as exc:
         return [], ScanError(name, _one_line(exc))
     except RecursionError:
         return [], ScanError(name, "too deeply nested to analyse")
+    except MemoryError:
+        return [], ScanError(name, "out of memory analysing it")
     except ImportError:
         raise
     except Exception as exc:  # an extraction bug must not stop the scan
         return [], ScanError(name, "extraction failed: " + _one_line(exc))
     try:
         return with_refused(structures, rules, text), None
+    except MemoryError:
+        return [], ScanError(name, "out of memory analysing it")
     except Exception as exc:
         return [], ScanError(name, "matching failed: " + _one_line(exc))
 
@@ -202,12 +248,13 @@ PARALLEL_MIN_FILES = 8
 
 # Worker-process state: the rules, set once per process (inherited when forked).
 _WORKER_RULES: list | None = None
+_WORKER_MAX_BYTES: int | None = DEFAULT_MAX_BYTES
 
 
-def _init_worker(rules: list) -> None:
-    global _WORKER_RULES
+def _init_worker(rules: list, max_bytes: int | None = DEFAULT_MAX_BYTES) -> None:
+    global _WORKER_RULES, _WORKER_MAX_BYTES
 
-    _WORKER_RULES = rules
+    _WORKER_RULES, _WORKER_MAX_BYTES = rules, max_bytes
     # Objects inherited from the parent are never garbage: keep the collector off them, and
     # collect less often (extraction allocates many short-lived objects, few cycles).
     gc.freeze()
@@ -216,7 +263,7 @@ def _init_worker(rules: list) -> None:
 
 def _scan_chunk(chunk: list[tuple[int, str]]) -> list[tuple[int, list[Match], ScanError | None]]:
     rules = _WORKER_RULES if _WORKER_RULES is not None else []
-    return [(index, *_scan_one(name, rules)) for index, name in chunk]
+    return [(index, *_scan_one(name, rules, _WORKER_MAX_BYTES)) for index, name in chunk]
 
 
 def _pool_context(rules: list):
@@ -258,20 +305,24 @@ def scan_paths(
     *,
     progress: Callable[[int, int, str], None] | None = None,
     jobs: int | None = None,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> ScanReport:
     """Scan files and directories with ``rules`` (all built-in rules when None).
 
     ``jobs``: worker processes (``None`` or 0: one per CPU, or in process for fewer than
     ``PARALLEL_MIN_FILES`` files; 1: in this process). Results
-    do not depend on it: matches and errors come in file order.
+    do not depend on it: matches and errors come in file order. ``max_bytes``: larger files
+    are errors, not read (``None``/0: no limit).
     ``progress(done, total, file)`` is called after each file. Raises what
     :func:`collect_files` raises for missing/unreadable top-level paths; problems with
     individual files end up in ``ScanReport.errors``.
     """
     rules = list(all_rules() if rules is None else rules)
     start = time.perf_counter()
-    files = collect_files(paths)
-    report = ScanReport(files_scanned=0, seconds=0.0)
+    collected = collect_files(paths)
+    files = collected.files
+    report = ScanReport(files_scanned=0, seconds=0.0, errors=list(collected.errors), skipped=collected.skipped,
+                        named_skipped=collected.named_skipped)
     if jobs is not None and jobs < 0:
         raise ValueError("jobs must be >= 0")
     if not jobs:  # automatic: a few files are not worth starting processes for
@@ -282,12 +333,12 @@ def scan_paths(
     if context is None:
         with relaxed_gc():
             for i, f in enumerate(files):
-                results[i] = _scan_one(str(f), rules)
+                results[i] = _scan_one(str(f), rules, max_bytes)
                 if progress is not None:
                     progress(i + 1, len(files), str(f))
     else:
         done = 0
-        with context.Pool(jobs, initializer=_init_worker, initargs=(rules,)) as pool:
+        with context.Pool(jobs, initializer=_init_worker, initargs=(rules, max_bytes)) as pool:
             for chunk in pool.imap_unordered(_scan_chunk, _chunks(files, jobs)):
                 for index, matches, error in chunk:
                     results[index] = (matches, error)

@@ -25,8 +25,8 @@ import os
 import sys
 import types
 
+from adopter.core.source_file import read_source
 from adopter.errors import OptimizeError
-from adopter.rewrite.source_io import read_source
 
 __all__ = ["MAIN", "load_main_rewrite", "main_source_file", "source_text"]
 
@@ -38,7 +38,8 @@ _NOT_COPIED = {"__name__", "__spec__", "__loader__", "__file__", "__package__", 
 
 def source_text(path: str) -> str:
     """The decoded text of ``path``: the file (decoded as the scan reads it), else the lines
-    :mod:`linecache` holds for that name (a notebook cell). Raises ``OSError`` when neither."""
+    :mod:`linecache` holds for that name (a notebook cell). Raises ``OSError`` when neither,
+    :class:`adopter.core.source_file.SourceReadError` for a file that cannot be read."""
     if os.path.isfile(path):
         return read_source(path).text
     lines = linecache.getlines(path)

@@ -40,6 +40,7 @@ from adopter.core.structures import Match
 from adopter.errors import OptimizeError, one_line
 from adopter.kernels.telemetry import count_kernel_calls, site_function
 from adopter.optimizing.config_flip import FlipCheck
+from adopter.optimizing.imported_source import read_imported_source
 from adopter.optimizing.main_module import MAIN, load_main_rewrite, main_source_file, source_text
 from adopter.optimizing.subject import Subject, build_subject, is_transformers_class, package_files, shrink_config
 from adopter.rewrite.loader import load_rewritten_modules  # the one in-memory loader (re-exported)
@@ -420,7 +421,8 @@ class _OptimizeRun:
             self.files = package_files(subject.model, model_cls)
         self.report.files = list(self.files.values())
         # Decoded exactly as the scan reads it (coding cookie, newlines), so match positions agree.
-        self.texts = {name: source_text(path) for name, path in self.files.items()}
+        self.texts = {name: source_text(path) if name == MAIN else read_imported_source(name, path, source_text)
+                      for name, path in self.files.items()}
         self.built_sources: dict[type, dict[str, tuple[str, str]]] = {}  # class -> the texts it was built from
         self.flip_check: FlipCheck | None = None
         self.final: tuple = ()  # (class, modules, applied, diff, equivalence, its kernel calls)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from adopter.core.dsl import Span
+from adopter.core.source_file import source_lines
 
 
 def _split_lines_no_ff(text: str) -> list[str]:
@@ -60,7 +61,7 @@ class FileContext:
         # (neither side changes it).
         shared = parsed_tree(self.text)
         self.tree = shared if shared is not None else ast.parse(self.text, filename=self.filename)
-        self.lines = self.text.splitlines(keepends=True)
+        self.lines = source_lines(self.text, keepends=True)  # split where ast counts lines
         # One walk builds every index (ast.walk per index was a tenth of rewrite time).
         parents: dict[ast.AST, ast.AST] = {}
         by_pos: dict[tuple[int, int, int, int], list[ast.AST]] = {}

@@ -12,6 +12,7 @@ from adopter.core.extract.init_bindings import _InitExtractor
 from adopter.core.extract.interp import _Interp
 from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _is_module, _span
 from adopter.core.extract.values import _TEST_NAMES, _UNPARSED, SOURCE_LINES, UNKNOWN_TYPE
+from adopter.core.source_file import source_lines
 from adopter.core.structures import ClassInfo, FileStructures, InitBinding, SequentialBuild, SequentialEntry
 
 _SELF_ATTR = re.compile(r"\bself\.([A-Za-z_][A-Za-z_0-9]*)(?!\s*(?:=(?!=)|:[^=\n]*=(?!=)))")
@@ -54,7 +55,7 @@ def extract_source(text: str, filename: str = "<string>", type_hints: dict | Non
     # (\n, \r\n, \r; not at form feeds)
     SOURCE_LINES[:] = text.encode().splitlines(keepends=True)
     try:
-        return _extract_tree(tree, filename, text.splitlines(), type_hints or {})
+        return _extract_tree(tree, filename, source_lines(text), type_hints or {})
     finally:
         _UNPARSED.clear()
         _TEST_NAMES.clear()

@@ -114,11 +114,14 @@ def get_rules(names: Iterable[str]) -> list[Rule]:
 def load_rules_file(path: str | Path) -> list[Rule]:
     """User rules from a DSL file; blocks with the same name become variants of one rule.
 
-    Raises ``OSError`` when unreadable and :class:`DSLSyntaxError` (with file:line:col)
+    Raises :class:`adopter.core.source_file.SourceReadError` when unreadable (not a regular file,
+    not UTF-8) and :class:`DSLSyntaxError` (with file:line:col)
     when malformed. User rules have no preconditions beyond the patterns themselves.
     """
+    from adopter.core.source_file import read_text_file
+
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, "rules file")  # regular files only, strict UTF-8: SourceReadError
     variants = parse_rules(text, source_name=str(path))
     if not variants:
         raise DSLSyntaxError("no 'rule NAME' block in file", 1, 1, str(path))

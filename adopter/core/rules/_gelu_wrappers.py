@@ -26,6 +26,8 @@ import ast
 import math
 import re
 
+from adopter.core.source_file import source_lines
+
 # module-level activations of transformers.activations -> kernel mode
 _ACTIVATION_FUNCS = {
     "gelu": "none", "gelu_python": "none",
@@ -204,7 +206,7 @@ class _TopLevel:
     reads every transformers file: parsing whole files here would double its cost)."""
 
     def __init__(self, source: str):
-        self.lines = source.splitlines()
+        self.lines = source_lines(source)
         self.starts: dict[str, list[int]] = {}
         for m in _TOP_DEF.finditer(source):
             self.starts.setdefault(m.group(2), []).append(source.count("\n", 0, m.start()))
