@@ -13,10 +13,10 @@ import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from torch import nn
 
+from adopter.core.source_file import SourceReadError, read_source
 from adopter.core.structures import Match
 
 from .confirm import _class_file, confirm_matches
@@ -86,9 +86,9 @@ def runtime_reach(
         try:
             text = (texts or {}).get(path)
             if text is None:
-                text = Path(path).read_text(encoding="utf-8")
+                text = read_source(path).text
             found = scan_source(text, path, rules, type_hints=file_hints)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        except (SourceReadError, SyntaxError, ValueError):
             continue
         extra += [m for m in found if key(m) not in known and m.status in ("static", "conditional")]
     if not extra:

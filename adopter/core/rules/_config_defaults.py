@@ -11,14 +11,15 @@ from functools import lru_cache
 from pathlib import Path
 
 from adopter.core.match.source import class_init_ast, function_ast, parse_file
+from adopter.core.source_file import SourceReadError, read_source
 
 
 @lru_cache(maxsize=256)
 def _defaults_of_file(path: str) -> dict[str, dict[str, frozenset]]:
     """class name -> attribute -> set of literal default values, for every class in the file."""
     try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        tree = ast.parse(read_source(path).text)
+    except (SourceReadError, SyntaxError, ValueError):
         return {}
     per_class: dict[str, dict[str, frozenset]] = {}
     found: dict[str, set] = {}
@@ -193,8 +194,8 @@ _BASE_CONFIGS = ("PreTrainedConfig", "PretrainedConfig")
 @lru_cache(maxsize=4)
 def _base_config_text(path: str) -> str | None:
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return read_source(path).text
+    except SourceReadError:
         return None
 
 
@@ -203,8 +204,8 @@ def _config_classes_of_file(path: str) -> dict[str, tuple[tuple[str, ...], froze
     """class name -> (base names, every name the class body mentions outside its docstring:
     identifiers, attributes, string constants such as ``attribute_map`` keys)."""
     try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        tree = ast.parse(read_source(path).text)
+    except (SourceReadError, SyntaxError, ValueError):
         return {}
     out = {}
     for cls in tree.body:
