@@ -11,9 +11,14 @@ the fused kernel (one saved float32 ``rstd`` per row; triton on CUDA) runs when
   show the original ops), with a last dimension;
 * ``weight`` is a floating tensor of shape ``(x.shape[-1],)`` on ``x``'s device;
 * ``eps`` is a Python number (not a tensor, not a bool);
+* ``dim`` (the dimension the source's mean of squares reduces: ``dim=self.dim`` where the source
+  reads it from an attribute, as litgpt does) is the last one: ``-1``, ``x.dim() - 1`` or a
+  one-element list/tuple of either;
+* with ``upcast=False`` (the source normalizes in the input's own dtype), ``x`` is float32, where
+  that form computes what the fused float32 kernel computes;
 
-and otherwise the form's eager formula runs, exactly as the source wrote it. Each call is counted
-in :mod:`adopter.kernels.telemetry` (fused backend, or ``original`` with the reason).
+and otherwise the form's eager formula runs, exactly as the source wrote it (over ``dim``). Each
+call is counted in :mod:`adopter.kernels.telemetry` (fused backend, or ``original`` with the reason).
 """
 from __future__ import annotations
 
@@ -31,9 +36,16 @@ __all__ = ["rms_norm"]
 KERNEL = "rms_norm"
 
 
-def _reason(x: Any, weight: Any, eps: Any) -> str:
+def _is_last(dim: Any, ndim: int) -> bool:
+    """``dim`` names the last of ``ndim`` dimensions (an int, or a one-element list/tuple)."""
+    if isinstance(dim, (list, tuple)) and len(dim) == 1:
+        dim = dim[0]
+    return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
+
+
+def _reason(x: Any, weight: Any, eps: Any, form: RMSNormForm, dim: Any = -1) -> str:
     """Why the fused kernel may not compute this call ("" when it may)."""
-    if is_proxy(x) or is_proxy(weight) or is_proxy(eps):
+    if is_proxy(x) or is_proxy(weight) or is_proxy(eps) or is_proxy(dim):
         return "tracing"
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         return "input is not a floating tensor"
@@ -41,6 +53,10 @@ def _reason(x: Any, weight: Any, eps: Any) -> str:
         return f"input dtype {x.dtype} (the kernel takes float32, float16, bfloat16)"
     if x.dim() == 0:
         return "input has no last dimension"
+    if not _is_last(dim, x.dim()):
+        return f"the norm is over dim {dim!r}, not the last of {x.dim()}"
+    if not form.upcast and x.dtype != torch.float32:
+        return f"the source normalizes in the input dtype {x.dtype} (no upcast): fused for float32 only"
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         return "weight is not a floating tensor"
     if tuple(weight.shape) != (x.shape[-1],):
@@ -73,13 +89,16 @@ def rms_norm(
     weight_before_cast: bool = False,
     weight_fp32: bool = False,
     cast_to_half_weight: bool = False,
+    upcast: bool = True,
+    dim: Any = -1,
 ) -> Any:
-    """The RMSNorm form the keywords name, applied to ``x`` over its last dimension (module doc)."""
-    form = RMSNormForm(offset, weight_before_cast, weight_fp32, cast_to_half_weight)
-    reason = _reason(x, weight, eps)
+    """The RMSNorm form the keywords name, applied to ``x`` over ``dim``, fused when that is its
+    last dimension (module doc)."""
+    form = RMSNormForm(offset, weight_before_cast, weight_fp32, cast_to_half_weight, upcast)
+    reason = _reason(x, weight, eps, form, dim)
     if reason:
         record(KERNEL, ORIGINAL, reason)
-        return rms_norm_reference(x, weight, eps, form)
+        return rms_norm_reference(x, weight, eps, form, dim)
     out = rms_norm_fused(x, weight, float(eps), form)
     record_backend(KERNEL)
     return out

@@ -21,7 +21,7 @@ from adopter.rewrite.scripting import python_view
 from torch import nn
 
 from adopter.core.rules.gated_mlp import RULE
-from adopter.core.scan import scan_source
+from adopter.core.scan import scan_paths, scan_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rules" / "gated_MLP"
 TRANSFORMERS = Path(__import__("transformers").__file__).parent / "models"
@@ -46,8 +46,11 @@ def _expected(path: Path) -> Counter:
 @pytest.mark.parametrize("path", sorted(p for p in FIXTURES.rglob("*.py") if not p.name.startswith("configuration_")),
                          ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_fixture_matches(path):
+    # scanned as `adopter scan` reports a file: matches plus the refused ones (their `# expect:` carries the code)
+    report = scan_paths([path], [RULE])
+    assert report.errors == []
     found = Counter((f"{m.class_name}.{m.function}", *(() if m.status == "static" else (f"{m.status}:{m.code}",)))
-                    for m in _scan(path))
+                    for m in report.matches)
     assert found == _expected(path)
 
 

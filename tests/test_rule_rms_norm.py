@@ -33,6 +33,7 @@ FORMS = {
     "helium": RMSNormForm(weight_before_cast=True, weight_fp32=True),
     "gemma": RMSNormForm(offset=1.0, weight_before_cast=True, weight_fp32=True),
     "offset_in_weight_dtype": RMSNormForm(offset=1.0, weight_before_cast=True),
+    "litgpt_offset": RMSNormForm(offset=1.0),  # n.to(x.dtype) * (1 + weight): the sum in the weight's dtype
     "t5": RMSNormForm(cast_to_half_weight=True),
 }
 DTYPES = (torch.float32, torch.bfloat16)
@@ -86,7 +87,6 @@ def test_refusals_say_what_differs():
     assert "outside the square root" in reasons["EpsOutsideSqrt"]
     assert "rsqrt" in reasons["SqrtDivision"]
     assert "self.bias" in reasons["BiasRMSNorm"]
-    assert "no float32 upcast" in reasons["NoUpcast"]
     assert "no weight" in reasons["Unweighted"]
     assert "gate" in reasons["GatedRMSNorm"]
     assert "dim=1" in reasons["MeanOverDim1"]
@@ -323,7 +323,7 @@ def test_guard_runs_the_forms_eager_formula_otherwise(case, reason, form):
 
 
 def _keywords(form: RMSNormForm) -> dict:
-    return {k: getattr(form, k) for k in ("offset", "weight_before_cast", "weight_fp32", "cast_to_half_weight")}
+    return {k: getattr(form, k) for k in ("offset", "weight_before_cast", "weight_fp32", "cast_to_half_weight", "upcast")}
 
 
 def test_guard_under_fx_tracing_shows_the_original_ops():

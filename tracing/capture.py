@@ -179,6 +179,26 @@ def _export(model: nn.Module, example_inputs: dict[str, Any]) -> torch.fx.GraphM
     return exported.graph_module
 
 
+@contextlib.contextmanager
+def _attributes_restored(model: nn.Module):
+    """Put every module's attributes back as they were after a capture attempt: a forward that
+    assigns to ``self`` (Meta llama's ``self.freqs_cis = self.freqs_cis.to(h.device)``) leaves an
+    fx Proxy or a fake tensor in the analysed instance, which breaks the next method and the
+    equivalence check that runs the same instance afterwards."""
+    saved = [(m, dict(vars(m)), dict(m._parameters), dict(m._buffers), dict(m._modules))
+             for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs, params, buffers, modules in saved:
+            for name in set(vars(m)) - set(attrs):
+                del m.__dict__[name]
+            m.__dict__.update(attrs)
+            for store, old in ((m._parameters, params), (m._buffers, buffers), (m._modules, modules)):
+                store.clear()
+                store.update(old)
+
+
 def capture_model(
     model: nn.Module,
     example_inputs: dict[str, Any],
@@ -196,12 +216,13 @@ def capture_model(
     for method in methods:
         start = time.perf_counter()
         try:
-            if method == "symbolic_trace":
-                gm = _symbolic_trace(model, example_inputs, leaf_modules)
-            elif method == "export":
-                gm = _export(model, example_inputs)
-            else:
-                raise ValueError(f"unknown capture method {method!r}")
+            with _attributes_restored(model):
+                if method == "symbolic_trace":
+                    gm = _symbolic_trace(model, example_inputs, leaf_modules)
+                elif method == "export":
+                    gm = _export(model, example_inputs)
+                else:
+                    raise ValueError(f"unknown capture method {method!r}")
         except Exception as exc:  # any failure of one method means: try the next
             errors[method] = first_line(exc)
             continue

@@ -180,6 +180,12 @@ def model_loss(outputs: Any) -> torch.Tensor | None:
         # only when it computed one; a scalar first output that requires grad is taken as it.
         first = outputs[0]
         loss = first if isinstance(first, torch.Tensor) and first.dim() == 0 else None
+        if loss is None:
+            # ``return logits, loss`` (nanoGPT, minGPT and much research code): a scalar last, the
+            # only scalar of the tuple (None in its place when no targets were given)
+            scalars = [o for o in outputs if isinstance(o, torch.Tensor) and o.dim() == 0]
+            last = outputs[-1]
+            loss = last if len(scalars) == 1 and scalars[0] is last else None
     else:
         loss = getattr(outputs, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.requires_grad else None
@@ -274,6 +280,10 @@ def compare_tensor(name: str, expected: torch.Tensor, actual: torch.Tensor, tol:
     if not expected.is_floating_point() and not expected.is_complex():
         equal = torch.equal(expected, actual.to(expected.dtype))
         return TensorDiff(name, 0.0 if equal else math.inf, equal, "" if equal else "integer values differ")
+    if expected.is_complex() or actual.is_complex():
+        # compared as (real, imaginary) pairs: .float() would drop the imaginary part
+        expected = torch.view_as_real(expected.detach().resolve_conj().to(torch.complex64))
+        actual = torch.view_as_real(actual.detach().resolve_conj().to(torch.complex64))
     e = expected.detach().float()
     a = actual.detach().to(e.device).float()
     both_nan = torch.isnan(e) & torch.isnan(a)

@@ -10,6 +10,13 @@ the rewrite passes as keyword arguments, see :class:`RMSNormForm`):
 * Gemma (``+ offset=1.0``):               ``(n * (1.0 + weight.float())).to(x.dtype)``
 * T5LayerNorm (``cast_to_half_weight``):  ``h = x * rstd``; ``h.to(weight.dtype)`` when the weight is
   fp16/bf16; ``weight * h``
+* no upcast (``upcast=False``):           ``weight * (x * rsqrt(mean(x ** 2, -1) + eps))`` in the input's
+  own dtype (research code); for a float32 input the upcast is the identity, so it is the Llama form
+  there (or OLMo-2's with ``weight_before_cast``), and the guarded call fuses float32 inputs only
+
+Meta-llama/torchtitan's ``self._norm(x.float()).type_as(x) * self.weight`` and litgpt's
+``x_normed.to(dtype=dtype) * self.weight`` are the Llama form (a product is commutative, bit for bit);
+litgpt's ``x_normed * (1 + self.weight)`` is it with ``offset=1.0`` (the sum in the weight's dtype).
 
 :func:`rms_norm_reference` is each form written out exactly as the source writes it (what a
 guarded call runs when the kernel may not). :class:`RMSNormFunction` computes the same values
@@ -36,15 +43,20 @@ class RMSNormForm:
     ``weight_before_cast``: the scale multiplies the float32 ``n`` and the product is cast back to
     the input dtype (OLMo-2, Gemma), instead of scaling ``n.to(x.dtype)`` (Llama);
     ``cast_to_half_weight``: T5LayerNorm's form (cast to the weight's dtype when it is half,
-    never back to the input's); it takes no other option."""
+    never back to the input's); it takes no other option;
+    ``upcast``: False when the source normalizes the input in its own dtype (no ``x.float()``):
+    the same values as the upcast form for a float32 input, which is the only one the fused
+    kernels take in that form."""
 
     offset: float = 0.0
     weight_before_cast: bool = False
     weight_fp32: bool = False
     cast_to_half_weight: bool = False
+    upcast: bool = True
 
     def __post_init__(self):
-        if self.cast_to_half_weight and (self.offset or self.weight_before_cast or self.weight_fp32):
+        if self.cast_to_half_weight and (self.offset or self.weight_before_cast or self.weight_fp32
+                                         or not self.upcast):
             raise ValueError("cast_to_half_weight (T5LayerNorm's form) takes no other option")
 
     def scale(self, weight: torch.Tensor) -> torch.Tensor:
@@ -53,17 +65,19 @@ class RMSNormForm:
         return self.offset + scale if self.offset else scale
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps, form: RMSNormForm = RMSNormForm()) -> torch.Tensor:
-    """The form written out as model code writes it (dtype semantics included)."""
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps, form: RMSNormForm = RMSNormForm(),
+                       dim=-1) -> torch.Tensor:
+    """The form written out as model code writes it (dtype semantics included), the mean of
+    squares over ``dim`` (litgpt's ``self.dim``; ``-1`` in every other form)."""
     if form.cast_to_half_weight:  # T5LayerNorm.forward
-        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        variance = x.to(torch.float32).pow(2).mean(dim, keepdim=True)
         hidden_states = x * torch.rsqrt(variance + eps)
         if weight.dtype in HALF:
             hidden_states = hidden_states.to(weight.dtype)
         return weight * hidden_states
     input_dtype = x.dtype
-    hidden_states = x.to(torch.float32)
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = x.to(torch.float32) if form.upcast else x
+    variance = hidden_states.pow(2).mean(dim, keepdim=True)
     hidden_states = hidden_states * torch.rsqrt(variance + eps)
     scale = form.scale(weight)
     if form.weight_before_cast:
@@ -123,6 +137,8 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, eps, form):
         if x.dtype not in INPUT_DTYPES:
             raise ValueError(f"RMSNormFunction takes {INPUT_DTYPES} inputs, got {x.dtype}")
+        if not form.upcast and x.dtype != torch.float32:
+            raise ValueError(f"the form without upcast is computed for float32 inputs only, got {x.dtype}")
         n, rstd = _normalize(x.to(torch.float32), eps)
         out = _output(x, n, weight, form)
         ctx.save_for_backward(x, weight, rstd)

@@ -52,6 +52,12 @@ forward:
     $h ** $k -> $sq; {_MEAN}($sq) -> $var; $var + $eps -> $ve;
     torch.rsqrt|torch.Tensor.rsqrt($ve) -> $r; $x * $r -> $n
 
+# litgpt: torch.mean(x * x, dim=self.dim, keepdim=True)
+rule RMSNorm
+forward:
+    $h * $h -> $sq; {_MEAN}($sq) -> $var; $var + $eps -> $ve;
+    torch.rsqrt|torch.Tensor.rsqrt($ve) -> $r; $x * $r -> $n
+
 # x / sqrt(mean(h ** 2) + eps): looks alike, refused (the kernel multiplies by rsqrt)
 rule RMSNorm
 forward:
@@ -62,6 +68,17 @@ forward:
 rule RMSNorm
 forward:
     {_SQUARE}($h) -> $sq; {_MEAN}($sq) -> $var; torch.sqrt|torch.Tensor.sqrt($var) -> $s;
+    $s + $eps -> $d; $x / $d -> $n
+
+# the two look-alikes with the square written x * x, refused alike
+rule RMSNorm
+forward:
+    $h * $h -> $sq; {_MEAN}($sq) -> $var; $var + $eps -> $ve;
+    torch.sqrt|torch.Tensor.sqrt($ve) -> $s; $x / $s -> $n
+
+rule RMSNorm
+forward:
+    $h * $h -> $sq; {_MEAN}($sq) -> $var; torch.sqrt|torch.Tensor.sqrt($var) -> $s;
     $s + $eps -> $d; $x / $d -> $n
 """
 
@@ -81,7 +98,14 @@ OLMo-2's). Refused (``norm-variant``): eps outside the square root, ``x / sqrt(.
 added to the result, no float32 upcast, no weight, a ``mean`` not over the last dimension
 (``dim-not-last``), a forward that takes more inputs or computes more than the norm (gated,
 grouped norms), a helper it calls that a same-file subclass overrides. Not a match: a centered
-``(x - mean)`` normalization (LayerNorm), a norm in a function that is not a ``forward``."""
+``(x - mean)`` normalization (LayerNorm), a norm in a function that is not a ``forward``.
+``torch.nn.RMSNorm`` and ``F.rms_norm`` used directly are not rewritten: measured side by side in
+one run (benchmarks/bench_rms_norm_forms.py --builtin-only, results/rms_norm_forms.json: CPU, 1
+thread, 11 paired rounds, (8,128,768) and (2,128,4096), float32 and bfloat16; bitwise equal
+outputs), the kernel over the built-in is a median wall ratio of 0.41-1.10 for forward+backward
+(CPU-time ratio 0.57-0.94) with the per-round spread crossing 1.0 in 6 of 8 rows, and 1.33-1.93
+for a no-grad float32 forward (0.95-1.09 in bfloat16): no win that holds on this shared machine,
+and a loss for inference, so the user's built-in call stays."""
 
 
 # ---------------------------------------------------------------- symbolic forward
@@ -95,7 +119,9 @@ class Sym:
     (``value``), ``dtype`` (``torch.<value>``), ``dtype_of`` (``args[0].dtype``), ``op`` (``name``
     applied to ``args`` with keyword ``kw``: ``pow``, ``mean``, ``rsqrt``, ``sqrt``, ``cast`` to
     ``args[1]``, a binary operator), ``weight_is_half`` (T5's test on ``args[0]``), ``select``
-    (``args[1]`` if ``args[0]`` else ``args[2]``), ``unknown`` (``value``: the source text)."""
+    (``args[1]`` if ``args[0]`` else ``args[2]``), ``branch`` (``args[0]`` if ``self.<value>`` else
+    ``args[1]``: a conditional expression, or the values an ``if self.<value>:`` returns),
+    ``unknown`` (``value``: the source text)."""
 
     kind: str
     value: object = None
@@ -161,6 +187,11 @@ class _Evaluator:
             if node.attr == "dtype":
                 return Sym("dtype_of", args=(self.expr(node.value, env),), node=node)
             return _unknown(node)
+        if isinstance(node, ast.IfExp) and _flag(node.test) is not None:
+            # litgpt: ``(1 + self.weight) if self.add_unit_offset else self.weight``
+            attr, negated = _flag(node.test)
+            a, b = self.expr(node.body, env), self.expr(node.orelse, env)
+            return Sym("branch", attr, (b, a) if negated else (a, b), node=node)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             return Sym("op", _BINOPS[type(node.op)], (self.expr(node.left, env), self.expr(node.right, env)), node=node)
         if isinstance(node, ast.Call):
@@ -232,11 +263,47 @@ class _Evaluator:
                 for name in set(then_env) | set(env):
                     if then_env.get(name) != env.get(name):
                         env[name] = Sym("select", args=(test, then_env.get(name), env.get(name)))
+            elif isinstance(st, ast.If) and _flag(st.test) is not None and _returns(st.body):
+                # litgpt: ``if self.add_unit_offset: return a`` then ``return b`` (or ``else:``):
+                # a ``branch`` value, each side a form of its own, chosen by the attribute at run time
+                if st.orelse and (i != len(stmts) - 1 or not _returns(st.orelse)):
+                    return None
+                attr, negated = _flag(st.test)
+                then = self.body(st.body, env)
+                other = self.body(st.orelse or stmts[i + 1:], env)
+                if then is None or other is None:
+                    return None
+                if negated:
+                    then, other = other, then
+                return Sym("branch", attr, (then, other), node=st.test)
+            elif isinstance(st, ast.If) and _flag(st.test) is not None:
+                # ``if self.add_unit_offset: h = h * (1 + self.weight)`` (assignments on either side):
+                # each name the sides bind differently becomes a ``branch`` value
+                attr, negated = _flag(st.test)
+                sides = [self._assigned(st.body, env), self._assigned(st.orelse, env)]
+                if sides[0] is None or sides[1] is None:
+                    return None
+                then_env, else_env = sides[::-1] if negated else sides
+                for name in set(then_env) | set(else_env):
+                    a, b = then_env.get(name), else_env.get(name)
+                    if a != b:
+                        if a is None or b is None:
+                            return None  # bound on one side only
+                        env[name] = Sym("branch", attr, (a, b), node=st.test)
             elif isinstance(st, ast.Return) and st.value is not None and i == len(stmts) - 1:
                 return self.expr(st.value, env)
             else:
                 return None
         return None
+
+    def _assigned(self, stmts: list[ast.stmt], env: dict[str, Sym]) -> dict[str, Sym] | None:
+        """``env`` after a block of plain ``name = value`` assignments (None for anything else)."""
+        env = dict(env)
+        for st in stmts:
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+                return None
+            env[st.targets[0].id] = self.expr(st.value, env)
+        return env
 
     def _half_test(self, test: ast.expr, env: dict[str, Sym]) -> Sym | None:
         """``self.<w>.dtype in [torch.float16, torch.bfloat16]`` (list, tuple or set, any order)."""
@@ -252,6 +319,20 @@ class _Evaluator:
         if {d.value for d in dtypes if d.kind == "dtype"} != {"float16", "bfloat16"} or len(dtypes) != 2:
             return None
         return Sym("weight_is_half", args=(left.args[0],))
+
+
+def _flag(test: ast.expr) -> tuple[str, bool] | None:
+    """``(attr, negated)`` of an ``if self.<attr>:`` / ``if not self.<attr>:`` test."""
+    negated = False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, negated = test.operand, True
+    if isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name) and test.value.id == "self":
+        return test.attr, negated
+    return None
+
+
+def _returns(body: list[ast.stmt]) -> bool:
+    return bool(body) and isinstance(body[-1], ast.Return) and body[-1].value is not None
 
 
 # ---------------------------------------------------------------- recognizing the forms
@@ -325,8 +406,10 @@ def _squared(sym: Sym) -> Sym | None:
     return None
 
 
-def _mean_of_squares(sym: Sym) -> Sym:
-    """``b`` of ``mean(b ** 2, -1, keepdim=True)``; raises when it is not a norm's mean."""
+def _mean_of_squares(sym: Sym) -> tuple[Sym, tuple[tuple[str, str], ...]]:
+    """``(b, keywords)`` of ``mean(b ** 2, dim, keepdim=True)``; raises when it is not a norm's
+    mean. ``dim`` is ``-1``, or a ``self.<attr>`` the rewrite passes on (``dim=self.dim``: litgpt's
+    norm reads it from an attribute, which the kernel checks is the last dimension at run time)."""
     if not _op(sym, "mean"):
         raise _NotRMS("no mean of squares")
     base = _squared(sym.args[0]) if sym.args else None
@@ -336,12 +419,15 @@ def _mean_of_squares(sym: Sym) -> Sym:
         raise _NotRMS("the squares are of a centered value (a LayerNorm)")
     dim = sym.kwarg("dim", 1) or sym.kwarg("axis")
     keepdim = sym.kwarg("keepdim", 2)
-    if dim is None or dim.kind != "const" or dim.value != -1:
+    keywords: tuple[tuple[str, str], ...] = ()
+    if dim is not None and dim.kind == "attr":
+        keywords = (("dim", f"self.{dim.value}"),)
+    elif dim is None or dim.kind != "const" or dim.value != -1:
         shown = "no dim" if dim is None else f"dim={ast.unparse(dim.node) if dim.node is not None else dim.value}"
         raise _Variant(f"the mean of squares is over {shown}, not provably the last dimension", "dim-not-last")
     if keepdim is None or keepdim.kind != "const" or keepdim.value is not True:
         raise _Variant("the mean of squares does not keep its dimension")
-    return base
+    return base, keywords
 
 
 def _eps_text(sym: Sym) -> str:
@@ -353,16 +439,27 @@ def _eps_text(sym: Sym) -> str:
     raise _Variant(f"eps {sym.value if sym.kind == 'unknown' else sym.kind} is not an attribute or a number")
 
 
-def _normalized(sym: Sym) -> tuple[Sym, str]:
-    """``(a, eps)`` of ``a * rsqrt(mean(f ** 2, -1, keepdim=True) + eps)`` with ``f`` the
-    float32 input; raises for what is no such product (refusing the look-alikes)."""
+@dataclass(frozen=True)
+class _Norm:
+    """``factor * rsqrt(mean(base ** 2) + eps)``: ``upcast`` when ``base`` is the float32 input
+    (False: the input itself, normalized in its own dtype); ``keywords``: ``dim=self.<attr>``."""
+
+    factor: Sym
+    eps: str
+    upcast: bool
+    keywords: tuple[tuple[str, str], ...] = ()
+
+
+def _normalized(sym: Sym) -> _Norm:
+    """The norm ``sym`` is (``a * rsqrt(mean(f ** 2, -1, keepdim=True) + eps)`` with ``f`` the
+    float32 input or the input); raises for what is no such product (refusing the look-alikes)."""
     for a, r in _operands(sym, "*"):
         if _op(r, "rsqrt") and len(r.args) == 1:
             for var, eps in _operands(r.args[0], "+"):
                 if _op(var, "mean"):
-                    base = _mean_of_squares(var)
-                    _check_base(base, a)
-                    return a, _eps_text(eps)
+                    base, keywords = _mean_of_squares(var)
+                    upcast = _check_base(base, a)
+                    return _Norm(a, _eps_text(eps), upcast, keywords)
             if _op(r.args[0], "mean"):
                 _mean_of_squares(r.args[0])
                 raise _Variant("no eps inside the square root")
@@ -380,19 +477,23 @@ def _normalized(sym: Sym) -> tuple[Sym, str]:
     raise _NotRMS("no x * rsqrt(mean(x**2) + eps)")
 
 
-def _check_base(base: Sym, factor: Sym) -> None:
-    """The squares are of the float32 input and the factor is the float32 or the plain input."""
+def _check_base(base: Sym, factor: Sym) -> bool:
+    """The squares are of the float32 input and the factor is the float32 or the plain input
+    (True), or both are the input itself: no upcast (False)."""
     if base == INPUT:
-        raise _Variant("normalizes in the input's dtype (no float32 upcast)")
+        if factor != INPUT:
+            raise _Variant("the value normalized is not the input the variance is computed from")
+        return False
     if not _fp32_input(base):
-        raise _Variant("the squared value is not the forward's input cast to float32")
+        raise _Variant("the squared value is not the forward's input (cast to float32 or not)")
     if factor != base and factor != INPUT:
         raise _Variant("the value normalized is not the input the variance is computed from")
+    return True
 
 
 def _scale(sym: Sym, before_cast: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
     """``(weight attribute, form keywords)`` of a scale: ``self.w``, ``self.w.float()``,
-    ``offset + ...`` (Gemma), ``(offset + self.w).float()`` (only before the cast back)."""
+    ``offset + ...`` (Gemma, litgpt), ``(offset + self.w).float()`` (only before the cast back)."""
     if sym.kind == "attr":
         return sym.value, ()
     inner = _is_cast(sym, "float32")
@@ -416,6 +517,8 @@ def _scale(sym: Sym, before_cast: bool) -> tuple[str, tuple[tuple[str, str], ...
 
 
 def _shown(sym: Sym) -> str:
+    if sym == INPUT:
+        return "its input unchanged"
     return ast.unparse(sym.node) if sym.node is not None else sym.kind
 
 
@@ -423,22 +526,32 @@ def _input_dtype(sym: Sym) -> bool:
     return sym == Sym("dtype_of", args=(INPUT,))
 
 
+_NO_UPCAST = (("upcast", "False"),)
+
+# each keyword's value when the rewrite leaves it out (the kernel's defaults)
+_DEFAULTS = {"offset": "0.0", "weight_before_cast": "False", "weight_fp32": "False",
+             "cast_to_half_weight": "False", "upcast": "True", "dim": "-1"}
+
+
 def classify(result: Sym) -> tuple[str, str, tuple[tuple[str, str], ...]]:
     """``(weight, eps, keywords)`` of a recognized RMSNorm value; raises :class:`_Variant` or
     :class:`_NotRMS`."""
+    flags = _branch_flags(result)
+    if flags:
+        return _classify_branches(result, flags)
     # the ``+ self.bias`` of a bias-carrying norm, reported as such
     for a, b in _operands(result, "+"):
         if b.kind == "attr" and _contains_plain_norm(a):
             raise _Variant(f"adds self.{b.value} to the scaled norm (a bias the kernel does not add)")
-    # Llama: scale * n.to(input_dtype)
+    # Llama: scale * n.to(input_dtype) (Meta-llama/torchtitan: self._norm(x.float()).type_as(x) * w)
     for s, cast in _operands(result, "*"):
         inner = _is_cast(cast, Sym("dtype_of", args=(INPUT,)))
         if inner is not None and _contains_norm(inner):
-            factor, eps = _normalized(inner)
-            if factor == INPUT:
+            norm = _normalized(inner)
+            if norm.factor == INPUT and norm.upcast:
                 raise _Variant("scales x * rstd cast back, with x not the float32 copy")
             weight, keywords = _scale(s, before_cast=False)
-            return weight, eps, keywords
+            return weight, norm.eps, keywords + _upcast(norm) + norm.keywords
     # OLMo-2, Gemma, Helium: (scale * n).to(input_dtype)
     inner = _is_cast(result, Sym("dtype_of", args=(INPUT,)))
     if inner is not None:
@@ -446,20 +559,29 @@ def classify(result: Sym) -> tuple[str, str, tuple[tuple[str, str], ...]]:
             raise _Variant("no weight (an unweighted RMSNorm)")
         for s, n in _operands(inner, "*"):
             if _contains_norm(n) and not _contains_norm(s):
-                factor, eps = _normalized(n)
-                if factor == INPUT:
+                norm = _normalized(n)
+                if norm.factor == INPUT and norm.upcast:
                     raise _Variant("x * rstd with x not the float32 copy, cast back")
                 weight, keywords = _scale(s, before_cast=True)
-                return weight, eps, keywords + (("weight_before_cast", "True"),)
+                return weight, norm.eps, keywords + (("weight_before_cast", "True"),) + _upcast(norm) + norm.keywords
     # T5LayerNorm: self.w * (h.to(self.w.dtype) if self.w.dtype is half else h), h = x * rstd
     for w, sel in _operands(result, "*"):
         if w.kind == "attr" and sel.kind == "select":
             test, then, other = sel.args
             if test.args[0] == w and then is not None and _is_cast(then, Sym("dtype_of", args=(w,))) == other:
-                factor, eps = _normalized(other)
-                if factor != INPUT:
-                    raise _Variant("T5's form, normalizing the float32 copy instead of the input")
-                return w.value, eps, (("cast_to_half_weight", "True"),)
+                norm = _normalized(other)
+                if norm.factor != INPUT or not norm.upcast:
+                    raise _Variant("T5's form, normalizing the float32 copy instead of the input, or without "
+                                   "the float32 variance")
+                return w.value, norm.eps, (("cast_to_half_weight", "True"),) + norm.keywords
+    # no upcast, no cast: scale * (x * rsqrt(mean(x ** 2) + eps)), all in the input's dtype
+    for s, n in _operands(result, "*"):
+        if _contains_norm(n) and not _contains_norm(s) and _is_normalized(n):
+            norm = _normalized(n)
+            if norm.upcast:
+                raise _Variant("scales the float32 norm and never casts back to the input dtype")
+            weight, keywords = _scale(s, before_cast=False)
+            return weight, norm.eps, keywords + _NO_UPCAST + norm.keywords
     if _is_normalized(result):
         raise _Variant("no weight and no cast back (an unweighted RMSNorm)")
     helper = _opaque(result)
@@ -469,6 +591,62 @@ def classify(result: Sym) -> tuple[str, str, tuple[tuple[str, str], ...]]:
     if _contains_plain_norm(result):
         raise _Variant(f"the forward returns {_shown(result)}, which computes more than the RMSNorm of its input")
     raise _NotRMS("the forward does not return an RMSNorm of its input")
+
+
+def _upcast(norm: _Norm) -> tuple[tuple[str, str], ...]:
+    return () if norm.upcast else _NO_UPCAST
+
+
+def _branch_flags(sym: Sym | None) -> set[str]:
+    """The attributes the ``branch`` values inside ``sym`` test."""
+    if not isinstance(sym, Sym):
+        return set()
+    found = {sym.value} if sym.kind == "branch" else set()
+    for a in list(sym.args) + [v for _, v in sym.kw]:
+        found |= _branch_flags(a)
+    return found
+
+
+def _resolve(sym: Sym | None, attr: str, value: bool) -> Sym | None:
+    """``sym`` with every branch on ``self.<attr>`` replaced by its side for ``value``."""
+    if not isinstance(sym, Sym):
+        return sym
+    if sym.kind == "branch" and sym.value == attr:
+        return _resolve(sym.args[0] if value else sym.args[1], attr, value)
+    if not sym.args and not sym.kw:
+        return sym
+    return replace(sym, args=tuple(_resolve(a, attr, value) for a in sym.args),
+                   kw=tuple((k, _resolve(v, attr, value)) for k, v in sym.kw))
+
+
+def _classify_branches(result: Sym, flags: set[str]) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """litgpt's ``if self.add_unit_offset: return n * (1 + self.weight)`` / ``return n * self.weight``
+    (or ``weight = (1 + self.weight) if self.add_unit_offset else self.weight``): each side a form
+    over the same weight and eps; a keyword whose value differs becomes a conditional expression on
+    the attribute (``offset=1.0 if self.add_unit_offset else 0.0``), read at run time as the
+    source's ``if`` reads it."""
+    if len(flags) > 1:
+        raise _Variant(f"the forward branches on {', '.join(f'self.{f}' for f in sorted(flags))}: one flag at most")
+    (attr,) = flags
+    sides = []
+    for value in (True, False):
+        side = _resolve(result, attr, value)
+        try:
+            sides.append(classify(side))
+        except _NotRMS:
+            raise _Variant(f"with self.{attr} {value} the forward returns {_shown(side)}, "
+                           "not an RMSNorm of its input") from None
+    (w1, e1, k1), (w2, e2, k2) = sides
+    if (w1, e1) != (w2, e2):
+        raise _Variant(f"the sides of `self.{attr}` scale by different weights or use different eps")
+    when_true, when_false = dict(k1), dict(k2)
+    keywords = []
+    for key in [k for k in _DEFAULTS if k in when_true or k in when_false]:
+        a, b = when_true.get(key, _DEFAULTS[key]), when_false.get(key, _DEFAULTS[key])
+        if key == "cast_to_half_weight" and a != b:
+            raise _Variant(f"one side of `self.{attr}` is T5's form, the other not")
+        keywords.append((key, a if a == b else f"{a} if self.{attr} else {b}"))
+    return w1, e1, tuple(keywords)
 
 
 def _is_normalized(sym: Sym) -> bool:
@@ -528,14 +706,43 @@ def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
     return {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
 
 
+# bases that define no helper a norm's forward could call
+_PLAIN_BASES = frozenset({"object", "Module", "nn.Module", "torch.nn.Module"})
+
+
+def _resolved_methods(tree: ast.Module, cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    """The methods ``self.<name>`` reaches in ``cls``: its own, then those of its same-file bases in
+    the order Python looks them up (depth first, left to right: the MRO of single inheritance and
+    of these simple hierarchies). The walk stops at a base that is neither a same-file class nor
+    ``nn.Module``: what it defines is unknown, so no method after it is taken."""
+    out: dict[str, ast.FunctionDef] = {}
+    seen: set[str] = set()
+
+    def visit(c: ast.ClassDef) -> bool:
+        seen.add(c.name)
+        for name, fn in _methods(c).items():
+            out.setdefault(name, fn)
+        for b in c.bases:
+            base = _class_node(tree, b.id) if isinstance(b, ast.Name) else None
+            if base is not None and base.name not in seen and base is not c:
+                if not visit(base):
+                    return False
+            elif (ast.unparse(b) if base is None else "") not in _PLAIN_BASES:
+                return False
+        return True
+
+    visit(cls)
+    return out
+
+
 def analyze_forward(source: str, class_name: str) -> Form:
     """The recognized form of ``class_name.forward``; raises :class:`_Variant`/:class:`_NotRMS`."""
     tree = parse_file(source)
     cls = _class_node(tree, class_name) if tree is not None else None
-    methods = _methods(cls) if cls is not None else {}
-    forward = methods.get("forward")
+    forward = _methods(cls).get("forward") if cls is not None else None
     if forward is None:
         raise _NotRMS(f"{class_name} defines no forward")
+    methods = _resolved_methods(tree, cls)  # helpers of same-file bases too (torchtitan-style hierarchies)
     params = forward.args
     names = [a.arg for a in params.posonlyargs + params.args]
     if len(names) != 2 or params.vararg or params.kwarg or params.kwonlyargs:
@@ -561,13 +768,20 @@ def _mentions_norm(fn: ast.FunctionDef) -> bool:
 
 
 def _overriding_subclasses(tree: ast.Module, class_name: str, names: tuple[str, ...]) -> list[str]:
-    """Same-file subclasses of ``class_name`` that override one of ``names``."""
-    out = []
-    for c in tree.body:
-        if isinstance(c, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id == class_name for b in c.bases):
-            hit = set(_methods(c)) & set(names)
-            if hit:
-                out.append(f"{c.name}.{sorted(hit)[0]}")
+    """Same-file subclasses of ``class_name`` (direct or not) that override one of ``names``."""
+    classes = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+    out: list[str] = []
+    seen = {class_name}
+    parents = [class_name]
+    while parents:
+        parent = parents.pop(0)
+        for c in classes:
+            if c.name not in seen and any(isinstance(b, ast.Name) and b.id == parent for b in c.bases):
+                seen.add(c.name)
+                parents.append(c.name)
+                hit = set(_methods(c)) & set(names)
+                if hit:
+                    out.append(f"{c.name}.{sorted(hit)[0]}")
     return out
 
 
