@@ -87,8 +87,7 @@ def test_fixture_matches_are_the_expected_ones(name):
 
 
 @pytest.mark.parametrize("function, reason", [
-    ("apply_gptj", "rotate_every_two is not the half-split rotate_half: x[:, :, :, ::2] takes every other element"),
-    ("apply_glm", "rotate_half is not the half-split rotate_half: x[..., 0::2] takes every other element"),
+    # (GPT-J's and GLM's interleaved rotations are matches since issue 24: tests/test_rotary_forms.py)
     ("apply_flipped", "it returns cat((x2, -x1), dim=-1), not cat((-x2, x1), dim=-1)"),
     ("apply_thirds", "x.shape[-1] // 3 is not part of the half-split rotation"),
     ("apply_other_tensor", "rotate_halves(k) rotates another tensor than the one multiplied by cos (q * cos)"),
@@ -162,9 +161,10 @@ TRANSFORMERS = Path(importlib.util.find_spec("transformers").origin).parent / "m
                   "k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)"], ""),
     # the fold cannot place rotate_half where FalconAttention inlines apply_rotary_pos_emb in turn
     ("falcon", ["q_embed = (q * cos) + (rotate_half(q) * sin)", "k_embed = (k * cos) + (rotate_half(k) * sin)"], ""),
-    # named rotate_half, interleaved
-    ("glm", [], "x[..., 0::2] takes every other element: an interleaved rotation"),
-    ("gptj", [], "rotate_every_two is not the half-split rotate_half"),
+    # named rotate_half, interleaved: rotary_interleaved since issue 24
+    ("glm", ["q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)",
+             "k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)"], ""),
+    ("gptj", ["return (tensor * cos) + (rotate_every_two(tensor) * sin)"], ""),
     ("nanochat", [], "it returns cat((x2, -x1), dim=-1)"),
 ])
 def test_transformers_files(model, matched_lines, reason):

@@ -1,0 +1,129 @@
+"""linear_cross_entropy forms of issue 24 (``written_out_forms.py``): the loss kept on the module
+(llama2.c's ``self.last_loss`` with the logits returned alone) is matched and rewritten, the
+rewritten model trains like the original (same loss and gradients, logits None while training,
+the logits again in eval); a classifier over a pooled vector is no LM head (not listed); a
+same-file chunked cross-entropy helper is followed when its branch is settled."""
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from adopter.kernels import count_kernel_calls
+from adopter.rewrite import rewrite_source
+from adopter.rewrite.scripting import python_view
+
+from adopter.core.rules.linear_cross_entropy import RULE
+from adopter.core.scan import scan_source
+
+FIXTURES = Path(__file__).parent / "fixtures" / "rules" / "linear_cross_entropy"
+FORMS = FIXTURES / "written_out_forms.py"
+
+
+def _rewritten(path: Path) -> tuple[dict, dict, str, list]:
+    text = path.read_text()
+    matches = scan_source(text, path.name, [RULE])
+    result = rewrite_source(text, matches, filename=path.name, rules=[RULE])
+    assert result.error == ""
+    original, rewritten = {}, {}
+    exec(compile(text, str(path), "exec"), original)
+    exec(compile(result.new_text, f"<rewritten {path.name}>", "exec"), rewritten)
+    return original, rewritten, python_view(result.new_text), matches
+
+
+@pytest.fixture(scope="module")
+def forms():
+    return _rewritten(FORMS)
+
+
+def test_pooled_classifiers_are_not_listed(forms):
+    _, _, _, matches = forms
+    listed = {m.class_name for m in matches}
+    assert {"FirstTokenClassifier", "MeanPooledClassifier", "LastTokenClassifier"}.isdisjoint(listed)
+    assert {"Llama2cLastLoss", "LastLossAfterBranches"} <= listed
+
+
+def test_loss_on_self_rewrites_to_the_kernel(forms):
+    _, _, new, _ = forms
+    assert "logits, self.last_loss = lm_head_cross_entropy(" in new
+    # the inference branch's head on the last position stays as written
+    assert "logits = self.output(h[:, [-1], :])" in new
+    # refused and pooled sites are untouched
+    assert "loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))" in new
+    assert "return logits.softmax(-1)" in new
+
+
+def _train_step(model, tokens, targets):
+    out = model(tokens, targets)
+    loss = model.last_loss
+    loss.backward()
+    return out, loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("cls", ["Llama2cLastLoss", "LastLossAfterBranches"])
+def test_rewritten_model_trains_like_the_original(forms, cls):
+    original, rewritten, _, _ = forms
+    torch.manual_seed(0)
+    a = original[cls]()
+    b = rewritten[cls]()
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    tokens = torch.randint(0, 64, (2, 7))
+    targets = torch.randint(0, 64, (2, 7))
+    targets[0, :3] = -1 if cls == "Llama2cLastLoss" else -100  # each class's ignore_index
+    logits_a, loss_a, grads_a = _train_step(a.train(), tokens, targets)
+    with warnings.catch_warnings(), count_kernel_calls() as calls:
+        warnings.simplefilter("ignore")
+        logits_b, loss_b, grads_b = _train_step(b.train(), tokens, targets)
+    assert {c.backend for c in calls.calls if c.kernel == "linear_cross_entropy"} == {"torch"}
+    assert logits_a is not None and logits_b is None  # the convention: no logits when training
+    torch.testing.assert_close(loss_b, loss_a)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], msg=name)
+    a.eval(), b.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(b(tokens, targets), a(tokens, targets))
+        torch.testing.assert_close(b.last_loss, a.last_loss)
+    if cls == "Llama2cLastLoss":
+        with torch.no_grad():
+            torch.testing.assert_close(b(tokens), a(tokens))
+            assert b.last_loss is None
+
+
+CHUNKED = FIXTURES / "written_out_chunked.py"
+
+
+def test_chunked_helper_followed_only_where_the_call_settles_the_branch():
+    original, rewritten, new, matches = _rewritten(CHUNKED)
+    assert {m.class_name for m in matches} == {"UnchunkedLoss", "UnchunkedPositional"}
+    assert new.count("lm_head_cross_entropy(") == 2  # the two sites
+    # the chunked call and the one whose chunk size the module holds stay as written
+    assert "chunk_size=16)" in new and "chunk_size=self.loss_chunk_size)" in new
+
+
+@pytest.mark.parametrize("cls, ignore", [("UnchunkedLoss", -100), ("UnchunkedPositional", -1)])
+def test_rewritten_chunked_helper_site_trains_like_the_original(cls, ignore):
+    original, rewritten, _, _ = _rewritten(CHUNKED)
+    torch.manual_seed(0)
+    a = original[cls]()
+    b = rewritten[cls]()
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 64, (2, 9))
+    targets = torch.randint(0, 64, (2, 9))
+    targets[1, 2:5] = ignore
+    logits_a, loss_a = a.train()(idx, targets)
+    loss_a.backward()
+    with warnings.catch_warnings(), count_kernel_calls() as calls:
+        warnings.simplefilter("ignore")
+        logits_b, loss_b = b.train()(idx, targets)
+    loss_b.backward()
+    assert {c.backend for c in calls.calls if c.kernel == "linear_cross_entropy"} == {"torch"}
+    assert logits_b is None
+    torch.testing.assert_close(loss_b, loss_a)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, msg=name)
+    with torch.no_grad():
+        for got, want in zip(b.eval()(idx, targets), a.eval()(idx, targets)):
+            torch.testing.assert_close(got, want)
