@@ -115,6 +115,9 @@ class _Calls:
                 return self.call_fqn(f"{a[1]}.{attr}", e, st, dest)
             if kind == "mod" and attr == "forward":
                 return self.call_value(rv, e, st, dest)
+            if kind == "mod" and self.cls is not None and self.cls.types_of(f"{a[1]}[{attr}]"):
+                # ``self.mlp.c_fc(x)``: a named child of a ModuleDict / OrderedDict Sequential
+                return self.call_module(f"{a[1]}[{attr}]", e, st, dest)
             return self.opaque(e, st, True)
         if attr in T.SHAPE_METHODS:
             return [(st, _V(expr=e, tensor=False))]
@@ -146,10 +149,16 @@ class _Calls:
         if kind == "method":
             fdef, owner = self.cls.find_method(a[1])
             static = any(_dotted(d) == "staticmethod" for d in fdef.decorator_list)
+            fq = self.forwarding_function(fdef, static, e)
+            if fq is not None:
+                # ``def gelu(self, x): return F.gelu(x)``: the call site is that function's call
+                return self.call_fqn(fq, e, st, dest)
             return self.inline(fdef, f"{owner.name}.{a[1]}", owner, e, st, dest, bound_self=not static)
         if kind == "def":
             fdef, qual = self.defs[a[1]]
             return self.inline(fdef, qual, None, e, st, dest, bound_self=False, closure=True)
+        if kind == "lambda":
+            return self.call_lambda(a[1], e, st, dest)
         if kind == "class":
             cls = self.fc.classes.get(a[1])
             if cls is not None and cls.is_module:
@@ -367,8 +376,53 @@ class _Calls:
             out.append((st2, _V(var=var, tensor=True)))
         return out
 
+    def forwarding_function(self, fdef, static: bool, e: ast.Call) -> str | None:
+        """The torch function a one-expression method only forwards its arguments to, in order
+        (``def gelu(self, x): return F.gelu(x)``) when ``e`` passes them all by position: the
+        call of the method is that function's call, at the call site (where a rewrite can
+        change it); None for any other method."""
+        if fdef.decorator_list and not static:
+            return None
+        body = [s for s in fdef.body if not (type(s) is ast.Expr and type(s.value) is ast.Constant)]
+        if len(body) != 1 or type(body[0]) is not ast.Return or type(body[0].value) is not ast.Call:
+            return None
+        inner = body[0].value
+        a = fdef.args
+        params = [p.arg for p in (a.posonlyargs + a.args)[0 if static else 1:]]
+        if a.vararg or a.kwarg or a.kwonlyargs or a.defaults or not params or inner.keywords or e.keywords:
+            return None
+        if len(e.args) != len(params) or any(type(x) is ast.Starred for x in e.args):
+            return None
+        if [x.id if type(x) is ast.Name else None for x in inner.args] != params:
+            return None
+        d = _dotted(inner.func)
+        fq = self.fc.fqn(d) if d else None
+        if fq is None or not fq.startswith("torch.") or fq.rsplit(".", 1)[-1][:1].isupper():
+            return None
+        if fq in T.NON_DL_TORCH or fq.startswith(T.NON_DL_TORCH_PREFIXES):
+            return None
+        return fq
+
+    def call_lambda(self, attr: str, e: ast.Call, st: _St, dest) -> list:
+        """``self.mlpf(x)`` of ``self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))`` bound in
+        ``__init__``: its body inlined like a method's, the names it captured (``m = self.mlp``)
+        holding the modules they alias. Positions are the lambda's, in ``__init__``."""
+        lam, stmt, qual, captured = self.cls.find_lambda(attr)
+        fdef = self.synthetic.get(id(lam))
+        if fdef is None:
+            ret = ast.Return(value=lam.body)
+            ast.copy_location(ret, stmt if stmt is not None else lam)
+            fdef = ast.FunctionDef(name="<lambda>", args=lam.args, body=[ret], decorator_list=[], returns=None,
+                                   type_comment=None, type_params=[])
+            ast.copy_location(fdef, lam)
+            self.synthetic[id(lam)] = fdef
+        env = {name: (_SELF if held == "self" else _V(alias=("mod", held), text=name)) for name, held in captured.items()}
+        return self.inline(fdef, qual, None, e, st, dest, bound_self=False, captured=env)
+
     # -- inlining
-    def inline(self, fdef, qual: str, owner, e: ast.Call, st: _St, dest, bound_self: bool, closure=False) -> list:
+    def inline(
+        self, fdef, qual: str, owner, e: ast.Call, st: _St, dest, bound_self: bool, closure=False, captured=None
+    ) -> list:
         if fdef is None or id(fdef) in self.stack or len(self.stack) > MAX_INLINE_DEPTH or self.no_fork:
             return self.opaque(e, st, True)
         out = []
@@ -388,7 +442,7 @@ class _Calls:
             else:
                 results = None
             if results is None:
-                results = self.run_callee(fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure, dest)
+                results = self.run_callee(fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure, dest, captured)
                 if key is not None:
                     self.memo[key] = results
             if not results:
@@ -407,9 +461,9 @@ class _Calls:
                 out.append((_St(nodes, cenv), ret))
         return out
 
-    def run_callee(self, fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure, dest) -> list:
+    def run_callee(self, fdef, qual, owner, e, caller_env, pos, kw, bound_self, closure, dest, captured=None) -> list:
         """Run an inlined body from an empty node list: [(added nodes, return value, self.* updates)]."""
-        env = {}
+        env = dict(captured) if captured else {}
         if closure:
             env.update(caller_env)
         else:

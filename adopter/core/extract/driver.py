@@ -153,14 +153,68 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str], type_hints:
         for name, method in cls.methods.items():
             if name == "forward" or (
                 cls.is_module and _is_entry_method(name) and name not in called and not _drives_the_model(method)
+                and not _samples_tokens(method)
             ):
                 functions.append(interp.entry(cls, method, f"{cls.name}.{name}"))
+        # Methods inherited from a same-file base, run with this class's own bindings (a base
+        # ``forward`` calling ``self.fc``/``self.act`` that each subclass's ``__init__`` binds)
+        # (positions name the defining class's method: a match is reported there, once for every
+        # subclass it holds in)
+        for name, method, owner in _inherited_entries(cls):
+            functions.append(interp.entry(cls, method, f"{owner.name}.{name}", owner))
     for name, fdef in fc.functions.items():
-        functions.append(interp.entry(None, fdef, name))
+        if not _samples_tokens(fdef):
+            functions.append(interp.entry(None, fdef, name))
     return FileStructures(
         file=filename, classes=tuple(classes), functions=tuple(functions), imports=dict(fc.imports),
         sequentials=_sequential_builds(fc),
     )
+
+
+def _inherited_entries(cls) -> list[tuple[str, ast.FunctionDef, object]]:
+    """``(name, method, defining class)`` of the entry methods ``cls`` inherits from a same-file base and runs
+    with layers of its own: the class binds in its own ``__init__`` (or a helper it calls) an
+    attribute the inherited method reads, so the base's own analysis (its bindings, often none)
+    says nothing about what runs in an instance of ``cls``. Each such class is analysed on its
+    own; one that binds nothing the method reads runs what the base's analysis found."""
+    if not cls.is_module or not cls.local_bases or "__init__" not in cls.methods or not cls.bindings:
+        return []
+    own = {b.attr.split(".", 1)[1] for b in cls.bindings if b.attr.startswith("self.")}
+    out = []
+    seen = set(cls.methods)
+    for base in list(cls.mro())[1:]:
+        called = _called_methods(base)
+        for name, method in base.methods.items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if name != "forward" and (
+                not _is_entry_method(name) or name in called or _drives_the_model(method) or _samples_tokens(method)
+            ):
+                continue
+            if _reads_any(method, own, cls):
+                out.append((name, method, base))
+    return out
+
+
+def _reads_any(method: ast.FunctionDef, attrs: set[str], cls) -> bool:
+    """``method`` reads ``self.<a>`` for one of ``attrs``, directly or in a method of ``cls``
+    it calls (``self._sa_block(x)``), a few calls deep."""
+    todo, seen = [method], set()
+    while todo and len(seen) < 16:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        self_name = fn.args.args[0].arg if fn.args.args else "self"
+        for node in ast.walk(fn):
+            if type(node) is ast.Attribute and type(node.value) is ast.Name and node.value.id == self_name:
+                if node.attr in attrs:
+                    return True
+                callee, _owner = cls.find_method(node.attr)
+                if callee is not None:
+                    todo.append(callee)
+    return False
 
 
 def _is_entry_method(name: str) -> bool:
@@ -181,6 +235,25 @@ def _drives_the_model(method: ast.FunctionDef) -> bool:
                 and f.value.id == "self"
             ):
                 return True
+    return False
+
+
+def _samples_tokens(fn: ast.FunctionDef) -> bool:
+    """A decoding loop: a loop that draws from a distribution (``torch.multinomial``,
+    ``probs.multinomial(1)``) — ``generate``/``sample`` calling a submodule or a model passed in
+    (``logits = model(idx)``), where ``_drives_the_model`` does not see ``self(...)``. Its
+    normalization of one step's logits runs once per generated token, outside training, under
+    ``no_grad``: torch's op is already one kernel there, and it is not the model's structure."""
+    if fn.name == "forward":
+        return False
+    for loop in ast.walk(fn):
+        if type(loop) in (ast.For, ast.While, ast.AsyncFor):
+            for node in ast.walk(loop):
+                if type(node) is ast.Call:
+                    f = node.func
+                    name = f.attr if type(f) is ast.Attribute else f.id if type(f) is ast.Name else ""
+                    if name == "multinomial":
+                        return True
     return False
 
 

@@ -134,6 +134,8 @@ class _Expressions:
                 return _V(alias=("mod", key), expr=e)
             if cls.find_method(attr)[0] is not None:
                 return _V(alias=("method", attr), expr=e)
+            if cls.find_lambda(attr) is not None:
+                return _V(alias=("lambda", attr), expr=e)
         return _V(expr=e, tensor=False)
 
     def attribute(self, e: ast.Attribute, st: _St) -> list:
@@ -147,7 +149,7 @@ class _Expressions:
                 if a[0] == "fn":
                     return [(st, _V(alias=("fn", f"{a[1]}.{e.attr}"), expr=e))]
                 if a[0] == "mod":
-                    return [(st, _V(expr=e, tensor=e.attr in ("weight", "bias")))]
+                    return [(st, self.module_attr(a[1], e))]
                 return [(st, _V(expr=e))]
             return [(st, _V(expr=e, tensor=self.attr_tensor(bv, e.attr)))]
         out = []
@@ -157,12 +159,21 @@ class _Expressions:
                 if a[0] == "fn":
                     out.append((st2, _V(alias=("fn", f"{a[1]}.{e.attr}"), expr=e)))
                 elif a[0] == "mod":
-                    out.append((st2, _V(expr=e, tensor=e.attr in ("weight", "bias"))))
+                    out.append((st2, self.module_attr(a[1], e)))
                 else:
                     out.append((st2, _V(expr=e)))
             else:
                 out.append((st2, _V(expr=e, tensor=self.attr_tensor(bv, e.attr))))
         return out
+
+    def module_attr(self, name: str, e: ast.Attribute) -> _V:
+        """``<module>.<attr>``: a named child of a ModuleDict / OrderedDict Sequential bound in
+        ``__init__`` (``self.mlp.c_fc``), a parameter (``weight``/``bias``), or another value."""
+        if self.cls is not None and not e.attr.startswith("_"):
+            child = f"{name}[{e.attr}]"
+            if self.cls.types_of(child):
+                return _V(alias=("mod", child), expr=e)
+        return _V(expr=e, tensor=e.attr in ("weight", "bias"))
 
     @staticmethod
     def attr_tensor(bv: _V, attr: str) -> bool:
@@ -188,7 +199,9 @@ class _Expressions:
             if kind == "mod":
                 name = a[1]
                 sl = e.slice
-                if type(sl) is ast.Constant and isinstance(sl.value, int) and self.cls is not None:
+                if type(sl) is ast.Constant and isinstance(sl.value, (int, str)) and self.cls is not None \
+                        and not isinstance(sl.value, bool):
+                    # ``self.seq[0]``, ``self.layers["fc"]`` (a ModuleDict's or named Sequential's child)
                     cand = f"{name}[{sl.value}]"
                     if self.cls.types_of(cand):
                         out.append((st2, _V(alias=("mod", cand), expr=e)))

@@ -14,6 +14,7 @@ from adopter.core.structures import InitBinding
 
 _CONTAINERS = ("torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ModuleDict")
 _SEQUENTIAL = "torch.nn.Sequential"
+_MODULE_DICT = "torch.nn.ModuleDict"
 # Nesting of factory functions followed from ``__init__`` (``conv_bn`` -> ``conv3x3`` -> ...).
 _MAX_FACTORY_DEPTH = 6
 
@@ -27,6 +28,63 @@ class _Entry:
     values: list
     expr: ast.AST | None
     many: bool = False
+    # the child's name: an ``("fc", nn.Linear(...))`` pair of a list that makes an OrderedDict,
+    # a key of an OrderedDict filled item by item (``layers["fc"] = nn.Linear(...)``)
+    name: str | None = None
+
+    def copy(self) -> "_Entry":
+        return _Entry(list(self.values), self.expr, self.many, self.name)
+
+
+class _ListVar(list):
+    """A local list (or ``OrderedDict``) of layers being built, entry by entry (:class:`_Entry`).
+
+    When an ``if`` the source does not decide grows it differently on its branches, ``ways``
+    holds what it is on each: ``[(condition, entries)]`` (the list itself keeps every entry of
+    every branch, in order, for the bindings of the layers it holds). Entries added afterwards
+    go to every way."""
+
+    def __init__(self, entries=(), keyed: bool = False):
+        super().__init__(entries)
+        self.keyed = keyed  # an OrderedDict: entries carry their names
+        self.ways: list[tuple[str, list]] | None = None
+
+    def extend(self, items) -> None:
+        items = list(items)
+        super().extend(items)
+        for _cond, entries in self.ways or ():
+            entries.extend(items)
+
+    def append(self, item) -> None:
+        self.extend([item])
+
+    def set_item(self, name: str, entry: _Entry) -> None:
+        """``od[name] = value``: a new key goes last, an existing one keeps its place."""
+        for entries in [self] + [e for _c, e in self.ways or ()]:
+            at = next((i for i, e in enumerate(entries) if e.name == name), None)
+            if at is None:
+                list.append(entries, entry)
+            else:
+                entries[at] = entry
+
+    def snapshot(self) -> "_ListVar":
+        out = _ListVar(self, self.keyed)
+        if self.ways is not None:
+            out.ways = [(c, list(e)) for c, e in self.ways]
+        return out
+
+    def same_as(self, other: "_ListVar") -> bool:
+        return self.ways is None and other.ways is None and len(self) == len(other) and all(
+            a is b for a, b in zip(self, other))
+
+    def by_way(self, condition: str) -> list[tuple[str, list]]:
+        if self.ways is None:
+            return [(condition, list(self))]
+        return [(f"{condition} and {c}", list(e)) for c, e in self.ways]
+
+
+# Ways a list may be built (if/else branches) followed before its contents are merged into one.
+_MAX_WAYS = 4
 
 
 @dataclass
@@ -39,6 +97,12 @@ class SeqBuildRecord:
     call: ast.Call
     stmt: ast.AST | None
     alternatives: list  # [[(child name or None, _Entry)], ...]: one per distinct way it was built
+    # per alternative: the branch conditions it is built under ("" for every way through)
+    conditions: list = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.conditions is None:
+            self.conditions = [""] * len(self.alternatives)
 
 
 def _const_args(call: ast.Call) -> tuple[Arg, ...]:
@@ -135,7 +199,7 @@ class _InitExtractor:
         # local name -> list of (type, args, activation, site expr) it may hold
         self.local: dict[str, list[tuple]] = {}
         # local list name -> its elements in order (:class:`_Entry`)
-        self.lists: dict[str, list[_Entry]] = {}
+        self.lists: dict[str, _ListVar] = {}
         is_method = cls is not None and not any(_dotted(d) == "staticmethod" for d in fn.decorator_list)
         self.self_name = fn.args.args[0].arg if fn.args.args and is_method else "self"
         self.stmt = None
@@ -153,6 +217,10 @@ class _InitExtractor:
         # the factory's own default when the caller left it out): ``if name == "relu":`` is
         # decided with them. Never ``__init__``'s own defaults: its caller may pass anything.
         self.consts: dict[str, object] = {}
+        # (list, its entries on one way): while one way of a branch-grown list is recorded
+        self.lists_override: tuple | None = None
+        # local name -> the ``self.<attr>`` it was assigned (``m = self.mlp``)
+        self.attr_alias: dict[str, str] = {}
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
@@ -258,6 +326,7 @@ class _InitExtractor:
 
     def factory_values_in_scope(self, fn: ast.FunctionDef, params: dict, consts: dict, owner: str | None) -> list[tuple]:
         saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts)
+        saved_alias, self.attr_alias = self.attr_alias, {}
         self.consts = consts
         self.visiting.add(fn.name)
         self.qual = f"{owner}.{fn.name}" if owner else fn.name
@@ -270,10 +339,12 @@ class _InitExtractor:
         finally:
             self.visiting.discard(fn.name)
             self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts = saved
+            self.attr_alias = saved_alias
 
     def helper(self, fn: ast.FunctionDef, conditional: bool):
         """``self._init_weights_of_x(config)`` called from ``__init__``: its bindings count too."""
         saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts)
+        saved_alias, self.attr_alias = self.attr_alias, {}
         self.consts = {}
         self.visiting.add(fn.name)
         self.qual = f"{self.cls.name}.{fn.name}"
@@ -284,6 +355,7 @@ class _InitExtractor:
         finally:
             self.visiting.discard(fn.name)
             self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts = saved
+            self.attr_alias = saved_alias
 
     # -- resolution
     def callee_types(self, f) -> list[str]:
@@ -311,6 +383,9 @@ class _InitExtractor:
                 return [ty for ty, _a, _k, site in self.cls.class_attrs.get(d.split(".")[1], ()) if site is None]
             return []
         if t is ast.IfExp:
+            taken = _fold(f.test, self.consts) if self.consts else None
+            if taken is not None:  # ``LoRALinear if lora else nn.Linear`` with ``lora`` a constant
+                return self.callee_types(f.body if taken else f.orelse)
             return self.callee_types(f.body) + self.callee_types(f.orelse)
         if t is ast.Call and f.args and self.is_partial(f.func):
             # ``partial(nn.BatchNorm2d, eps=1e-3)``: a class with some arguments bound
@@ -379,6 +454,9 @@ class _InitExtractor:
             ty, args, key = _activation_type(v.slice)
             return [(ty, args, key, v)]
         if t is ast.IfExp:
+            taken = _fold(v.test, self.consts) if self.consts else None
+            if taken is not None:  # a factory's ``A(i, o) if flag else B(i, o)`` with a constant flag
+                return self.values(v.body if taken else v.orelse)
             return self.values(v.body) + self.values(v.orelse)
         if t is ast.BoolOp:
             return [x for operand in v.values for x in self.values(operand)]
@@ -417,18 +495,28 @@ class _InitExtractor:
     def note_sequential(self, call: ast.Call) -> None:
         """Record ``nn.Sequential(...)`` built here with its entries resolved in this scope
         (inline, ``*layers`` of a list built before, an ``OrderedDict``)."""
-        entries = self.sequential_entries(call)
-        if entries is None:
+        ways = self.sequential_ways(call)
+        if ways is None:
             return
+        for condition, entries in ways:
+            self.note_way(call, [(n, e.copy()) for n, e in entries], condition)
+
+    def note_way(self, call: ast.Call, entries: list, condition: str) -> None:
         rec = self.fc.seq_builds.get(id(call))
         if rec is None:
             cls_name = self.qual.split(".")[0] if "." in self.qual else None
-            self.fc.seq_builds[id(call)] = SeqBuildRecord(cls_name, self.qual, call, self.stmt, [entries])
+            self.fc.seq_builds[id(call)] = SeqBuildRecord(cls_name, self.qual, call, self.stmt, [entries], [condition])
             return
         # built again (a factory called from several places, with other arguments): each entry
-        # may be any of the values seen; another number of entries is another alternative
-        for known in rec.alternatives:
-            if len(known) == len(entries):
+        # may be any of the values seen; another number of entries is another alternative. The
+        # ways of a list grown on the branches of an ``if`` stay apart (each pair of neighbours
+        # is one of a way), unless there are too many.
+        if condition and len(rec.alternatives) < _MAX_WAYS and condition not in rec.conditions:
+            rec.alternatives.append(entries)
+            rec.conditions.append(condition)
+            return
+        for i, known in enumerate(rec.alternatives):
+            if len(known) == len(entries) and (rec.conditions[i] == condition or len(rec.alternatives) >= 4):
                 for (_n, old), (_m, new) in zip(known, entries):
                     for v in new.values:
                         if all(v[0] != o[0] for o in old.values):
@@ -436,15 +524,66 @@ class _InitExtractor:
                 return
         if len(rec.alternatives) < 4:
             rec.alternatives.append(entries)
+            rec.conditions.append(condition)
+
+    def sequential_ways(self, call: ast.Call) -> list | None:
+        """``[(condition, [(child name or None, _Entry)])]`` of ``nn.Sequential(...)``: one way when
+        its entries do not depend on a branch, one per branch way of the list it is built from
+        (``*layers``, ``OrderedDict(layers)``) otherwise; None when not a plain construction."""
+        grown = self.branch_list(call)
+        if grown is None or grown.ways is None:
+            entries = self.sequential_entries(call)
+            return None if entries is None else [("", entries)]
+        out = []
+        saved = grown.ways
+        try:
+            for condition, entries in saved:
+                grown.ways = None
+                # the list as built on this way (the Sequential reads it, nothing else)
+                self.lists_override = (grown, entries)
+                made = self.sequential_entries(call)
+                if made is None:
+                    return None
+                out.append((condition, made))
+        finally:
+            grown.ways = saved
+            self.lists_override = None
+        return out
+
+    def branch_list(self, call: ast.Call) -> "_ListVar | None":
+        """The local list a Sequential is built from (``*layers``, ``OrderedDict(layers)``, an
+        ``OrderedDict`` filled item by item), when there is exactly one."""
+        names = []
+        for a in call.args:
+            a = a.value if type(a) is ast.Starred else a
+            if type(a) is ast.Call and (_dotted(a.func) or "").endswith("OrderedDict") and a.args:
+                a = a.args[0]
+            if type(a) is ast.Name and a.id in self.lists:
+                names.append(a.id)
+        return self.lists[names[0]] if len(names) == 1 else None
+
+    def list_of(self, name: str) -> list:
+        """The entries of local list ``name`` (as built on the way being recorded, if any)."""
+        override = getattr(self, "lists_override", None)
+        lst = self.lists[name]
+        if override is not None and override[0] is lst:
+            return override[1]
+        return lst
 
     def sequential_entries(self, call: ast.Call) -> list | None:
         """[(child name or None, _Entry)] of ``nn.Sequential(...)``; None when not a plain construction."""
         args = call.args
         if call.keywords:
             return None
+        if len(args) == 1 and type(args[0]) is ast.Name and args[0].id in self.lists and self.lists[args[0].id].keyed:
+            # ``layers = OrderedDict(); layers["fc"] = nn.Linear(...); nn.Sequential(layers)``
+            return self.named_entries(self.list_of(args[0].id))
         if len(args) == 1 and type(args[0]) is ast.Call and (_dotted(args[0].func) or "").endswith("OrderedDict"):
             od = args[0]
             items: list = []
+            if len(od.args) == 1 and not od.keywords and type(od.args[0]) is ast.Name and od.args[0].id in self.lists:
+                # ``OrderedDict(layers)`` of a list of ``(name, layer)`` pairs built before
+                return self.named_entries(self.list_of(od.args[0].id))
             if od.args and type(od.args[0]) in (ast.List, ast.Tuple):
                 for el in od.args[0].elts:
                     if type(el) is ast.Tuple and len(el.elts) == 2 and type(el.elts[0]) is ast.Constant:
@@ -473,11 +612,21 @@ class _InitExtractor:
             entries.append((None if unknown_position else str(len(entries)), _Entry(self.values(a), a)))
         return entries
 
+    @staticmethod
+    def named_entries(entries: list) -> list:
+        """[(child name or None, _Entry)] of the pairs of an ``OrderedDict``: names known up to the
+        first entry that stands for any number of them."""
+        out, unknown = [], False
+        for e in entries:
+            unknown = unknown or e.many or e.name is None
+            out.append((None if unknown else e.name, e))
+        return out
+
     def list_entries(self, v: ast.AST) -> list | None:
         """Entries of a list expression: a list built before, ``[a, b]``, ``[a] + layers``."""
         t = type(v)
         if t is ast.Name and v.id in self.lists:
-            return self.lists[v.id]
+            return self.list_of(v.id)
         if t in (ast.List, ast.Tuple):
             return [self.entry(e) for e in v.elts]
         if t is ast.BinOp and type(v.op) is ast.Add:
@@ -493,6 +642,10 @@ class _InitExtractor:
     def entry(self, e: ast.AST) -> _Entry:
         if type(e) is ast.Starred:
             return _Entry([], e, many=True)
+        if type(e) is ast.Tuple and len(e.elts) == 2 and type(e.elts[0]) is ast.Constant \
+                and isinstance(e.elts[0].value, str):
+            # ``("fc", nn.Linear(...))``: a named child of the OrderedDict the list becomes
+            return _Entry(self.values(e.elts[1]), e.elts[1], many=self.loop_depth > 0, name=e.elts[0].value)
         return _Entry(self.values(e), e, many=self.loop_depth > 0)
 
     def class_refs(self, v) -> list[tuple]:
@@ -523,26 +676,64 @@ class _InitExtractor:
                 # contents, also of containers inside containers (a Sequential in a ModuleList)
                 self.contents(attr, out_name, ty, site, conditional)
 
+    def dict_items(self, a: ast.AST) -> list[tuple[str | None, list]]:
+        """``(key or None, values)`` of the children of the mapping a ModuleDict is built from."""
+        ta = type(a)
+        if ta is ast.Dict:
+            return [(k.value if type(k) is ast.Constant and isinstance(k.value, str) and k.value.isidentifier()
+                     else None, self.values(v)) for k, v in zip(a.keys, a.values)]
+        if ta is ast.Call and (_dotted(a.func) or "") in ("dict", "OrderedDict", "collections.OrderedDict"):
+            out: list = []
+            if a.args:
+                inner = a.args[0]
+                if type(inner) in (ast.List, ast.Tuple):
+                    for el in inner.elts:
+                        e = self.entry(el)
+                        out.append((e.name if e.name and e.name.isidentifier() else None, e.values))
+                else:
+                    out += self.dict_items(inner)
+            out += [(k.arg, self.values(k.value)) for k in a.keywords if k.arg is not None]
+            return out
+        if ta is ast.Name and a.id in self.lists:
+            return [(e.name if e.name and e.name.isidentifier() and not e.many else None, e.values)
+                    for e in self.lists[a.id]]
+        return []
+
     def contents(self, attr: str, prefix: str, ty: str, call: ast.Call, conditional: bool):
         """Bindings for the layers inside ``nn.ModuleList/Sequential/ModuleDict(...)``."""
         items: list[tuple[str, list]] = []  # (container name, element values)
         build = self.fc.seq_builds.get(id(call)) if ty == _SEQUENTIAL else None
         if build is not None:
-            # the entries as resolved where the Sequential is built (maybe in a factory)
-            variant: list | None = []
-            for name, entry in build.alternatives[-1]:
-                vals = [v for v in entry.values if v[3] is not None]
-                items.append((f"{prefix}[{name}]" if name is not None else f"{prefix}[*]", vals))
-                if name is None or not name.isdigit():
-                    variant = None
-                elif variant is not None:
-                    # ``self.seq(x)`` in forward is expanded into one node per element (one
-                    # variant per Sequential when a container holds several differently built
-                    # ones); an entry we cannot type stays unknown, the others still count
-                    types = {v[0] for v in vals}
-                    variant.append((f"{prefix}[{name}]", vals[0][0] if len(types) == 1 else UNKNOWN_TYPE))
-            if variant:
-                self.cls.seq_variants.setdefault(prefix, []).append(tuple(variant))
+            # the entries as resolved where the Sequential is built (maybe in a factory); each
+            # way when a list grown under ``if``/``else`` built it (else the last one seen)
+            branched = any(build.conditions)
+            seen_names: dict[str, int] = {}
+            for alternative in build.alternatives if branched else build.alternatives[-1:]:
+                variant: list | None = []
+                for name, entry in alternative:
+                    vals = [v for v in entry.values if v[3] is not None]
+                    container = f"{prefix}[{name}]" if name is not None else f"{prefix}[*]"
+                    if container in seen_names and name is not None:
+                        known = items[seen_names[container]][1]
+                        known += [v for v in vals if all(v[0] != k[0] for k in known)]
+                    else:
+                        seen_names[container] = len(items)
+                        items.append((container, list(vals)))
+                    if name is None or not name.isdigit():
+                        variant = None
+                    elif variant is not None:
+                        # ``self.seq(x)`` in forward is expanded into one node per element (one
+                        # variant per Sequential when a container holds several differently built
+                        # ones); an entry we cannot type stays unknown, the others still count
+                        types = {v[0] for v in vals}
+                        variant.append((f"{prefix}[{name}]", vals[0][0] if len(types) == 1 else UNKNOWN_TYPE))
+                if variant:
+                    self.cls.seq_variants.setdefault(prefix, []).append(tuple(variant))
+        elif ty == _MODULE_DICT and call.args:
+            # ``nn.ModuleDict({"fc": ...})``, ``nn.ModuleDict(dict(fc=...))``, of an OrderedDict
+            # filled before: each child under its key (``self.mlp.fc``/``self.mlp["fc"]`` in forward)
+            for key, vals in self.dict_items(call.args[0]):
+                items.append((f"{prefix}[{key}]" if key is not None else f"{prefix}[*]", vals))
         elif ty != _SEQUENTIAL:
             for a in call.args:
                 a = a.value if type(a) is ast.Starred else a
@@ -577,7 +768,7 @@ class _InitExtractor:
                 self.assign(tg, value, conditional)
         elif t is ast.AugAssign:
             if type(st.target) is ast.Name and st.target.id in self.lists and type(st.value) in (ast.List, ast.Tuple):
-                self.lists[st.target.id].extend(self.entry(e) for e in st.value.elts)
+                self.lists[st.target.id].extend([self.entry(e) for e in st.value.elts])
         elif t is ast.Return:
             if st.value is not None:
                 # evaluated also outside factories: a returned ``nn.Sequential(*layers)`` is noted
@@ -588,6 +779,9 @@ class _InitExtractor:
             self.call_stmt(st.value, conditional)
         elif t is ast.If:
             taken = _fold(st.test, self.consts) if self.consts else None
+            if taken is None and self.lists:
+                self.branches(st)
+                return
             if taken is not False:
                 self.block(st.body, taken is None or conditional)
             if taken is not True:
@@ -609,6 +803,51 @@ class _InitExtractor:
             self.block(st.orelse, True)
             self.block(st.finalbody, conditional)
 
+    def note_lambda(self, attr: str, lam: ast.Lambda) -> None:
+        """``self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))`` (minGPT): the class calls it like a
+        method; the names it captures that hold ``self`` or one of its modules are kept."""
+        if self.cls is None or self.sweep:
+            return
+        params = {a.arg for a in lam.args.posonlyargs + lam.args.args + lam.args.kwonlyargs}
+        captured = {}
+        for n in ast.walk(lam.body):
+            if type(n) is ast.Name and n.id not in params:
+                if n.id == self.self_name:
+                    captured[n.id] = "self"
+                elif n.id in self.attr_alias:
+                    captured[n.id] = self.attr_alias[n.id]
+        self.cls.lambdas[attr] = (lam, self.stmt, self.qual, captured)
+
+    def branches(self, st: ast.If) -> None:
+        """An ``if`` the source does not decide, with lists being built: each branch grows its own
+        copy of them; a list the branches grow differently keeps each way
+        (:attr:`_ListVar.ways`), its entries stay those of both branches in order."""
+        before = {k: v.snapshot() for k, v in self.lists.items()}
+        self.block(st.body, True)
+        body = self.lists
+        self.lists = {k: v.snapshot() for k, v in before.items()}
+        self.block(st.orelse, True)
+        orelse = self.lists
+        test = _unparse(st.test)
+        merged: dict[str, _ListVar] = {}
+        for name in list(dict.fromkeys([*body, *orelse])):
+            b, e = body.get(name), orelse.get(name)
+            if b is None or e is None or name not in before:
+                merged[name] = b if e is None else e  # made on one branch: as the branch left it
+                continue
+            if b.same_as(e):
+                merged[name] = b
+                continue
+            start = len(before[name])
+            grown_only = all(x is y for x, y in zip(b, before[name])) and all(x is y for x, y in zip(e, before[name]))
+            both = _ListVar(list(b) + list(e)[start:] if grown_only and len(b) >= start and len(e) >= start
+                            else list(e), b.keyed and e.keyed)
+            ways = b.by_way(test) + e.by_way(f"not ({test})")
+            if len(ways) <= _MAX_WAYS:
+                both.ways = ways
+            merged[name] = both
+        self.lists = merged
+
     def assign(self, tg, value, conditional: bool):
         tt = type(tg)
         target = _dotted(tg)
@@ -621,6 +860,9 @@ class _InitExtractor:
                 self.growing[target] = id(value)
         if tt is ast.Attribute and type(tg.value) is ast.Name and tg.value.id == self.self_name:
             attr = f"self.{tg.attr}"
+            if type(value) is ast.Lambda:
+                self.note_lambda(tg.attr, value)
+                return
             if self.cls is not None and type(value) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp):
                 refs = self.class_refs(value)
                 if refs:
@@ -631,15 +873,30 @@ class _InitExtractor:
                 return
             # ``nn.Dropout(p) if p > 0 else None``: bound on one branch only
             self.record(attr, vals, conditional or type(value) in (ast.IfExp, ast.BoolOp))
+        elif tt is ast.Subscript and type(tg.value) is ast.Name and tg.value.id in self.lists \
+                and self.lists[tg.value.id].keyed and type(tg.slice) is ast.Constant and isinstance(tg.slice.value, str):
+            # ``layers["fc"] = nn.Linear(...)`` of an OrderedDict being filled
+            e = self.entry(value)
+            e.name = tg.slice.value
+            self.lists[tg.value.id].set_item(tg.slice.value, e)
         elif tt is ast.Name:
             name = tg.id
             self.consts.pop(name, None)
+            # ``m = self.mlp``: a name a lambda may capture
+            if type(value) is ast.Attribute and type(value.value) is ast.Name and value.value.id == self.self_name:
+                self.attr_alias[name] = f"self.{value.attr}"
+            else:
+                self.attr_alias.pop(name, None)
             vt = type(value)
+            keyed = self.ordered_dict(value)
             if vt in (ast.List, ast.Tuple):
-                self.lists[name] = [self.entry(e) for e in value.elts]
+                self.lists[name] = _ListVar([self.entry(e) for e in value.elts])
                 self.local.pop(name, None)
             elif vt in (ast.ListComp, ast.GeneratorExp):
-                self.lists[name] = [_Entry(self.values(value.elt), value.elt, many=True)]
+                self.lists[name] = _ListVar([_Entry(self.values(value.elt), value.elt, many=True)])
+                self.local.pop(name, None)
+            elif keyed is not None:
+                self.lists[name] = _ListVar(keyed, keyed=True)
                 self.local.pop(name, None)
             else:
                 vals = self.values(value)
@@ -653,6 +910,30 @@ class _InitExtractor:
                     new = self.local[name] + [v for v in new if v not in self.local[name]]
                 self.local[name] = new
                 self.lists.pop(name, None)
+
+    def ordered_dict(self, value) -> list | None:
+        """Entries of a new ``OrderedDict()``/``OrderedDict([("fc", layer), ...])``/``dict()``/``{...}``
+        assigned to a local (filled item by item afterwards), or None for another value."""
+        if type(value) is ast.Dict:
+            if not all(type(k) is ast.Constant and isinstance(k.value, str) for k in value.keys):
+                return None
+            out = []
+            for k, v in zip(value.keys, value.values):
+                e = self.entry(v)
+                e.name = k.value
+                out.append(e)
+            return out
+        if type(value) is not ast.Call or value.keywords:
+            return None
+        d = _dotted(value.func) or ""
+        if not (d.endswith("OrderedDict") or d == "dict"):
+            return None
+        if not value.args:
+            return []
+        if len(value.args) == 1 and type(value.args[0]) in (ast.List, ast.Tuple):
+            entries = [self.entry(e) for e in value.args[0].elts]
+            return entries if all(e.name is not None for e in entries) else None
+        return None
 
     def call_stmt(self, call: ast.Call, conditional: bool):
         f = call.func
@@ -678,7 +959,7 @@ class _InitExtractor:
             if type(call.args[0]) is ast.Constant and isinstance(call.args[0].value, str):
                 self.record(f"self.{call.args[0].value}", self.values(call.args[1]), conditional)
             return
-        if type(recv) is ast.Name and recv.id in self.lists:
+        if type(recv) is ast.Name and recv.id in self.lists and not self.lists[recv.id].keyed:
             new = [self.entry(e) for e in elems]
             if f.attr == "insert":
                 new = [_Entry(e.values, e.expr, many=True) for e in new]  # position not followed

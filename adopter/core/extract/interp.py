@@ -34,9 +34,13 @@ class _Interp(_Paths, _Ssa, _Expressions, _Calls):
         self.extraneous_cache: dict[int, bool] = {}
 
     # -- entry
-    def entry(self, cls: _ClassCtx | None, fdef: ast.FunctionDef, qual: str) -> FunctionStructures:
+    def entry(
+        self, cls: _ClassCtx | None, fdef: ast.FunctionDef, qual: str, owner: _ClassCtx | None = None
+    ) -> FunctionStructures:
+        """The paths of ``fdef`` run on an instance of ``cls``; ``owner``: the class defining it
+        when ``cls`` inherits it (whose bases ``super()`` in it means)."""
         self.cls = cls
-        self.owner = cls
+        self.owner = owner or cls
         self.vers: dict = {}
         self.vcount: dict[str, int] = {}
         self.tmps: dict = {}

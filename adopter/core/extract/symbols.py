@@ -16,7 +16,9 @@ from adopter.core.extract.values import _V, _unparse
 from adopter.core.structures import InitBinding
 
 _OPAQUE_CLASS_SUFFIXES = ("Output", "Config", "Cache", "Mixin", "Kwargs", "Dict")
-_INDEX = re.compile(r"\[\d+\]")
+# an element of a container: ``[0]``, or a child's name (``self.mlp[c_fc]`` of a ModuleDict or an
+# OrderedDict Sequential): ``[*]`` stands for any of them
+_INDEX = re.compile(r"\[(?:\d+|[A-Za-z_]\w*)\]")
 
 
 # ---------------------------------------------------------------- names and imports
@@ -97,6 +99,9 @@ class _ClassCtx:
         self.seq_variants: dict[str, list[tuple]] = {}
         # ``self.<attr> = <class>`` in ``__init__`` (``self._norm_layer = norm_layer``): attr -> refs
         self.class_attrs: dict[str, list[tuple]] = {}
+        # ``self.<attr> = lambda x: ...`` in ``__init__``: attr -> (the lambda, its statement, the
+        # function holding it, captured names -> "self" or the ``self.<attr>`` they alias)
+        self.lambdas: dict[str, tuple] = {}
         self._method_cache: dict[str, tuple] = {}
 
     def mro(self) -> Iterable["_ClassCtx"]:
@@ -121,6 +126,13 @@ class _ClassCtx:
                     break
             self._method_cache[name] = r
         return r
+
+    def find_lambda(self, name: str):
+        """``(lambda, statement, function, captured)`` bound to ``self.<name>`` here or in a base."""
+        for c in self.mro():
+            if name in c.lambdas:
+                return c.lambdas[name]
+        return None
 
     def types_of(self, var: str) -> list[str]:
         """Distinct layer types bound to ``self.x`` (or a container element ``self.x[*]``)."""

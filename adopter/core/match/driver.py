@@ -16,11 +16,18 @@ from adopter.core.match.context import (
 )
 from adopter.core.match.core import _PathIndex, _search
 from adopter.core.match.init_match import class_init_bindings, match_init
-from adopter.core.match.local_layers import fold_inlined_calls, layer_subclass_aliases
+from adopter.core.match.local_layers import (
+    cast_subclass_aliases,
+    fold_inlined_calls,
+    inherited_dependence,
+    layer_subclass_aliases,
+    shared_call_dependence,
+)
 from adopter.core.match.post import (
     _dedup_key,
     _rehome,
     _resolve_overlaps,
+    _superseded_by_other_rules,
     _VariantRanker,
     _veto_inconsistent_paths,
 )
@@ -164,8 +171,11 @@ def match_structures(
     aliases = layer_subclass_aliases(structures, source, _pattern_layer_types(opted_in)) if opted_in else {}
     # per rule: same-file subclasses (opted in) plus the rule's own same-file layer aliases
     rule_aliases: list[dict[str, str]] = []
+    # same-file Linear/LayerNorm subclasses whose forward only casts dtypes: every rule
+    cast_aliases = cast_subclass_aliases(structures, source)
     for rule in rules:
         own = dict(aliases) if getattr(rule, "match_subclasses", False) else {}
+        own = {**cast_aliases, **own}
         hook = getattr(rule, "layer_aliases", None)
         if hook is not None:
             own.update(hook(structures, source))
@@ -218,6 +228,11 @@ def match_structures(
                 rejected_by_rule[i][key] = replace(m, reason=verdict)
             else:
                 accepted[i][key] = replace(m, status="conditional", code=verdict[0], condition=verdict[1])
+        # a base's method run with each subclass's own layers: a match some subclasses lack; one
+        # call that fuses one way on each branch of a configuration ``if``
+        for key, m, verdict in inherited_dependence(rule_structures[i], accepted[i], found_on[i]) + \
+                shared_call_dependence(rule_structures[i], accepted[i], source):
+            accepted[i][key] = replace(m, status="conditional", code=verdict[0], condition=verdict[1])
     for i, rule in enumerate(rules):
         found = list(accepted[i].items())
         for index, verdict in method_divergence([m for _, m in found], source).items():
@@ -243,5 +258,9 @@ def match_structures(
                 results.append(m)
             elif rejected is not None:
                 rejected.append(m)
+    # a rule's match inside a bigger match of a rule that supersedes it (Rule ``supersedes``)
+    results, inside = _superseded_by_other_rules(rules, results)
+    if rejected is not None:
+        rejected.extend(inside)
     results.sort(key=lambda m: (m.lines[:1] or [0], m.rule))
     return results

@@ -230,6 +230,32 @@ def _node_ids(m: Match) -> set:
     }
 
 
+def _superseded_by_other_rules(rules, matches: list[Match]) -> tuple[list[Match], list[Match]]:
+    """(kept, set aside): a match of a rule that another rule ``supersedes`` (``getattr(rule,
+    "supersedes", ())``, rule names) is set aside when all its nodes are nodes of one match of
+    that rule: the bigger match fuses them (a GeGLU's gate Linear + GeLU is part of the gated
+    MLP). Set-aside matches carry the reason."""
+    claims = {r.name: frozenset(getattr(r, "supersedes", ()) or ()) for r in rules}
+    big = [(m, _node_ids(m)) for m in matches if claims.get(m.rule)]
+    if not big:
+        return matches, []
+    kept: list[Match] = []
+    aside: list[Match] = []
+    for m in matches:
+        ids = None
+        for other, other_ids in big:
+            if other is m or m.rule not in claims[other.rule]:
+                continue
+            ids = _node_ids(m) if ids is None else ids
+            if ids and ids < other_ids:
+                lines = ", ".join(str(n) for n in sorted(set(other.lines)))
+                aside.append(replace(m, reason=f"part of a {other.rule} match (lines {lines}), which fuses it"))
+                break
+        else:
+            kept.append(m)
+    return kept, aside
+
+
 def _resolve_overlaps(rule: RuleLike, found: list[Match]) -> list[Match]:
     """One rule must not claim the same statement twice (e.g. a fourth Linear on the same
     input for a QKV rule): keep the earliest match; with ``dedup == "class"`` keep one match

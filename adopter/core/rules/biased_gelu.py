@@ -25,7 +25,7 @@ from adopter.core.codemod.base import (
     module_handle,
     separate_calls,
 )
-from adopter.core.codemod.context import FileContext, Skip, is_self_attr
+from adopter.core.codemod.context import FileContext, Skip, is_self_attr, stores
 from adopter.core.codemod.edits import Edit
 from adopter.core.dsl import Layer
 from adopter.core.match import MatchContext, local_type_names
@@ -75,7 +75,10 @@ class defined in the same file whose ``forward`` only returns a GeLU of its inpu
 a written-out erf/tanh GeLU formula, or ``Fn.apply(x)`` of a same-file autograd Function whose
 forward is that formula and whose backward its derivative: LXMERT's ``GeLU``, BLOOM's
 ``BloomGelu``; the arithmetic is checked numerically from the source, never executed), a
-call of a same-file function ``def f(x): return <exact erf GeLU of x>`` (ESM's ``gelu``), or an
+call of a same-file function ``def f(x): return <exact erf GeLU of x>`` (ESM's ``gelu``), a
+same-class helper method ``def gelu(self, x): return F.gelu(x)`` called as ``self.gelu(h)``
+(the rewrite hands the kernel ``F.gelu`` while ``type(self).gelu`` is that method, the method
+itself — which the kernel runs unfused — when a subclass overrides it), or an
 activation looked up from a key (``ACT2FN[...]``/``get_activation``, bound in ``__init__``
 or looked up and called in one expression, ``ACT2FN[self.config.hidden_act](h)``) that is
 a GeLU key or cannot be resolved statically. Keys are resolved without executing
@@ -196,6 +199,78 @@ def _local_activation(ctx: FileContext, match: Match, act: ast.Call) -> str | No
     return None
 
 
+def _method_in_class_family(ctx: FileContext, class_name: str, name: str) -> tuple[str, ast.FunctionDef] | None:
+    """``(owner, def)`` of method ``name`` on ``class_name`` or its nearest same-file base."""
+    todo, seen = [class_name], set()
+    while todo:
+        cls = ctx.classes.get(todo.pop(0))
+        if cls is None or cls.name in seen:
+            continue
+        seen.add(cls.name)
+        for stmt in cls.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
+                return cls.name, stmt
+        todo.extend(b.id for b in cls.bases if isinstance(b, ast.Name))
+    return None
+
+
+def _module_level_fqn(ctx: FileContext, name: str) -> str:
+    """What a module-level import binds ``name`` to (``F`` -> ``torch.nn.functional``), else ``?``."""
+    found = "?"
+    for st in ctx.tree.body:
+        if isinstance(st, ast.Import):
+            for al in st.names:
+                if al.asname == name:
+                    found = al.name
+                elif al.asname is None and al.name.split(".", 1)[0] == name:
+                    found = name
+        elif isinstance(st, ast.ImportFrom) and st.level == 0 and st.module:
+            for al in st.names:
+                if (al.asname or al.name) == name:
+                    found = f"{st.module}.{al.name}"
+    return found
+
+
+def _gelu_method(ctx: FileContext, match: Match, act: ast.Call) -> str | None:
+    """The activation as the kernel should receive it when the GeLU is a same-class helper
+    method ``def gelu(self, x): return F.gelu(x)`` called as ``self.gelu(h)``: handed over as
+    the bound method the kernel would not recognize (it always ran the original), so the
+    functional is passed while the method is the class's own —
+    ``(F.gelu if type(self).gelu is Owner.gelu else self.gelu)``: a subclass overriding the
+    helper gets its override (the kernel then runs the original). None when not such a call."""
+    attr = is_self_attr(act.func)
+    if attr is None or match.class_name is None or len(act.args) != 1 or act.keywords:
+        return None
+    found = _method_in_class_family(ctx, match.class_name, attr)
+    if found is None:
+        return None
+    owner, method = found
+    if not isinstance(ctx.tree, ast.Module) or not any(
+            isinstance(st, ast.ClassDef) and st.name == owner for st in ctx.tree.body):
+        return None  # the rewrite names the owner class: a module-level one only
+    a = method.args
+    if method.decorator_list or a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults \
+            or len(a.args) != 2:
+        return None
+    body = [st for st in method.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or not isinstance(body[0].value, ast.Call):
+        return None
+    call = body[0].value
+    if (len(call.args) != 1 or call.keywords or not isinstance(call.args[0], ast.Name)
+            or call.args[0].id != a.args[1].arg):
+        return None  # exact GeLU of the parameter only: the kernel is handed no extra arguments
+    func = ast.unparse(call.func)
+    root = func.split(".", 1)[0]
+    if _module_level_fqn(ctx, root) + func[len(root):] != "torch.nn.functional.gelu":
+        return None
+    if any(ctx.class_attr_stores(c, attr) for c in [match.class_name, owner, *ctx.subclasses(owner)]):
+        return None  # an instance attribute of that name shadows the method
+    fn = ctx.enclosing_function(act)
+    if fn is not None and root in stores(fn):
+        return None  # the functional's module name means something else in the rewritten function
+    return f"({func} if type(self).{attr} is {owner}.{attr} else self.{attr})"
+
+
 class BiasedGeLU(Codemod):
     rule = "biased_GeLU"
 
@@ -215,13 +290,16 @@ class BiasedGeLU(Codemod):
             raise Skip("the GeLU call unpacks arguments")
         separate_calls(lin, act)
         local = _local_activation(ctx, match, act)
+        method = _gelu_method(ctx, match, act)
         if local is not None:
             raise Skip(
                 f"the GeLU is {local}, defined in this file: the kernel recognizes torch and transformers "
                 "GeLUs at run time and would always run the original code"
             )
         linear = module_handle(ctx, lin, "Linear")
-        activation = arg_text(ctx, act.func)  # a reference or an ACT2FN[...] lookup, evaluated where it was
+        # a reference or an ACT2FN[...] lookup, evaluated where it was; a same-class GeLU helper
+        # method as the functional it returns (guarded on the method being the class's own)
+        activation = method or arg_text(ctx, act.func)
         extra = [arg_text(ctx, a) for a in act.args[1:]] + [f"{k.arg}={arg_text(ctx, k.value)}" for k in act.keywords]
         spec, kernel = kernel_name(ctx, KERNEL)
         plan = ChainPlan(ctx, fn, [lin, act])

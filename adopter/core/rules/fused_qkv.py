@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 
 from adopter.core.codemod.base import (
     Codemod,
@@ -39,7 +40,7 @@ from adopter.core.codemod.context import (
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, StatementEdit
 from adopter.core.dsl import Var
 from adopter.core.match import MatchContext
-from adopter.core.match.source import source_lines
+from adopter.core.match.source import parse_file, source_lines
 from adopter.core.match.source_uses import attribute_uses_in_class_family
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR, const_text, distinct_modules, kwarg
@@ -68,7 +69,11 @@ in the class — another call in the same function (LongT5's side keys ``self.k(
 the other branch of ``if is_cross_attention`` (k/v of ``encoder_hidden_states``: BROS,
 ConvBERT), another method, a subclass in the same file (kept out although the guarded kernel
 would leave those uses intact: a projection with other uses is rarely a plain attention
-projection). At run time the kernel fuses only three plain ``nn.Linear`` with one input size and
+projection). A use that only (re)initialises a projection's parameters does not count
+(``nn.init.f(self.wq.weight)``, ``self.wq.bias.data.zero_()``, ``self.wq.reset_parameters()``, or
+``for lin in (self.wq, self.wk, self.wv): nn.init.f(lin.weight)``): the kernel reads the current
+weights at every call. Grouped-query projections (k/v narrower than q) match: the kernel splits
+the fused output by each projection's own out-features. At run time the kernel fuses only three plain ``nn.Linear`` with one input size and
 matching biases; anything else runs the three modules."""
 
 _ROLE_TOKENS = {
@@ -188,9 +193,72 @@ def _modules_used_only_here(ctx: MatchContext) -> str | None:
         if uses is None:
             return f"cannot read the uses of {v.name} in class {owner}"
         for line, col, where in uses:
-            if (line, col) not in matched:
+            if (line, col) not in matched and not _initialisation_use(ctx.source, line, col):
                 return f"{v.name} is also used at line {line} ({where}): fusing would remove the module"
     return None
+
+
+# ``torch.nn.init`` functions and in-place tensor methods that (re)initialise a parameter
+_INIT_CALLEES = ("nn.init.", "torch.nn.init.", "init.")
+
+
+def _parents(tree: ast.AST) -> dict[int, ast.AST]:
+    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _initialises_parameter(ref: ast.expr, parents: dict[int, ast.AST]) -> bool:
+    """``ref`` (a module expression) is only read to initialise one of its parameters:
+    ``nn.init.f(ref.weight, ...)``, ``ref.bias.data.zero_()``, ``ref.weight.normal_(...)`` as a
+    statement, or ``ref.reset_parameters()``."""
+    up = parents.get(id(ref))
+    if isinstance(up, ast.Attribute) and up.attr == "reset_parameters":
+        call = parents.get(id(up))
+        return isinstance(call, ast.Call) and call.func is up and isinstance(parents.get(id(call)), ast.Expr)
+    if not (isinstance(up, ast.Attribute) and up.value is ref and up.attr in ("weight", "bias")):
+        return False
+    tensor: ast.expr = up
+    above = parents.get(id(tensor))
+    if isinstance(above, ast.Attribute) and above.attr == "data":
+        tensor, above = above, parents.get(id(above))
+    if isinstance(above, ast.Call) and above.args and above.args[0] is tensor:
+        return ast.unparse(above.func).startswith(_INIT_CALLEES) and isinstance(parents.get(id(above)), ast.Expr)
+    if isinstance(above, ast.Attribute) and above.attr.endswith("_") and not above.attr.startswith("_"):
+        call = parents.get(id(above))
+        return isinstance(call, ast.Call) and call.func is above and isinstance(parents.get(id(call)), ast.Expr)
+    return False
+
+
+@lru_cache(maxsize=64)
+def _tree_and_parents(source: str) -> tuple[ast.AST, dict[int, ast.AST]] | None:
+    tree = parse_file(source)
+    return None if tree is None else (tree, _parents(tree))
+
+
+def _initialisation_use(source: str, line: int, col: int) -> bool:
+    """The ``self.<attr>`` at ``line:col`` only (re)initialises the module's parameters
+    (torchtitan's ``init_weights``: ``for linear in (self.wq, self.wk, self.wv):
+    nn.init.trunc_normal_(linear.weight, ...)``). The guarded kernel reads the three modules'
+    current weights at every call, so such a use leaves the fused computation the original one;
+    calls of the module (side keys, cross attention) and any other read still count."""
+    found = _tree_and_parents(source)
+    if found is None:
+        return False
+    tree, parents = found
+    ref = next((n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.lineno == line and n.col_offset == col), None)
+    if ref is None:
+        return False
+    if _initialises_parameter(ref, parents):
+        return True
+    # an element of the tuple/list a ``for`` loop runs over, the loop variable only initialising
+    seq = parents.get(id(ref))
+    loop = parents.get(id(seq))
+    if not (isinstance(seq, (ast.Tuple, ast.List)) and isinstance(loop, ast.For) and loop.iter is seq
+            and isinstance(loop.target, ast.Name) and not loop.orelse):
+        return False
+    name = loop.target.id
+    reads = [n for stmt in loop.body for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
+    return bool(reads) and all(isinstance(n.ctx, ast.Load) and _initialises_parameter(n, parents) for n in reads)
 
 
 # ---------------------------------------------------------------- codemod

@@ -22,7 +22,7 @@ from adopter.core.codemod.base import (
 from adopter.core.codemod.context import FileContext, Skip, call_arguments, is_self_attr
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, InitEdit
 from adopter.core.dsl import Const, Layer, TensorOp, Value, Var
-from adopter.core.match import MatchContext, Refusal
+from adopter.core.match import MatchContext, NotACandidate, Refusal
 from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime
 from adopter.core.rules._common import kwarg
@@ -57,9 +57,19 @@ extraction does not reach (nested lambdas). Refused (``dim-not-last``: the kerne
 rows): a softmax whose ``dim`` is not provably the last dimension — only ``dim=-1`` is, or
 ``dim=n`` when the input's rank is statically ``n + 1`` (it comes from a ``view``/``reshape``/
 ``permute`` with explicit sizes, an ``einsum`` with explicit output subscripts, a matmul, a
-Linear..., traced back through rank-keeping ops), or a ``dim`` parameter that every call site
-in the file (and the default, where one omits it) sets to ``-1``; a softmax without ``dim`` is
-refused too. A ``dtype=`` argument is fine (the kernel takes it)."""
+Linear..., traced back through rank-keeping ops: elementwise ops, activations, casts, a Linear
+— also a module handed to the constructor (``self.gate = gate``) when every construction of the
+class in the file passes one rank-keeping layer (``gate=nn.Linear(...)``) — and the values of
+``values, indices = torch.topk(t, k)``/``torch.sort``), or a ``dim`` parameter that every call
+site in the file (and the default, where one omits it) sets to ``-1``; a softmax without ``dim``
+is refused too. A ``dtype=`` argument is fine (the kernel takes it).
+Sampling is left alone, by decision: a softmax in ``generate()`` (a method calling the model
+itself is no analysis entry) or whose probabilities go to ``torch.multinomial`` (directly or
+through a cast/reshape; not a candidate) normalizes one (batch, vocab) row per generated token at
+inference — torch's softmax is already one kernel there, and without a backward there is no
+memory to save, so a kernel would change nothing measurable. (A top-p sampler that sorts the
+probabilities first, Llama's ``sample_top_p``, still matches: the sort's unpacked output is not
+followed.)"""
 
 
 # ---------------------------------------------------------------- codemod
@@ -218,6 +228,118 @@ def _const_rank(ctx: MatchContext, text: str, depth: int) -> int | None:
     return base + delta if len(parts) <= base else None
 
 
+# ops returning ``(values, indices)`` of their input's rank (``dim`` defaults to the last, and
+# these ops keep it: ``topk``'s k entries, ``sort``'s permutation)
+_TUPLE_SAME_RANK = {"torch.topk", "torch.Tensor.topk", "torch.sort", "torch.Tensor.sort"}
+
+
+def _fqn(imports: dict, node: ast.AST) -> str | None:
+    """``nn.Linear`` -> ``torch.nn.Linear`` through the file's imports."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    head = imports.get(node.id)
+    return ".".join([head, *reversed(parts)]) if head else None
+
+
+def _class_def(tree: ast.AST, name: str) -> ast.ClassDef | None:
+    found = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == name]
+    return found[0] if len(found) == 1 else None
+
+
+def _injected_module_type(ctx: MatchContext, attr: str) -> str | None:
+    """The layer type a ``self.<attr>`` holds when ``__init__`` stores a constructor parameter
+    there (``self.gate = gate``, Mistral's MoE) and every construction of the class in this
+    file passes that parameter a construction of one torch layer type (``gate=nn.Linear(...)``).
+    None when anything is unclear: no construction here, ``*args``, a subclass sharing the
+    ``__init__``, another store to the attribute."""
+    if ctx.cls is None or ctx.source is None or not attr.startswith("self."):
+        return None
+    key = f"injected:{ctx.cls.name}.{attr}"
+    if key in ctx.path_cache:
+        return ctx.path_cache[key]
+    ctx.path_cache[key] = None
+    tree = parse_file(ctx.source)
+    cls = _class_def(tree, ctx.cls.name) if tree is not None else None
+    if cls is None or any(isinstance(c, ast.ClassDef) and any(
+            isinstance(b, ast.Name) and b.id == cls.name or isinstance(b, ast.Attribute) and b.attr == cls.name
+            for b in c.bases) for c in ast.walk(tree)):
+        return None
+    name = attr[len("self."):]
+    stores = [n for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr == name
+              and isinstance(n.value, ast.Name) and n.value.id == "self" and not isinstance(n.ctx, ast.Load)]
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None or len(stores) != 1:
+        return None
+    assign = next((st for st in ast.walk(init) if isinstance(st, ast.Assign) and st.targets == [stores[0]]), None)
+    if assign is None or not isinstance(assign.value, ast.Name):
+        return None
+    params = [a.arg for a in init.args.posonlyargs + init.args.args][1:]
+    param = assign.value.id
+    if param not in params + [a.arg for a in init.args.kwonlyargs]:
+        return None
+    if any(isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+            isinstance(t, ast.Name) and t.id == param for t in ast.walk(st) if isinstance(t, ast.Name)
+            and not isinstance(t.ctx, ast.Load)) for st in ast.walk(init)):
+        return None  # the parameter is rebound before it is stored
+    types = set()
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and (isinstance(call.func, ast.Name) and call.func.id == cls.name
+                                                or isinstance(call.func, ast.Attribute) and call.func.attr == cls.name)):
+            continue
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            return None
+        given = next((k.value for k in call.keywords if k.arg == param), None)
+        if given is None and param in params and params.index(param) < len(call.args):
+            given = call.args[params.index(param)]
+        if not isinstance(given, ast.Call):
+            return None
+        types.add(_fqn(ctx.structures.imports, given.func))
+    if len(types) != 1 or None in types:
+        return None
+    ctx.path_cache[key] = types.pop()
+    return ctx.path_cache[key]
+
+
+def _unpacked_rank(ctx: MatchContext, v: Var, depth: int) -> int | None:
+    """``values, indices = torch.topk(t, k)``: the rank of ``t`` for ``values`` (extraction
+    keeps the call's output, not the unpacked names). Only when that statement is the one store
+    of the name before the softmax in the function holding it (``weights =
+    F.softmax(weights, ...)`` may rebind it after), not a parameter, and no loop around the
+    softmax stores the name (a later store could come round again)."""
+    sp = ctx.match.nodes[0].node.span
+    if ctx.source is None or sp is None or not sp.function:
+        return None
+    fn = function_ast(ctx.source, sp.function, sp.line)
+    if fn is None or any(isinstance(a, ast.arg) and a.arg == v.name for a in ast.walk(fn)):
+        return None
+    def stored(tree: ast.AST) -> list[ast.Name]:
+        return [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == v.name
+                and not isinstance(n.ctx, ast.Load)]
+    for loop in ast.walk(fn):
+        if isinstance(loop, (ast.For, ast.While, ast.AsyncFor)) and loop.lineno <= sp.stmt_line <= loop.end_lineno \
+                and stored(loop):
+            return None
+    stores = [n for n in stored(fn) if n.lineno < sp.stmt_line]
+    if len(stores) != 1:
+        return None
+    stmt = next((st for st in ast.walk(fn) if isinstance(st, ast.Assign) and len(st.targets) == 1
+                 and isinstance(st.targets[0], (ast.Tuple, ast.List))
+                 and any(e is stores[0] for e in st.targets[0].elts)), None)
+    if stmt is None or not isinstance(stmt.value, ast.Call) or len(stmt.targets[0].elts) != 2:
+        return None
+    call = stmt.value
+    for n in ctx.path.nodes:
+        if (isinstance(n, Layer) and n.type in _TUPLE_SAME_RANK and n.span is not None
+                and (n.span.line, n.span.col) == (call.lineno, call.col_offset)):
+            tensors = [a.value for a in n.args if a.keyword is None and isinstance(a.value, Var)]
+            return _rank(ctx, tensors[0], depth + 1) if tensors else None
+    return None
+
+
 def _rank(ctx: MatchContext, v: Value | None, depth: int = 0) -> int | None:
     """The rank of ``v`` where the matched path makes it certain, else None."""
     if isinstance(v, Const):
@@ -227,6 +349,8 @@ def _rank(ctx: MatchContext, v: Value | None, depth: int = 0) -> int | None:
     n = ctx.producers().get((v.name, v.version))
     if n is None:
         joined = ctx.function.sources.get(v) if ctx.function.sources else None
+        if not joined:
+            return _unpacked_rank(ctx, v, depth)
         ranks = {_rank(ctx, s, depth + 1) for s in joined or ()}
         return ranks.pop() if len(ranks) == 1 else None
     args = [a for a in n.args]
@@ -268,6 +392,10 @@ def _rank(ctx: MatchContext, v: Value | None, depth: int = 0) -> int | None:
         return r + 1 if r is not None else None
     if n.type in _SAME_RANK and tensors:
         return _rank(ctx, tensors[0], depth + 1)
+    if n.type == "?" and isinstance(n.module, Var) and len(tensors) == 1 and len(args) == 1:
+        # a module handed to the constructor: rank-keeping when every construction passes one
+        if _injected_module_type(ctx, n.module.name) in _SAME_RANK:
+            return _rank(ctx, tensors[0], depth + 1)
     return None
 
 
@@ -375,6 +503,34 @@ def _dim_is_last(ctx: MatchContext) -> str | None:
     return None
 
 
+_SAMPLERS = {"torch.multinomial", "torch.Tensor.multinomial"}
+_PASS_THROUGH = {"torch.Tensor.to", "torch.Tensor.float", "torch.Tensor.double", "torch.Tensor.type_as",
+                 "torch.Tensor.squeeze", "torch.Tensor.view", "torch.Tensor.reshape", "torch.squeeze",
+                 "torch.reshape"}
+
+
+def _not_sampled(ctx: MatchContext) -> str | None:
+    """A softmax whose probabilities are drawn from (``torch.multinomial``, directly or through a
+    cast/reshape) is a sampling step: one (batch, vocab) row per generated token at inference,
+    already a single torch kernel, with no backward to save memory for. Not what the rule is
+    about (see DOC), so not a candidate."""
+    node = ctx.match.nodes[0].node
+    todo, seen = [getattr(node, "output", None)], set()
+    while todo:
+        v = todo.pop()
+        if not isinstance(v, Var) or (v.name, v.version) in seen or len(seen) > 8:
+            continue
+        seen.add((v.name, v.version))
+        for i in ctx.readers().get((v.name, v.version), ()):
+            reader = ctx.path.nodes[i]
+            if isinstance(reader, Layer) and reader.type in _SAMPLERS:
+                return NotACandidate(f"the probabilities are sampled (line {reader.span.line if reader.span else '?'}): "
+                                     "a per-token sampling softmax")
+            if isinstance(reader, Layer) and reader.type in _PASS_THROUGH:
+                todo.append(reader.output)
+    return None
+
+
 RULE = Rule(
     name="softmax",
     kernel="adopter.kernels.softmax",
@@ -384,5 +540,5 @@ RULE = Rule(
     # nn.Softmax stays one node in a symbolic trace so its call site maps to the source line.
     runtime=Runtime(leaf_modules=("torch.nn.modules.activation.Softmax",)),
     fixtures="softmax",
-    preconditions=(_dim_is_last,),
+    preconditions=(_not_sampled, _dim_is_last),
 )
