@@ -6,14 +6,30 @@ one. So besides the analysed instance, optimize builds original and optimized cl
 flags, attention implementation, dropout probabilities) changed — and compares them. Which
 values a site reads is found statically: ``config.<name>`` / ``self.config.<name>`` /
 ``getattr(config, "<name>", ...)`` in the ``__init__`` of the class owning the rewritten
-function (and its same-file bases) and in the rewritten function itself.
+function (and its same-file bases), in the arguments of the calls that build that class
+(``LayerNorm(config.n_embd, bias=config.bias)``), and in the rewritten function itself; a dict
+config is read as ``config["<name>"]`` / ``config.get("<name>")``.
+
+Where the configuration lives, and how a flipped one is built:
+
+* a transformers config (the first constructor argument): copied, the fields set;
+* a plain configuration object — a dataclass instance, a ``types.SimpleNamespace`` or a dict —
+  passed positionally or by keyword (nanoGPT's ``GPT(GPTConfig(...))``), or, when the model was
+  built without one, the one the instance stores (``self.config``) passed back under the
+  constructor parameter of that name: rebuilt the way such an object is
+  (``dataclasses.replace`` / copy + setattr / dict copy) and put where the original was;
+* constructor keywords (``Model(hidden=32, bias=True)``): the keywords themselves.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import dataclasses
+import inspect
 import os
-from collections.abc import Iterable
+import types
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +38,8 @@ from adopter.errors import one_line
 from adopter.kernels.telemetry import count_kernel_calls
 from adopter.optimizing.subject import Subject
 
-__all__ = ["ConfigFlip", "FlipCheck", "config_fields_read", "flips_for"]
+__all__ = ["ConfigFlip", "FlipCheck", "PlainConfig", "config_fields_read", "constructor_arguments", "flips_for",
+           "with_values"]
 
 _CONFIG_NAMES = ("config", "cfg")
 # transformers stores the attention implementation in a private field with a public meaning
@@ -42,21 +59,33 @@ class ConfigFlip:
         return {"field": self.field, "original": self.original, "flipped": self.flipped}
 
 
-def _is_config(node: ast.expr) -> bool:
+def _is_config(node: ast.expr, names: Iterable[str] = _CONFIG_NAMES) -> bool:
     if isinstance(node, ast.Name):
-        return node.id in _CONFIG_NAMES or node.id.endswith("_config")
-    return isinstance(node, ast.Attribute) and node.attr in _CONFIG_NAMES and isinstance(node.value, ast.Name)
+        return node.id in names or node.id.endswith("_config")
+    return isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.value, ast.Name)
 
 
-def _reads(node: ast.AST) -> set[str]:
+def _string(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _reads(node: ast.AST, names: Iterable[str] = _CONFIG_NAMES) -> set[str]:
+    names = tuple(names)
     out = set()
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Attribute) and _is_config(sub.value):
+        if isinstance(sub, ast.Attribute) and _is_config(sub.value, names):
             out.add(sub.attr)
-        elif (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("getattr", "hasattr")
-              and len(sub.args) >= 2 and _is_config(sub.args[0]) and isinstance(sub.args[1], ast.Constant)
-              and isinstance(sub.args[1].value, str)):
-            out.add(sub.args[1].value)
+        elif isinstance(sub, ast.Subscript) and _is_config(sub.value, names) and _string(sub.slice) is not None:
+            out.add(_string(sub.slice))  # a dict config: config["bias"]
+        elif isinstance(sub, ast.Call) and sub.args:
+            func, key = sub.func, None
+            if isinstance(func, ast.Attribute) and func.attr == "get" and _is_config(func.value, names):
+                key = _string(sub.args[0])  # a dict config: config.get("bias", True)
+            elif (isinstance(func, ast.Name) and func.id in ("getattr", "hasattr") and len(sub.args) >= 2
+                  and _is_config(sub.args[0], names)):
+                key = _string(sub.args[1])
+            if key is not None:
+                out.add(key)
     return out
 
 
@@ -68,10 +97,26 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
     return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
-def config_fields_read(texts: dict[str, str], applied: Iterable[Match]) -> set[str]:
-    """Config attribute names read by the rewritten functions and their classes' ``__init__``.
+def _construction_reads(tree: ast.Module, class_name: str, names: Iterable[str]) -> set[str]:
+    """Config values passed to the constructor of ``class_name`` where the file builds it: a class
+    that takes plain arguments (``LayerNorm(ndim, bias)``) reads its config through its builder's."""
+    out: set[str] = set()
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.Call):
+            callee = sub.func.id if isinstance(sub.func, ast.Name) else getattr(sub.func, "attr", None)
+            if callee == class_name:
+                for arg in [*sub.args, *(k.value for k in sub.keywords)]:
+                    out |= _reads(arg, names)
+    return out
 
-    ``texts``: file path -> source text of the files the matches lie in."""
+
+def config_fields_read(texts: dict[str, str], applied: Iterable[Match], names: Iterable[str] = ()) -> set[str]:
+    """Config attribute names read by the rewritten functions and their classes' ``__init__``, and
+    passed to those classes' constructors.
+
+    ``texts``: file path -> source text of the files the matches lie in; ``names``: parameter
+    names that also hold the config (besides ``config``, ``cfg`` and ``*_config``)."""
+    names = (*_CONFIG_NAMES, *names)
     trees: dict[str, ast.Module] = {}
     fields: set[str] = set()
     for m in applied:
@@ -95,13 +140,14 @@ def config_fields_read(texts: dict[str, str], applied: Iterable[Match]) -> set[s
                 seen.add(name)
                 init = _method(classes[name], "__init__")
                 if init is not None:
-                    fields |= _reads(init)
+                    fields |= _reads(init, names)
+                fields |= _construction_reads(tree, name, names)
                 todo += [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in classes[name].bases]
             fn = _method(classes[m.class_name.split(".")[-1]], function)
         else:
             fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function), None)
         if fn is not None:
-            fields |= _reads(fn)
+            fields |= _reads(fn, names)
     return fields
 
 
@@ -146,15 +192,131 @@ def flips_for(settings: Any, fields: Iterable[str]) -> list[ConfigFlip]:
     return out
 
 
+def _is_plain_config(value: Any, allow_dict: bool) -> bool:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return True
+    if isinstance(value, types.SimpleNamespace):
+        return True
+    return allow_dict and isinstance(value, dict) and bool(value) and all(isinstance(k, str) for k in value)
+
+
+def _config_like(name: str) -> bool:
+    return name in _CONFIG_NAMES or name.endswith("_config") or name.endswith("config")
+
+
+def with_values(config: Any, values: dict) -> Any:
+    """A new configuration like ``config`` with ``values`` set, built the way such an object is:
+    a dict copy, ``dataclasses.replace`` (its ``__post_init__`` runs again, as when a user writes
+    the flipped config), or a copy with the attributes set (a namespace, or a dataclass field
+    ``replace`` cannot take: ``init=False``). ``config`` itself is never changed."""
+    if isinstance(config, dict):
+        return {**config, **values}
+    if dataclasses.is_dataclass(config):
+        init_fields = {f.name for f in dataclasses.fields(config) if f.init}
+        if set(values) <= init_fields:
+            return dataclasses.replace(config, **values)
+    new = copy.copy(config)
+    for name, value in values.items():
+        object.__setattr__(new, name, value)  # also through a frozen dataclass's __setattr__
+    return new
+
+
+def constructor_arguments(model_cls: type, config: Any, init_args: tuple, init_kwargs: dict | None) -> tuple:
+    """(args, kwargs) the analysed instance was built with, from ``optimize``'s arguments.
+
+    The same mapping as :func:`adopter.optimizing.subject.build_subject` (which does not keep
+    them): ``init_args`` / ``init_kwargs`` when given, else a dict ``config`` is the keywords of a
+    plain module, a tuple or list the positional arguments, anything else the one positional
+    argument. (A transformers config is not flipped from here: the Subject carries it.)"""
+    from adopter.optimizing.subject import is_transformers_class
+
+    args: tuple = tuple(init_args or ())
+    kwargs: dict = dict(init_kwargs or {})
+    if config is not None and not args and not kwargs:
+        if isinstance(config, dict) and not is_transformers_class(model_cls):
+            kwargs = dict(config)
+        elif isinstance(config, (tuple, list)):
+            args = tuple(config)
+        else:
+            args = (config,)
+    return args, kwargs
+
+
+@dataclass
+class PlainConfig:
+    """A plain configuration object (dataclass, namespace, dict) and where the constructor takes it."""
+
+    value: Any
+    args: tuple
+    kwargs: dict
+    index: int | None = None  # its position in args, or
+    keyword: str | None = None  # its keyword (added to kwargs when the model was built without it)
+    parameter: str | None = None  # the constructor parameter that receives it, when known
+
+    def arguments(self, values: dict) -> tuple[tuple, dict]:
+        flipped = with_values(self.value, values)
+        args, kwargs = list(self.args), dict(self.kwargs)
+        if self.index is not None:
+            args[self.index] = flipped
+        else:
+            kwargs[self.keyword] = flipped
+        return tuple(args), kwargs
+
+
+def _parameters(model_cls: type):
+    try:
+        return inspect.signature(model_cls).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def find_plain_config(model_cls: type, model: Any, args: tuple, kwargs: dict) -> PlainConfig | None:
+    """The plain configuration object of the constructor call ``model_cls(*args, **kwargs)``.
+
+    A dataclass instance or namespace anywhere among the arguments; a dict only as the first
+    positional argument or under a config-like keyword (``config=``, ``cfg=``, ``*_config=``):
+    other dicts are too often not configurations. When the call holds none, the one the built
+    instance stores under a config-like name (``self.config = config or GPTConfig()``), if the
+    constructor has a free parameter of that name to pass it back through."""
+    params = _parameters(model_cls)
+    positional = [n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for i, value in enumerate(args):
+        if _is_plain_config(value, allow_dict=i == 0):
+            name = positional[i] if i < len(positional) else None
+            return PlainConfig(value, args, kwargs, index=i, parameter=name)
+    for key, value in kwargs.items():
+        if _is_plain_config(value, allow_dict=_config_like(key)):
+            return PlainConfig(value, args, kwargs, keyword=key, parameter=key)
+    for key in params:
+        value = getattr(model, key, None) if _config_like(key) else None
+        if value is None or not _is_plain_config(value, allow_dict=True) or key in kwargs:
+            continue
+        try:
+            bound = inspect.signature(model_cls).bind_partial(*args, **kwargs)
+        except TypeError:
+            continue
+        if key not in bound.arguments and params[key].kind in (params[key].POSITIONAL_OR_KEYWORD,
+                                                                params[key].KEYWORD_ONLY):
+            return PlainConfig(value, args, kwargs, keyword=key, parameter=key)
+    return None
+
+
 class FlipCheck:
     """Equivalence under the flipped configuration (:mod:`adopter.optimizing.config_flip`): every config value
-    the rewritten sites read, changed, for both the original class and the rewritten one."""
+    the rewritten sites read, changed, for both the original class and the rewritten one.
 
-    def __init__(self, model_cls: type, subject: Subject, files: dict[str, str], texts: dict[str, str]):
+    ``arguments``: the (args, kwargs) the analysed instance was built with
+    (:func:`constructor_arguments`), when known: they locate a plain configuration object."""
+
+    def __init__(self, model_cls: type, subject: Subject, files: dict[str, str], texts: dict[str, str],
+                 arguments: tuple[tuple, dict] | None = None):
         self.model_cls, self.subject = model_cls, subject
         self.texts = {path: texts[name] for name, path in files.items()}
+        self.arguments = arguments
         self.flips: list = []
         self.note = ""
+        self.make_with: Callable[[type, dict], Any] | None = subject.make_with
+        self.plain: PlainConfig | None = None  # the plain configuration flipped, if that is what is flipped
 
     @property
     def flips_text(self) -> str:
@@ -169,19 +331,42 @@ class FlipCheck:
         from adopter.verification.equivalence import call_model
 
         try:
-            call_model(self.subject.make_with(self.model_cls, self._values(flips)), self.subject.example_inputs)
+            call_model(self.make_with(self.model_cls, self._values(flips)), self.subject.example_inputs)
         except Exception as exc:  # noqa: BLE001 - a flip the original itself does not accept
             return one_line(exc)
         return ""
 
+    def _plain_make_with(self, plain: PlainConfig) -> Callable[[type, dict], Any]:
+        param = next(iter(self.subject.model.parameters()), None) if hasattr(self.subject.model, "parameters") else None
+        device = param.device if param is not None else "cpu"
+
+        def make_with(cls: type, values: dict):
+            args, kwargs = plain.arguments(values)
+            return cls(*args, **kwargs).to(device).eval()
+
+        return make_with
+
     def choose(self, applied: list[Match]) -> None:
         """Pick the flips for the rewritten sites of ``applied`` (or say in ``note`` why none)."""
         settings = self.subject.settings
-        if self.subject.make_with is None or settings is None:
-            self.note = "no configuration to flip (the model takes no config or keyword arguments)"
-            return
-        fields = set(settings) if isinstance(settings, dict) else config_fields_read(self.texts, applied)
-        candidates = flips_for(settings, fields)
+        if settings is not None and not isinstance(settings, dict) and self.subject.make_with is not None:
+            # a transformers config: the Subject builds with it changed
+            candidates = flips_for(settings, config_fields_read(self.texts, applied))
+        else:
+            args, kwargs = self.arguments if self.arguments is not None else ((), {})
+            plain = find_plain_config(self.model_cls, self.subject.model, args, kwargs)
+            candidates = []
+            if plain is not None:
+                names = [plain.parameter] if plain.parameter else []
+                candidates = flips_for(plain.value, config_fields_read(self.texts, applied, names))
+                if candidates:
+                    self.plain, self.make_with = plain, self._plain_make_with(plain)
+            if not candidates and isinstance(settings, dict) and self.subject.make_with is not None:
+                candidates = flips_for(settings, set(settings))  # the constructor keywords themselves
+            if plain is None and (settings is None or self.subject.make_with is None):
+                self.note = ("no configuration to flip (the model takes no config object — transformers config, "
+                             "dataclass, namespace or dict — nor keyword arguments)")
+                return
         if not candidates:
             self.note = "the rewritten sites read no config value that can be flipped"
             return
@@ -202,9 +387,9 @@ class FlipCheck:
         from adopter.verification.equivalence import EquivalenceResult, check_equivalence, tolerance_for
 
         values = self._values(self.flips)
-        original = self.subject.make_with(self.model_cls, values)
+        original = self.make_with(self.model_cls, values)
         try:
-            candidate = self.subject.make_with(new_cls, values)
+            candidate = self.make_with(new_cls, values)
         except Exception as exc:  # noqa: BLE001
             error = f"rewritten class cannot be built with the flipped config: {one_line(exc)}"
             param = next(iter(original.parameters()), None)

@@ -39,7 +39,7 @@ from typing import Any
 from adopter.core.structures import Match
 from adopter.errors import OptimizeError, one_line
 from adopter.kernels.telemetry import count_kernel_calls, site_function
-from adopter.optimizing.config_flip import FlipCheck
+from adopter.optimizing.config_flip import FlipCheck, constructor_arguments
 from adopter.optimizing.imported_source import read_imported_source
 from adopter.optimizing.main_module import MAIN, load_main_rewrite, main_source_file, source_text
 from adopter.optimizing.subject import Subject, build_subject, is_transformers_class, package_files, shrink_config
@@ -397,7 +397,9 @@ def optimize(
         # the script being run, or a notebook: its source must be had before anything is built
         main_source_file(model_cls, [model_cls])
     subject = _subject or build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs)
-    run = _OptimizeRun(model_cls, subject, pipeline or Pipeline(), _resolve_rules(rules))
+    # the constructor arguments locate a plain config object (dataclass, namespace, dict) for the flipped check
+    arguments = None if _subject is not None else constructor_arguments(model_cls, config, init_args, init_kwargs)
+    run = _OptimizeRun(model_cls, subject, pipeline or Pipeline(), _resolve_rules(rules), arguments)
     matches = run.scan()
     candidates = run.confirm(matches)
     accepted = run.check_each_rule(candidates)
@@ -411,8 +413,10 @@ class _OptimizeRun:
     instance analysed, its source files and texts, the rules, the report being filled, and the
     class built last (with the matches it applied, its diff and the kernel calls of its checks)."""
 
-    def __init__(self, model_cls: type, subject: Subject, pipe: Pipeline, rule_objects: list) -> None:
+    def __init__(self, model_cls: type, subject: Subject, pipe: Pipeline, rule_objects: list,
+                 arguments: tuple[tuple, dict] | None = None) -> None:
         self.model_cls, self.subject, self.pipe, self.rule_objects = model_cls, subject, pipe, rule_objects
+        self.arguments = arguments  # (args, kwargs) the analysed instance was built with, when known
         self.report = OptimizeReport(model_class=f"{model_cls.__module__}.{model_cls.__qualname__}")
         if model_cls.__module__ == MAIN:
             # only its definitions are rewritten and run again (adopter.optimizing.main_module)
@@ -542,7 +546,7 @@ class _OptimizeRun:
         """The second check, on a configuration whose values the rewritten sites read flipped
         (:mod:`adopter.optimizing.config_flip`); rules wrong there are dropped."""
         new_cls, _, applied = self.final[:3]
-        flip_check = self.flip_check = FlipCheck(self.model_cls, self.subject, self.files, self.texts)
+        flip_check = self.flip_check = FlipCheck(self.model_cls, self.subject, self.files, self.texts, self.arguments)
         flip_check.choose(applied)
         self.flipped = flip_check.run(new_cls)
         if self.flipped[0] is None or self.flipped[0].equivalent:
