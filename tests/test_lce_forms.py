@@ -52,7 +52,7 @@ def test_loss_on_self_rewrites_to_the_kernel(forms):
     assert "logits = self.output(h[:, [-1], :])" in new
     # refused and pooled sites are untouched
     assert "loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))" in new
-    assert "return logits.softmax(-1)" in new
+    assert "return logits.argmax(-1)" in new
 
 
 def _train_step(model, tokens, targets):
@@ -95,12 +95,21 @@ def test_rewritten_model_trains_like_the_original(forms, cls):
 CHUNKED = FIXTURES / "written_out_chunked.py"
 
 
-def test_chunked_helper_followed_only_where_the_call_settles_the_branch():
+def test_chunked_helper_followed_where_the_call_settles_or_guards_the_branch():
     original, rewritten, new, matches = _rewritten(CHUNKED)
-    assert {m.class_name for m in matches} == {"UnchunkedLoss", "UnchunkedPositional"}
-    assert new.count("lm_head_cross_entropy(") == 2  # the two sites
-    # the chunked call and the one whose chunk size the module holds stay as written
-    assert "chunk_size=16)" in new and "chunk_size=self.loss_chunk_size)" in new
+    assert {m.class_name for m in matches} == {"UnchunkedLoss", "UnchunkedPositional", "ChunkSizeFromTheModule",
+                                               "ChunkSizeFromTheConfig"}
+    assert new.count("lm_head_cross_entropy(") == 4  # the four sites
+    # a chunk size read off the module / config is tested at run time, never baked in; the helper's
+    # call is kept for any other value
+    assert "if self.loss_chunk_size == 0:" in new and "if self.config.loss_chunk_size == 0:" in new
+    assert "loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=self.loss_chunk_size)" in new
+    assert ("loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], "
+            "chunk_size=self.config.loss_chunk_size)") in new
+    # the chunked literal and the chunk size a method computes stay as written
+    assert "chunk_size=16)" in new and "chunk_size=self.chunk_size())" in new
+    # the early return of the logits runs the head on its path
+    assert "if targets is None:\n            logits = self.lm_head(x)\n            return logits" in new
 
 
 @pytest.mark.parametrize("cls, ignore", [("UnchunkedLoss", -100), ("UnchunkedPositional", -1)])
@@ -127,3 +136,74 @@ def test_rewritten_chunked_helper_site_trains_like_the_original(cls, ignore):
     with torch.no_grad():
         for got, want in zip(b.eval()(idx, targets), a.eval()(idx, targets)):
             torch.testing.assert_close(got, want)
+
+
+def _fused_backends(calls) -> list:
+    return [c.backend for c in calls.calls if c.kernel == "linear_cross_entropy"]
+
+
+@pytest.mark.parametrize("cls", ["ChunkSizeFromTheModule", "ChunkSizeFromTheConfig"])
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_guarded_chunk_size_runs_the_branch_the_value_picks(cls, chunk):
+    """chunk 0: the fused kernel runs (the helper's plain cross entropy); chunk 5: the helper's
+    chunked sum runs as written (no kernel call). Same loss and gradients either way, and the same
+    outputs in eval, for an all-ignored batch (0 from the chunked sum, nan from the mean) and, for
+    the config form, without targets."""
+    original, rewritten, _, _ = _rewritten(CHUNKED)
+    torch.manual_seed(0)
+    a = original[cls](loss_chunk_size=chunk)
+    b = rewritten[cls](loss_chunk_size=chunk)
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 64, (2, 9))
+    targets = torch.randint(0, 64, (2, 9))
+    targets[1, 2:5] = -100
+    logits_a, loss_a = a.train()(idx, targets)
+    loss_a.backward()
+    with warnings.catch_warnings(), count_kernel_calls() as calls:
+        warnings.simplefilter("ignore")
+        logits_b, loss_b = b.train()(idx, targets)
+    loss_b.backward()
+    if chunk == 0:
+        assert _fused_backends(calls) == ["torch"]
+        assert logits_b is None
+    else:
+        assert _fused_backends(calls) == []  # the helper's call, not the kernel
+        torch.testing.assert_close(logits_b, logits_a)
+    torch.testing.assert_close(loss_b, loss_a)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, msg=name)
+    ignored = torch.full_like(targets, -100)
+    with torch.no_grad():
+        for t in (targets, ignored):
+            for got, want in zip(b.eval()(idx, t), a.eval()(idx, t)):
+                torch.testing.assert_close(got, want, equal_nan=True)
+        if cls == "ChunkSizeFromTheConfig":
+            torch.testing.assert_close(b(idx), a(idx))
+    # the value is read at each call: the same rewritten model switches path with its config
+    if cls == "ChunkSizeFromTheConfig":
+        b.config.loss_chunk_size = 5 - chunk
+        with warnings.catch_warnings(), count_kernel_calls() as calls:
+            warnings.simplefilter("ignore")
+            _, loss_b = b.train()(idx, targets)
+        assert _fused_backends(calls) == (["torch"] if chunk else [])
+        a.config.loss_chunk_size = 5 - chunk
+        torch.testing.assert_close(loss_b, a.train()(idx, targets)[1])
+
+
+def test_all_ignored_batch_in_training_follows_the_branch():
+    """The one place the two branches differ: an all-ignored batch, 0 from the chunked sum and nan
+    from the mean; the guarded rewrite gives what the original gives for each chunk size."""
+    original, rewritten, _, _ = _rewritten(CHUNKED)
+    idx = torch.randint(0, 64, (2, 9))
+    ignored = torch.full((2, 9), -100)
+    for chunk in (0, 5):
+        torch.manual_seed(0)
+        a = original["ChunkSizeFromTheConfig"](loss_chunk_size=chunk)
+        b = rewritten["ChunkSizeFromTheConfig"](loss_chunk_size=chunk)
+        b.load_state_dict(a.state_dict())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss_b = b.train()(idx, ignored)[1]
+        loss_a = a.train()(idx, ignored)[1]
+        assert torch.isnan(loss_a).item() == (chunk == 0)
+        torch.testing.assert_close(loss_b, loss_a, equal_nan=True)

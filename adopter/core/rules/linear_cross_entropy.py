@@ -75,8 +75,13 @@ Written out (issue 24): torch's cross entropy of the logits laid out as ``(token
 (``F.cross_entropy``, an ``nn.CrossEntropyLoss``, a shift ``logits[..., :-1, :]``, a same-file
 helper inlined when straight-line once the call settles its ``if``s: ``isinstance(<the head's
 tensor>, list)`` is False, ``chunk_size == 0`` with a constant argument or default picks the plain
-cross entropy; a branch the call does not settle, e.g. litgpt's chunked sum over ``max(count, 1)``
-(0, not nan, for an all-ignored batch) or a chunk size read off the model, leaves the site alone).
+cross entropy; a call that settles litgpt's chunked sum over ``max(count, 1)`` (0, not nan, for an
+all-ignored batch) leaves the site alone; a chunk size the call reads off the model or its config
+(a name or attribute chain: ``chunk_size=self.config.loss_chunk_size``) becomes a run-time guard,
+``if self.config.loss_chunk_size == 0:`` the fused kernel, else the head and the helper's call as
+written — the analysed value is never written into the source). A ``return`` of the logits before
+the loss (litgpt's ``if targets is None: return logits``, in ``if``s below the head) gets the head
+call on its path.
 The loss may go to ``self.<attr>`` with the logits returned alone (llama2.c's ``self.last_loss``):
 the convention of a returned ``(logits, loss)`` applies (no logits in training, the kernel's
 ``LogitsNotComputedWarning``); a local loss with ``return logits`` is refused ``logits-read``.
@@ -338,6 +343,9 @@ class CrossEntropySite:
     shift_stmt: ast.Assign | None = None  # ``shift_logits = logits[..., :-1, :].contiguous()``
     shift: str = ""
     helper: ast.FunctionDef | None = None
+    # tests (of the helper call's arguments) under which the inlined helper is that cross entropy:
+    # the rewrite fuses only when they hold at run time and keeps the helper's call otherwise
+    guards: list[ast.expr] = field(default_factory=list)
 
     @property
     def synthesized(self) -> bool:
@@ -668,18 +676,50 @@ def _static_test(test: ast.expr, env: dict[str, ast.expr], tensors: set[str]) ->
     return None
 
 
-def _settle_branches(body: list[ast.stmt], env: dict[str, ast.expr], tensors: set[str]) -> list[ast.stmt]:
+def _pure(expr: ast.expr) -> bool:
+    """A name, a constant or an attribute chain on one (``self.config.loss_chunk_size``): evaluating
+    it again at the same place gives the same value, so a guard may read it before the call does."""
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return isinstance(expr, (ast.Name, ast.Constant))
+
+
+def _guardable(test: ast.expr, env: dict[str, ast.expr], from_call: set[str]) -> bool:
+    """A test the call does not settle but that the rewritten source can evaluate at run time in
+    the call's place: a parameter the call binds to a pure expression (:func:`_pure`) compared with
+    a constant (``chunk_size == 0`` with ``chunk_size=self.config.loss_chunk_size``), or its ``not``."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _guardable(test.operand, env, from_call)
+    return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+        and test.left.id in from_call and _pure(env[test.left.id]) \
+        and isinstance(test.comparators[0], ast.Constant) \
+        and (test.comparators[0].value is None or type(test.comparators[0].value) in (int, bool, str)) \
+        and type(test.ops[0]) in (ast.Eq, ast.NotEq, ast.Is, ast.IsNot, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def _settle_branches(body: list[ast.stmt], env: dict[str, ast.expr], tensors: set[str],
+                     assume: dict | None = None, open_tests: list | None = None,
+                     from_call: set[str] = frozenset()) -> list[ast.stmt]:
     """``body`` with each ``if`` whose test the call settles (:func:`_static_test`, read before any
-    statement rebinds what it tests) replaced by the branch that runs; a branch ending in
-    ``return`` ends the body there. Any other ``if`` stays (the helper is then not straight-line)."""
+    statement rebinds what it tests), or whose value ``assume`` fixes (``id(test) -> bool``: a
+    run-time guard of the rewrite, see :func:`inline_helper`), replaced by the branch that runs; a
+    branch ending in ``return`` ends the body there. Any other ``if`` stays (the helper is then not
+    straight-line); those a guard could decide are appended to ``open_tests``."""
+    assume = {} if assume is None else assume
     out: list[ast.stmt] = []
     rebound: set[str] = set()
     for stmt in body:
         if isinstance(stmt, ast.If):
             tested = {n.id for n in ast.walk(stmt.test) if isinstance(n, ast.Name)}
             value = None if tested & rebound else _static_test(stmt.test, env, tensors)
+            if value is None and not tested & rebound:
+                if id(stmt.test) in assume:
+                    value = assume[id(stmt.test)]
+                elif open_tests is not None and _guardable(stmt.test, env, from_call):
+                    open_tests.append(stmt.test)
             if value is not None:
-                taken = _settle_branches(list(stmt.body if value else stmt.orelse), env, tensors)
+                taken = _settle_branches(list(stmt.body if value else stmt.orelse), env, tensors, assume,
+                                         open_tests, from_call)
                 out += taken
                 if taken and isinstance(taken[-1], ast.Return):
                     return out
@@ -691,11 +731,20 @@ def _settle_branches(body: list[ast.stmt], env: dict[str, ast.expr], tensors: se
     return out
 
 
-def inline_helper(helper: ast.FunctionDef, call: ast.Call, tensors: set[str] = frozenset()) -> ast.expr:
-    """The expression ``helper(<call's arguments>)`` computes, the helper's parameters replaced by
-    the call's argument expressions (the call's own nodes) and its locals by their values; raises
-    NotAMatch unless the helper is straight-line: a docstring, single-name assignments each read
-    later, one ``return``."""
+def inline_helper(helper: ast.FunctionDef, call: ast.Call, tensors: set[str] = frozenset(),
+                  accept=None) -> tuple[ast.expr, list[ast.expr]]:
+    """``(expr, guards)``: the expression ``helper(<call's arguments>)`` computes, the helper's
+    parameters replaced by the call's argument expressions (the call's own nodes) and its locals by
+    their values, when every test in ``guards`` (expressions of the call's arguments) is true at run
+    time; raises NotAMatch unless the helper is straight-line once its ``if``s are settled: a
+    docstring, single-name assignments each read later, one ``return``.
+
+    ``guards`` is empty when the call settles every ``if`` (constants). Otherwise the tests the call
+    leaves open but the rewrite can evaluate in its place (:func:`_guardable`: litgpt's ``if
+    chunk_size == 0`` with the chunk size read off the config) are assumed true or false, at most
+    three, until one assumption makes the helper straight-line and ``accept(expr)`` holds (the
+    caller: torch's cross entropy); the rewrite then runs the fused kernel only under those guards
+    and the original call otherwise."""
     import copy
 
     a = helper.args
@@ -712,6 +761,7 @@ def inline_helper(helper: ast.FunctionDef, call: ast.Call, tensors: set[str] = f
         if k.arg in env or k.arg not in params + [p.arg for p in a.kwonlyargs]:
             raise NotAMatch(f"the call of {helper.name} does not bind")
         env[k.arg] = k.value
+    from_call = set(env)  # a default is evaluated where the helper is defined: never a guard
     for name in params + [p.arg for p in a.kwonlyargs]:
         if name not in env:
             if name not in defaults:
@@ -721,23 +771,53 @@ def inline_helper(helper: ast.FunctionDef, call: ast.Call, tensors: set[str] = f
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
             and isinstance(body[0].value.value, str):
         body = body[1:]
-    body = _settle_branches(body, env, tensors)
-    if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
-        raise NotAMatch(f"helper {helper.name} does not end in one return")
-    assigned: list[str] = []
-    for stmt in body[:-1]:
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
-            raise NotAMatch(f"helper {helper.name} is not straight-line (line {stmt.lineno}: "
-                            f"{type(stmt).__name__.lower()})")
-        assigned.append(stmt.targets[0].id)
-    for i, name in enumerate(assigned):
-        later = body[i + 1:]
-        if not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                   for s in later for n in ast.walk(s)):
-            raise NotAMatch(f"helper {helper.name} assigns {name} and never reads it")
-    for stmt in body[:-1]:
-        env[stmt.targets[0].id] = _Substitute(env).visit(copy.deepcopy(stmt.value))
-    return _Substitute(env).visit(copy.deepcopy(body[-1].value))
+
+    def straight(settled: list[ast.stmt]) -> ast.expr:
+        if not settled or not isinstance(settled[-1], ast.Return) or settled[-1].value is None:
+            raise NotAMatch(f"helper {helper.name} does not end in one return")
+        assigned: list[str] = []
+        for stmt in settled[:-1]:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)):
+                raise NotAMatch(f"helper {helper.name} is not straight-line (line {stmt.lineno}: "
+                                f"{type(stmt).__name__.lower()})")
+            assigned.append(stmt.targets[0].id)
+        for i, name in enumerate(assigned):
+            later = settled[i + 1:]
+            if not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                       for s in later for n in ast.walk(s)):
+                raise NotAMatch(f"helper {helper.name} assigns {name} and never reads it")
+        local_env = dict(env)
+        for stmt in settled[:-1]:
+            local_env[stmt.targets[0].id] = _Substitute(local_env).visit(copy.deepcopy(stmt.value))
+        return _Substitute(local_env).visit(copy.deepcopy(settled[-1].value))
+
+    def attempt(assume: dict[int, tuple[ast.expr, bool]]) -> tuple[ast.expr, list[ast.expr]]:
+        open_tests: list[ast.expr] = []
+        settled = _settle_branches(body, env, tensors, {k: v for k, (_, v) in assume.items()}, open_tests,
+                                   from_call)
+        try:
+            expr = straight(settled)
+            if assume and accept is not None and not accept(expr):
+                raise NotAMatch(f"helper {helper.name} does not return torch's cross entropy under "
+                                "any run-time guard")
+        except NotAMatch:
+            if not open_tests or len(assume) >= 3:
+                raise
+            test = open_tests[0]
+            for value in (True, False):
+                try:
+                    return attempt({**assume, id(test): (test, value)})
+                except NotAMatch:
+                    pass
+            raise
+        guards = []
+        for test, value in assume.values():
+            guard = _Substitute({p: env[p] for p in from_call}).visit(copy.deepcopy(test))
+            guards.append(guard if value else ast.UnaryOp(op=ast.Not(), operand=guard))
+        return expr, guards
+
+    return attempt({})
 
 
 def _tensor_params(helper: ast.FunctionDef, call: ast.Call, logits: set[str]) -> set[str]:
@@ -944,13 +1024,24 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
             continue
         kind, loss_fn = classified
         helper = None
+        guards: list[ast.expr] = []
         ce_call = call
         if kind == "helper":
             helper = _module_function(tree, call.func.id)
+
+            def torch_cross_entropy(expr: ast.expr) -> bool:
+                inner = _classify(expr, fn, tree, imports, local) if isinstance(expr, ast.Call) else None
+                return inner is not None and inner[0] != "helper"
+
             try:
-                expr = inline_helper(helper, call, _tensor_params(helper, call, {logits, *shifts}))
+                expr, guards = inline_helper(helper, call, _tensor_params(helper, call, {logits, *shifts}),
+                                             accept=torch_cross_entropy)
             except NotAMatch as exc:
                 why_not.append(str(exc))
+                continue
+            if any(_names_in(g, {logits, *shifts}) for g in guards):
+                # the guard runs before the head: it cannot read the logits
+                why_not.append(f"the call of {helper.name} decides its branch from the logits")
                 continue
             free = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} - {
                 n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
@@ -985,7 +1076,7 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
         found.append(CrossEntropySite(
             head_stmt=head_stmt, head_call=head_call, logits=logits, loss_call=call, kind=kind, loss_fn=loss_fn,
             args=args, keywords=keywords, layout=layout, reads=set(map(id, reads)), shift_stmt=shift_stmt,
-            shift=base if shift_stmt is not None else "", helper=helper))
+            shift=base if shift_stmt is not None else "", helper=helper, guards=guards))
     if not found:
         raise NotAMatch(f"{logits} reaches no cross entropy it lays out as (tokens, vocab)"
                         + (f" ({why_not[0]})" if why_not else ""))
@@ -1001,6 +1092,7 @@ def ce_refusal(fn: ast.AST, site: CrossEntropySite, source_line) -> Refusal | No
     parents = _parents(fn)
     loss_stmt = _statement(site.loss_call, parents)
     names = {site.logits} | ({site.shift} if site.shift else set())
+    early = _early_returns(fn, site, parents)
     for name in sorted(names):
         origin = site.head_stmt if name == site.logits else site.shift_stmt  # where the name gets its value
         uses = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == name
@@ -1010,6 +1102,8 @@ def ce_refusal(fn: ast.AST, site: CrossEntropySite, source_line) -> Refusal | No
             stmt = _statement(node, parents)
             if _exclusive(stmt, site.head_stmt, parents):
                 continue
+            if _at(stmt) < _at(loss_stmt) and name == site.logits and stmt in early:
+                continue  # the rewrite runs the head on that path (see ce_edit)
             if _at(stmt) < _at(loss_stmt):
                 parent = parents.get(node)
                 if isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -1148,20 +1242,70 @@ def ce_edit(ctx: FileContext, fn: ast.AST, head_call: ast.Call, site: CrossEntro
         raise Skip("the cross entropy's arguments are unpacked")
     spec, kernel = kernel_name(ctx, CE_KERNEL)
     args = [head, hidden, text_of(site.loss_fn)] + [text_of(a) for a in site.args] + named + keywords
-    indent = ctx.lines[loss_stmt.lineno - 1][:loss_stmt.col_offset]
+    indent = ctx.lines[loss_stmt.lineno - 1][:loss_stmt.col_offset] + ("    " if site.guards else "")
     one_line = ", ".join(args)
     if len(indent) + 4 + len(one_line) <= 110:
         text = f"{site.logits}, {loss} = {kernel}(  # {NOTE}\n    {one_line}\n)"
     else:
         text = f"{site.logits}, {loss} = {kernel}(  # {NOTE}\n" + "".join(f"    {a},\n" for a in args) + ")"
     statements = sorted([s for s in (site.head_stmt, site.shift_stmt, loss_stmt) if s is not None], key=_at)
+    if site.guards:
+        # the helper is that cross entropy only when the guards hold (litgpt's ``chunk_size == 0``
+        # with the chunk size read off the config): they are evaluated at run time, in the call's
+        # place, and any other value runs the user's statements (head, shift, helper call) as written
+        test = " and ".join(ast.unparse(g) for g in site.guards)
+        original = "\n".join(_statement_text(ctx, s) for s in statements)
+        text = (f"if {test}:  # adopter: only then is {site.helper.name}(...) the plain cross entropy\n"
+                f"{_indented(text)}\nelse:\n{_indented(original)}")
+    # a ``return`` of the logits before the loss (litgpt's ``if targets is None: return logits``)
+    # leaves the function on a path that never reaches the loss: the head moves there too
+    head_text = _statement_text(ctx, site.head_stmt)
+    early = tuple(StatementEdit(pos(ctx, r), f"{head_text}\n{_statement_text(ctx, r)}")
+                  for r in _early_returns(fn, site, parents))
     forward = ForwardEdit(
         statements=tuple(pos(ctx, s) for s in statements),
         anchor=pos(ctx, loss_stmt),
-        statement_edits=(StatementEdit(pos(ctx, loss_stmt), text),),
+        statement_edits=(StatementEdit(pos(ctx, loss_stmt), text),) + early,
         delete=tuple(pos(ctx, s) for s in statements if s is not loss_stmt),
     )
     return Edit(rule="linear_cross_entropy", forward=forward, imports=(spec,))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + line if line.strip() else line for line in text.split("\n"))
+
+
+def _statement_text(ctx: FileContext, stmt: ast.stmt) -> str:
+    """The source of ``stmt`` (a simple statement alone on its lines), its continuation lines
+    dedented by the statement's indentation; Skip when it shares a line or holds a multi-line string
+    (re-indenting would change it)."""
+    first = ctx.lines[stmt.lineno - 1].encode()
+    last = ctx.lines[stmt.end_lineno - 1].encode()
+    after = last[stmt.end_col_offset:].decode().strip()
+    if first[:stmt.col_offset].strip() or (after and not after.startswith("#")):
+        raise Skip(f"line {stmt.lineno} shares its line with another statement")
+    if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "\n" in n.value for n in ast.walk(stmt)) \
+            or isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef)):
+        raise Skip(f"line {stmt.lineno} cannot be copied into the guarded rewrite")
+    prefix = first[:stmt.col_offset].decode()
+    lines = ctx.segment(stmt).split("\n")
+    return "\n".join([lines[0]] + [line[len(prefix):] if line.startswith(prefix) else line.lstrip()
+                                    for line in lines[1:]])
+
+
+def _early_returns(fn: ast.AST, site: CrossEntropySite, parents: dict) -> list[ast.Return]:
+    """The ``return`` statements between the head and the loss that read the logits, each after the
+    head in its block or in ``if``s below it (:func:`_dominated`): such a path leaves the function
+    with the head's output and never reaches the loss, so the rewrite runs the head there."""
+    loss_stmt = _statement(site.loss_call, parents)
+    out = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and node.value is not None and _end(site.head_stmt) <= _at(node) \
+                and _at(node) < _at(loss_stmt) and _names_in(node.value, {site.logits}) \
+                and not _dominated(site.head_stmt, node, parents) \
+                and not any(isinstance(n, (ast.Lambda, ast.NamedExpr)) for n in ast.walk(node.value)):
+            out.append(node)
+    return sorted(out, key=_at)
 
 
 # ---------------------------------------------------------------- preconditions
