@@ -60,10 +60,11 @@ from torch import nn
 
 from .backend import _constant_under_compile
 from .guarded import _context_reason, _fallback, _plain
-from .ops.linear_cross_entropy import linear_cross_entropy_sum
+from .ops.linear_cross_entropy import _compute_dtype, linear_cross_entropy_sum
 from .telemetry import calling_frame, record_backend, source_file
 
-__all__ = ["KEEP_LOGITS_ENV", "LogitsNotComputedWarning", "keep_logits", "linear_cross_entropy"]
+__all__ = ["KEEP_LOGITS_ENV", "LogitsNotComputedWarning", "keep_logits", "linear_cross_entropy",
+           "lm_head_cross_entropy"]
 
 KERNEL = "linear_cross_entropy"
 KEEP_LOGITS_ENV = "ADOPTER_KEEP_LOGITS"
@@ -157,11 +158,16 @@ def _never_reads(fn: Any, name: str) -> bool:
 
 
 @_constant_under_compile
-@functools.cache
 def _extra_keywords_ignored() -> bool:
     """Whether transformers' causal-LM loss drops keyword arguments it does not name (models pass
     theirs on: ``output_attentions=None`` under PEFT): ``ForCausalLMLoss`` hands ``**kwargs`` only to
-    ``fixed_cross_entropy``, whose code never reads them. Checked on the installed version."""
+    ``fixed_cross_entropy``, whose code never reads them. Checked on the installed version. (Marked
+    constant outside the cache: torch.compile does not take the mark through an ``lru_cache`` wrapper.)"""
+    return _extra_keywords_ignored_cached()
+
+
+@functools.cache
+def _extra_keywords_ignored_cached() -> bool:
     module = sys.modules.get(_LOSS_MODULE)
     outer = getattr(module, "ForCausalLMLoss", None)
     inner = getattr(module, "fixed_cross_entropy", None)
@@ -317,6 +323,200 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
     record_backend(KERNEL)
     _warn_logits_not_computed(head)
     return None, loss
+
+
+# ---------------------------------------------------------------- a written-out cross entropy (issue 24)
+#
+# ``logits = self.lm_head(x); loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ...)``
+# and its spellings (see the rule's doc): the rewrite hands over the head, the hidden states, the cross
+# entropy the source calls (``F.cross_entropy`` or an ``nn.CrossEntropyLoss`` instance) with its arguments
+# other than the logits, verbatim, and how the source turned the logits into the loss's 2-D input
+# (``rows``: the subscript of a shift such as ``logits[..., :-1, :]``; ``contiguous``; ``flatten``: "view",
+# "reshape" or the ``(start, end)`` of ``.flatten``; ``vocab``: the last size of the view when the source
+# wrote one, e.g. ``self.config.vocab_size``; ``upcast``: ``.float()``).
+
+# F.cross_entropy's parameters after ``input``, in order (checked against the installed torch once)
+_CE_PARAMETERS = ("target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+_CE_DEFAULTS = {"weight": None, "size_average": None, "ignore_index": -100, "reduce": None, "reduction": "mean",
+                "label_smoothing": 0.0}
+
+
+@_constant_under_compile
+def _cross_entropy_signature_known() -> bool:
+    """Whether ``torch.nn.functional.cross_entropy`` has the parameters (names, order, defaults)
+    :func:`_bind_cross_entropy` binds by. (Marked constant outside the cache: torch.compile does not
+    take the mark through an ``lru_cache`` wrapper and would trace ``inspect.signature``.)"""
+    return _cross_entropy_signature_known_cached()
+
+
+@functools.cache
+def _cross_entropy_signature_known_cached() -> bool:
+    try:
+        parameters = list(inspect.signature(F.cross_entropy).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if tuple(p.name for p in parameters) != ("input",) + _CE_PARAMETERS:
+        return False
+    return all(p.default == _CE_DEFAULTS[p.name] for p in parameters[2:])
+
+
+def _bind_cross_entropy(loss_fn: Any, loss_args: tuple, loss_kwargs: dict) -> tuple[dict | None, str]:
+    """``{target, weight, size_average, reduce, ignore_index, reduction, label_smoothing}`` of the
+    cross entropy the source called — ``F.cross_entropy(input, *loss_args, **loss_kwargs)`` or
+    ``loss_fn(input, *loss_args, **loss_kwargs)`` for a plain ``nn.CrossEntropyLoss`` — or why not."""
+    if loss_fn is F.cross_entropy:
+        if not _cross_entropy_signature_known():
+            return None, "this torch's F.cross_entropy has parameters the kernel does not implement"
+        if len(loss_args) > len(_CE_PARAMETERS):
+            return None, "cross entropy arguments do not bind: too many positional arguments"
+        args = dict(zip(_CE_PARAMETERS, loss_args))
+        for name, value in loss_kwargs.items():
+            if name in args or name not in _CE_PARAMETERS:
+                return None, f"cross entropy arguments do not bind: {name!r}"
+            args[name] = value
+        if "target" not in args:
+            return None, "cross entropy arguments do not bind: no target"
+        return {**_CE_DEFAULTS, **args}, ""
+    if type(loss_fn) is nn.CrossEntropyLoss:
+        reason = _plain(loss_fn, nn.CrossEntropyLoss)
+        if reason:
+            return None, reason
+        if len(loss_args) + len(loss_kwargs) != 1 or (loss_kwargs and "target" not in loss_kwargs):
+            return None, "nn.CrossEntropyLoss called with other arguments than (input, target)"
+        target = loss_args[0] if loss_args else loss_kwargs["target"]
+        return {**_CE_DEFAULTS, "target": target, "weight": loss_fn.weight, "ignore_index": loss_fn.ignore_index,
+                "reduction": loss_fn.reduction, "label_smoothing": loss_fn.label_smoothing}, ""
+    if torch.compiler.is_compiling():
+        # e.g. an nn.CrossEntropyLoss built inside the compiled code: dynamo hands it over as a
+        # lambda whose arguments cannot be read (and asking for its name would break the graph)
+        return None, "loss is not torch's cross entropy as torch.compile shows it (a loss built in the compiled code)"
+    name = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
+    return None, f"loss {name} is not torch's cross entropy (F.cross_entropy or a plain nn.CrossEntropyLoss)"
+
+
+def _cross_entropy_reason(args: dict) -> str:
+    """"" when the bound cross entropy is one the fused sum implements."""
+    if args["weight"] is not None:
+        return "class weights (weight=) are not implemented by the fused loss"
+    if args["size_average"] is not None or args["reduce"] is not None:
+        return "legacy size_average/reduce arguments"
+    if args["reduction"] not in ("mean", "sum"):
+        return f"reduction={args['reduction']!r} (the fused loss reduces: mean or sum)"
+    smoothing = args["label_smoothing"]
+    if type(smoothing) not in (int, float) or smoothing != 0:
+        return "label_smoothing is not implemented by the fused loss"
+    if type(args["ignore_index"]) is not int:
+        return "ignore_index is not an int"
+    return ""
+
+
+def _keeps_last_dim(rows: Any, ndim: int) -> bool:
+    """Whether ``t[rows]`` (a tuple of slices and at most one Ellipsis) leaves the last of ``ndim``
+    dimensions whole, so that ``linear(h)[rows] == linear(h[rows])``."""
+    if type(rows) is not tuple or not all(r is Ellipsis or type(r) is slice for r in rows):
+        return False
+    dots = [i for i, r in enumerate(rows) if r is Ellipsis]
+    if len(dots) > 1 or len(rows) - len(dots) > ndim:
+        return False
+    if dots:
+        last = rows[-1] if dots[0] < len(rows) - 1 else None
+    else:
+        last = rows[-1] if len(rows) == ndim else None
+    return last is None or (last.start is None and last.stop is None and last.step is None)
+
+
+def _layout_reason(head: nn.Linear, hidden_states: torch.Tensor, rows: Any, contiguous: bool, flatten: Any,
+                   vocab: Any) -> str:
+    """"" when the source's ``logits[rows]...flatten`` is ``(tokens, vocab)`` of ``hidden_states[rows]``
+    in row order (what the fused sum computes), and the source's own code would not raise."""
+    ndim = hidden_states.dim()
+    if rows is not None:
+        if not _keeps_last_dim(rows, ndim):
+            return "the logits' subscript is not rows (slices leaving the vocabulary dimension whole)"
+        if flatten == "view" and not contiguous:
+            return "view of sliced logits (the source's view may fail: it runs as written)"
+    if flatten in ("view", "reshape"):
+        if vocab is not None and (type(vocab) is not int or vocab != head.out_features):
+            return f"the logits are viewed with {vocab!r} columns, not the head's out_features {head.out_features}"
+        return ""
+    if type(flatten) is tuple and len(flatten) == 2 and all(type(d) is int for d in flatten) and ndim >= 2:
+        if flatten[0] % ndim == 0 and flatten[1] % ndim == ndim - 2:
+            return ""
+        return f"flatten{flatten} of {ndim}-d logits is not (tokens, vocab)"
+    return f"unknown logits layout {flatten!r}"
+
+
+def _original_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, loss_args: tuple, loss_kwargs: dict,
+                            rows: Any, contiguous: bool, flatten: Any, vocab: Any, upcast: bool) -> tuple[Any, Any]:
+    """The source's statements: the head, then the cross entropy of the logits as it laid them out."""
+    logits = head(hidden_states)
+    z = logits if rows is None else logits[rows]
+    if contiguous:
+        z = z.contiguous()
+    if flatten == "view":
+        z = z.view(-1, z.size(-1) if vocab is None else vocab)
+    elif flatten == "reshape":
+        z = z.reshape(-1, z.size(-1) if vocab is None else vocab)
+    else:
+        z = z.flatten(flatten[0], flatten[1])
+    if upcast:
+        z = z.float()
+    return logits, loss_fn(z, *loss_args, **loss_kwargs)
+
+
+def lm_head_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, *loss_args: Any, rows: Any = None,
+                          contiguous: bool = False, flatten: Any = "view", vocab: Any = None, upcast: bool = False,
+                          **loss_kwargs: Any) -> tuple[Any, Any]:
+    """``(logits, loss)`` of the source's ``logits = head(hidden_states)`` and ``loss = loss_fn(<the
+    logits laid out as (tokens, vocab)>, *loss_args, **loss_kwargs)`` where ``loss_fn`` is
+    ``F.cross_entropy`` or an ``nn.CrossEntropyLoss``; the layout keywords say how the source laid
+    the logits out: ``logits[rows]``, ``.contiguous()``, ``.view(-1, vocab)`` / ``.reshape(-1, vocab)``
+    (``flatten="view"`` / ``"reshape"``; ``vocab`` None: the logits' own last size) or
+    ``.flatten(*flatten)``, ``.float()`` (``upcast``).
+
+    Fused (the module doc's conditions: training, grad on, a plain ``nn.Linear`` head, logits not
+    kept; and a cross entropy the chunked sum computes: an int64 target per token, ``ignore_index``,
+    ``reduction`` mean or sum, no ``weight`` nor ``label_smoothing``): ``(None, loss)``, the logits never
+    materialized, the loss in the dtype the source's cross entropy returns. Anything else runs the
+    source's statements."""
+    layout = (rows, contiguous, flatten, vocab, upcast)
+    reason = _fused_reason(head, hidden_states)
+    if not reason:
+        bound, reason = _bind_cross_entropy(loss_fn, loss_args, loss_kwargs)
+    if not reason:
+        reason = _cross_entropy_reason(bound) or _layout_reason(head, hidden_states, rows, contiguous, flatten, vocab)
+    if not reason:
+        h = hidden_states if rows is None else hidden_states[rows]
+        target = bound["target"]
+        tokens = h.numel() // h.shape[-1]
+        if not isinstance(target, torch.Tensor) or type(target) is not torch.Tensor:
+            reason = "the target is not a plain tensor"
+        elif target.dtype != torch.int64:
+            reason = "the target is not an int64 (class index) tensor"
+        elif target.dim() != 1 or target.shape[0] != tokens:
+            reason = f"target of shape {tuple(target.shape)} for {tokens} logits rows"
+        elif target.device != h.device:
+            reason = "target and hidden states on different devices"
+    if reason:
+        _fallback(KERNEL, reason)
+        return _original_cross_entropy(head, hidden_states, loss_fn, loss_args, loss_kwargs, *layout)
+    loss_sum, count = linear_cross_entropy_sum(h, head.weight, head.bias, target, ignore_index=bound["ignore_index"])
+    loss = loss_sum / count if bound["reduction"] == "mean" else loss_sum
+    # the dtype the source's cross entropy returns: fp32 for .float() logits or under autocast (its
+    # fp32 policy), otherwise the logits' (fp32 arithmetic here either way)
+    if not upcast and not torch.is_autocast_enabled(h.device.type):
+        dtype = _compute_dtype(h, head.weight)
+        if dtype != loss.dtype:
+            loss = loss.to(dtype)
+    record_backend(KERNEL)
+    _warn_logits_not_computed(head)
+    return None, loss
+
+
+lm_head_cross_entropy.report_note = (
+    "its calls in training return logits=None (the fused cross entropy never materializes them); code that "
+    f"reads the logits in training needs {KEEP_LOGITS_ENV}=1 or `with adopter.kernels.keep_logits():`"
+)
 
 
 # what optimize's report says at each site rewritten to this kernel (adopter.optimizing.optimize.kernel_note)
