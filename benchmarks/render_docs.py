@@ -224,6 +224,13 @@ ENTRIES = [  # in running order: the test suite last, as it checks the documents
         in_temp_dir=True, keep=("llama.json",), timeout_s=1800, figures=_verify_figures("llama.json"),
     ),
     Entry(
+        "lm-head-memory",
+        ("python", "benchmarks/bench_lm_head_memory.py", "--rounds", "3"),
+        "README: nanoGPT-style model at GPT-2's vocabulary (50,304), batch 4 x 512 on CPU: rules applied, "
+        "equivalence, training-step peak memory (benchmarks/results/lm_head_memory.json)",
+        long=True, timeout_s=1800, figures=_wall,
+    ),
+    Entry(
         "tests-fast",
         ("python", "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"),
         "README: the fast test subset's size and wall time",

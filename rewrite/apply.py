@@ -391,6 +391,20 @@ def apply_edit(root, edit: Edit) -> None:
             cst.remove_statement(by_pos[p] if p in by_pos else find_statement(root, p))
         for if_node in reversed(touched):
             collapse_identical_branches(if_node)
+    for method in edit.methods:
+        # a new method right below an existing one (kept as it is), one blank line between
+        helper = find_statement(root, method.after)
+        block = helper.parent
+        indentation = cst.indent_of(helper)
+        new_nodes = cst.parse_statements(method.text, indentation)
+        index = cst.statements_in(block).index(helper) + 1
+        cst.insert_statements(block, index, new_nodes, indentation, take_leading=False)
+        # the blank line between methods: the helper's text ends with it unless it is the last
+        if not str(helper).rstrip(" \t").endswith("\n\n"):
+            new_nodes[0].prefix = "\n" + new_nodes[0].prefix
+        following = cst.statements_in(block)[index + len(new_nodes):]
+        if following and not following[0].prefix.startswith("\n"):
+            following[0].prefix = "\n" + following[0].prefix
     for init in edit.init:
         old = find_statement(root, init.replace)
         deletions = [find_statement(root, p) for p in init.delete]

@@ -110,6 +110,8 @@ def _edit_lines(edit: Edit) -> set[tuple[int, int]]:
         out |= set(edit.forward.statements) | set(edit.forward.delete) | {edit.forward.anchor}
     for init in edit.init:
         out |= {init.replace} | set(init.delete)
+    # a method added below another: claimed, so two rewrites through one helper add it once
+    out |= {m.after for m in edit.methods}
     return out
 
 

@@ -207,3 +207,61 @@ def test_all_ignored_batch_in_training_follows_the_branch():
         loss_a = a.train()(idx, ignored)[1]
         assert torch.isnan(loss_a).item() == (chunk == 0)
         torch.testing.assert_close(loss_b, loss_a, equal_nan=True)
+
+
+VOCAB_OR_LABELS = '''
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.dim)
+
+
+class TokenTagger(nn.Module):
+    """A token classifier: a head over every token, but over cfg.num_labels tags."""
+    def __init__(self, cfg):
+        super().__init__()
+        self.encoder = Encoder(cfg)
+        self.classifier = nn.Linear(cfg.dim, cfg.num_labels)
+
+    def forward(self, ids, labels=None):
+        logits = self.classifier(self.encoder.tok(ids))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return loss, logits
+
+
+class MaskedLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.encoder = Encoder(cfg)
+        n_tokens = cfg.vocab_size
+        self.decoder = nn.Linear(cfg.dim, n_tokens)
+
+    def forward(self, ids, labels=None):
+        logits = self.decoder(self.encoder.tok(ids))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return loss, logits
+
+
+class TiedHead(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.n_tokens, cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.n_out, bias=False)
+        self.wte.weight = self.head.weight
+
+    def forward(self, ids, targets):
+        logits = self.head(self.wte(ids))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+'''
+
+
+def test_a_head_over_labels_is_not_a_vocabulary_head():
+    # a token classifier computes a linear + cross entropy too, but over a few labels: the fused
+    # loss saves nothing there and would drop the logits in training (BertForTokenClassification)
+    listed = {m.class_name for m in scan_source(VOCAB_OR_LABELS, "heads.py", [RULE])}
+    assert "TokenTagger" not in listed
+    assert {"MaskedLM", "TiedHead"} <= listed

@@ -58,6 +58,16 @@ class ForwardEdit:
 
 
 @dataclass(frozen=True)
+class MethodEdit:
+    """Class side: the method definition ``text`` (written at column 0) goes into the class
+    right below the method whose ``def`` starts at ``after``, which stays as it is (a helper
+    split for a kernel: its other callers and overrides keep the original)."""
+
+    after: Pos
+    text: str
+
+
+@dataclass(frozen=True)
 class Edit:
     """Everything one match changes."""
 
@@ -65,3 +75,4 @@ class Edit:
     forward: ForwardEdit | None
     init: tuple[InitEdit, ...] = ()
     imports: tuple[str, ...] = ()  # names imported from adopter.kernels (``name`` or ``name as alias``)
+    methods: tuple[MethodEdit, ...] = ()

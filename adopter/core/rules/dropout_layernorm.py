@@ -31,8 +31,8 @@ from adopter.core.codemod.base import (
     pos,
     separate_calls,
 )
-from adopter.core.codemod.context import FileContext, Skip, has_call, loads, stores
-from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
+from adopter.core.codemod.context import FileContext, Skip, has_call, is_self_attr, loads, stores
+from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, MethodEdit
 from adopter.core.dsl import Layer, TensorOp
 from adopter.core.match import MatchContext
 from adopter.core.match.source import function_ast
@@ -220,12 +220,203 @@ F_DROPOUT = "torch.nn.functional.dropout"
 F_DROPOUT_PARAMETERS = ("input", "p", "training", "inplace")
 
 
+def _plain_call(kernel: str, args: list[str]):
+    """The kernel call's text, with ``prenorm=True`` when asked."""
+    return lambda prenorm: f"{kernel}({', '.join(args + ['prenorm=True'] if prenorm else args)})"
+
+
+# A subclass that overrides the split helper gets its own helper's output handed to the kernel
+# with no dropout: the kernel never fuses for this callable, it runs ``norm(h + residual)``, the
+# original computation.
+_NO_DROPOUT = "(lambda h: h)"
+
+
+class _HelperSplit:
+    """A dropout that is the return value of a same-class helper method called in the add
+    (``norm1(x + self._sa_block(x, mask))``, ``def _sa_block(self, x, mask): ...; return
+    self.dropout1(x)``). The helper stays as it is (other callers, subclasses); a new method
+    right below it returns the value before the dropout, and the caller hands that and the
+    dropout module to the kernel while ``type(self)._sa_block`` is the helper split:
+    ``(kernel(self.dropout1, norm, self._sa_block_before_dropout(x, mask), r) if type(self)._sa_block
+    is Owner._sa_block else kernel(<no dropout>, norm, self._sa_block(x, mask), r))``."""
+
+    def __init__(self, call: ast.Call, name: str, owner: str, dropout: str, new_name: str,
+                 method_edit: MethodEdit | None, ctx: FileContext):
+        self.call, self.name, self.owner, self.dropout = call, name, owner, dropout
+        self.new_name, self.method_edit, self.ctx = new_name, method_edit, ctx
+
+    @classmethod
+    def of(cls, match: Match, ctx: FileContext, drop_node, drop: ast.Call, add: ast.BinOp,
+           norm: ast.Call) -> _HelperSplit:
+        functions = sorted({mn.node.span.function or match.function for mn in match.nodes if mn.node.span})
+        several = Skip(f"matched nodes lie in several functions ({', '.join(functions)})")
+        fn, method = ctx.enclosing_function(add), ctx.enclosing_function(drop)
+        inlined = drop_node.span.inlined_at if drop_node.span is not None else ()
+        if fn is None or method is None or ctx.enclosing_function(norm) is not fn or len(inlined) != 1:
+            raise several
+        if drop_node.type == F_DROPOUT:
+            raise Skip(f"{several}: the helper ends in a functional dropout, whose arguments are the helper's")
+        call = next((o for o in (add.left, add.right) if isinstance(o, ast.Call) and is_self_attr(o.func) == method.name
+                     and o.lineno <= inlined[0] <= o.end_lineno), None)
+        if call is None:
+            raise Skip(f"{several}: the add does not read the call of {method.name} itself")
+        if match.class_name is None or ctx.enclosing_class_name(fn) is None:
+            raise several
+        found = _method_in_class(ctx, match.class_name, method.name)
+        if found is None or found[1] is not method:
+            raise Skip(f"{several}: self.{method.name} is not the helper that the scan followed")
+        owner = found[0]
+        if not any(isinstance(st, ast.ClassDef) and st.name == owner for st in ctx.tree.body):
+            raise Skip(f"{several}: {owner} is not a module-level class (the guard names it)")
+        why = _split_obstacle(ctx, fn, method, drop)
+        if why:
+            raise Skip(f"{several}: the helper {owner}.{method.name} cannot be split: {why}")
+        family = [match.class_name, owner, *ctx.subclasses(owner)]
+        if any(ctx.class_attr_stores(c, method.name) for c in family):
+            raise Skip(f"{several}: an instance attribute {method.name!r} shadows the helper")
+        if owner in stores(fn) or owner in {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}:
+            raise Skip(f"{several}: {owner} names something else in {fn.name}, where the guard reads the class")
+        dropout = module_handle(ctx, drop, "Dropout")
+        # the same name each time, so a later pass finds the method an earlier one added
+        new_name, text = _split_method(ctx, method, drop)
+        existing = _method_in_class(ctx, owner, new_name)
+        taken = {m for c in family for m in _method_names(ctx, c)} | _self_attrs(ctx, family)
+        if existing is not None:
+            if existing[0] != owner or _normalized(ctx, existing[1]) != _normalized_text(text):
+                raise Skip(f"{several}: {owner}.{new_name} exists and is not {method.name} without its dropout")
+            edit = None
+        elif new_name in taken:
+            raise Skip(f"{several}: the name {new_name} is taken in the class family")
+        else:
+            edit = MethodEdit(pos(ctx, method), text)
+        return cls(call, method.name, owner, dropout, new_name, edit, ctx)
+
+    def kernel_call(self, kernel: str, norm: str, residual: str):
+        ctx, call = self.ctx, self.call
+        text = arg_text(ctx, call)
+        head = ctx.segment(call.func) if "\n" not in ctx.segment(call) else ast.unparse(call.func)
+        if not text.startswith(head):
+            raise Skip(f"cannot rename the call {text!r}")
+        split = f"self.{self.new_name}{text[len(head):]}"
+        guard = f"type(self).{self.name} is {self.owner}.{self.name}"
+
+        def render(prenorm: bool) -> str:
+            tail = ", prenorm=True" if prenorm else ""
+            fused = f"{kernel}({self.dropout}, {norm}, {split}, {residual}{tail})"
+            original = f"{kernel}({_NO_DROPOUT}, {norm}, {text}, {residual}{tail})"
+            return f"({fused} if {guard} else {original})"
+
+        return render
+
+
+def _method_in_class(ctx: FileContext, class_name: str, name: str) -> tuple[str, ast.FunctionDef] | None:
+    """``(owner, def)`` of method ``name`` on ``class_name`` or its nearest same-file base."""
+    todo, seen = [class_name], set()
+    while todo:
+        cls = ctx.classes.get(todo.pop(0))
+        if cls is None or cls.name in seen:
+            continue
+        seen.add(cls.name)
+        for stmt in cls.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
+                return cls.name, stmt
+        todo.extend(b.id for b in cls.bases if isinstance(b, ast.Name))
+    return None
+
+
+def _method_names(ctx: FileContext, class_name: str) -> set[str]:
+    cls = ctx.classes.get(class_name)
+    return {st.name for st in cls.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))} \
+        if cls is not None else set()
+
+
+def _self_attrs(ctx: FileContext, classes: list[str]) -> set[str]:
+    out = set()
+    for name in classes:
+        for node in ast.walk(ctx.classes[name]) if name in ctx.classes else ():
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                out.add(node.attr)
+    return out
+
+
+def _split_obstacle(ctx: FileContext, caller: ast.AST, method: ast.AST, drop: ast.Call) -> str | None:
+    """Why ``method`` cannot be split into the value before its final dropout ``drop``, or None."""
+    if not isinstance(method, ast.FunctionDef) or method.decorator_list:
+        return "it is async or decorated"
+    params = method.args.posonlyargs + method.args.args
+    caller_params = caller.args.posonlyargs + caller.args.args
+    if not params or params[0].arg != "self" or not caller_params or caller_params[0].arg != "self":
+        return "its instance parameter (or the caller's) is not named self"
+    last = method.body[-1]
+    if not (isinstance(last, ast.Return) and last.value is drop):
+        return "its dropout is not its final `return self.<dropout>(...)`"
+    for node in ast.walk(method):
+        if node is not last and isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.FunctionDef,
+                                                  ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) \
+                and node is not method:
+            return f"it has a {type(node).__name__.lower()} besides its final return (line {node.lineno})"
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            return "it declares global or nonlocal names"
+    if len(drop.args) != 1 or drop.keywords or isinstance(drop.args[0], ast.Starred):
+        return "its Dropout call does not take exactly one tensor"
+    if is_self_attr(drop.func) is None:
+        return "its Dropout is not an attribute of self"
+    if "self" in stores(method):
+        return "it rebinds self"
+    lines = ctx.lines[method.lineno - 1:method.end_lineno]
+    indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
+    if any(line.strip() and not line.startswith(indent) for line in lines):
+        return "its text is not indented as a block (a multi-line string)"
+    # the new method goes right below the helper; comments there belong to what follows, and
+    # the rewrite's tree keeps them inside the helper's block (the insertion would misindent)
+    for number, line in enumerate(ctx.lines[method.end_lineno:], method.end_lineno + 1):
+        if line.strip():
+            if line.lstrip().startswith("#"):
+                return f"a comment follows it (line {number})"
+            break
+    return None
+
+
+def _split_method(ctx: FileContext, method: ast.FunctionDef, drop: ast.Call) -> tuple[str, str]:
+    """``(name, text at column 0)`` of ``method`` without its final dropout: its own text (comments
+    kept), renamed, the returned dropout call replaced by the dropout's input."""
+    name = f"{method.name}_before_dropout"
+    first, last = method.lineno, method.end_lineno
+    lines = [line.rstrip("\r\n") for line in ctx.lines[first - 1:last]]
+    line, col, end_line, end_col = ctx.char_span(drop)
+    if line != end_line:
+        raise Skip("the helper's dropout call spans several lines")
+    i = line - first
+    lines[i] = lines[i][:col] + ctx.segment(drop.args[0]) + lines[i][end_col:]
+    header = next(i for i, t in enumerate(lines) if f"def {method.name}" in t)
+    lines[header] = lines[header].replace(f"def {method.name}", f"def {name}", 1)
+    body = method.body[0].lineno - first
+    indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
+    inner = lines[body][:len(lines[body]) - len(lines[body].lstrip())]
+    note = f"{inner}# {method.name} before its final dropout, which the fused dropout+add+LayerNorm kernel applies"
+    if isinstance(method.body[0], ast.Expr) and isinstance(method.body[0].value, ast.Constant) and len(method.body) > 1:
+        # the helper's docstring describes the helper, not this
+        lines[body:method.body[0].end_lineno - first + 1] = [note]
+    else:
+        lines.insert(body, note)
+    return name, "".join(t[len(indent):] + "\n" if t.strip() else "\n" for t in lines)
+
+
+def _normalized(ctx: FileContext, method: ast.AST) -> str:
+    lines = ctx.lines[method.lineno - 1:method.end_lineno]
+    indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
+    return _normalized_text("".join(t.rstrip("\r\n")[len(indent):] + "\n" for t in lines))
+
+
+def _normalized_text(text: str) -> str:
+    return ast.dump(ast.parse(text))
+
+
 class DropoutLayerNorm(Codemod):
     rule = "Dropout_LayerNorm"
 
     def analyze(self, match: Match, ctx: FileContext) -> Edit:
-        exprs = matched_exprs(match, ctx)
-        fn = match_function(match, ctx, exprs)
+        exprs = matched_exprs(match, ctx, single_function=False)
         drop_node, drop = next(
             ((n, e) for n, e in exprs if isinstance(n, Layer) and (n.type.endswith("Dropout") or n.type == F_DROPOUT)),
             (None, None),
@@ -234,9 +425,21 @@ class DropoutLayerNorm(Codemod):
         norm = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith("LayerNorm")), None)
         if not (isinstance(drop, ast.Call) and isinstance(add, ast.BinOp) and isinstance(norm, ast.Call)):
             raise Skip("match does not have a dropout call, a `+` and a LayerNorm call")
+        helper = None
+        if ctx.enclosing_function(drop) is not ctx.enclosing_function(add):
+            # the dropout ends a helper method whose call is added (TransformerEncoderLayer's
+            # ``x + self._sa_block(x)``): split the helper, or refuse as before
+            helper = _HelperSplit.of(match, ctx, drop_node, drop, add, norm)
+        else:
+            exprs = matched_exprs(match, ctx)
+        fn = ctx.enclosing_function(add) if helper is not None else match_function(match, ctx, exprs)
+        if fn is None:
+            raise Skip("matched code is not inside a function")
         if len(norm.args) != 1 or norm.keywords:
             raise Skip("the LayerNorm call must take exactly one tensor")
-        if drop_node.type == F_DROPOUT:
+        if helper is not None:
+            x, extra, dropout = None, [], helper.dropout
+        elif drop_node.type == F_DROPOUT:
             x, extra = self._functional_arguments(ctx, drop)
             dropout = module_handle(ctx, drop, "dropout function")
         else:
@@ -244,15 +447,22 @@ class DropoutLayerNorm(Codemod):
                 raise Skip("the Dropout call must take exactly one tensor")
             x, extra = drop.args[0], []
             dropout = module_handle(ctx, drop, "Dropout")
+        if helper is not None:
+            drop = helper.call  # what the add reads, in the function rewritten
         separate_calls(drop, norm)
         norm_module = module_handle(ctx, norm, "LayerNorm")
         residual = self._residual(ctx, drop, add)
-        if residual is add.left and self._inside(drop, add) and has_call(residual) and has_call(x):
+        if residual is add.left and self._inside(drop, add) and has_call(residual) and has_call(x if x else drop):
             raise Skip("the residual and the dropout input both have calls: the kernel call would swap their order")
         spec, kernel = kernel_name(ctx, KERNEL)
-        args = [dropout, norm_module, arg_text(ctx, x), arg_text(ctx, residual)]
-        args += [arg_text(ctx, e) if k is None else f"{k}={arg_text(ctx, e)}" for k, e in extra]
-        moved = [(drop.func, drop), (x, drop), *((e, drop) for _, e in extra), (residual, add)]
+        if helper is not None:
+            args = helper.kernel_call(kernel, norm_module, arg_text(ctx, residual))
+            moved = [(drop, drop), (residual, add)]
+        else:
+            args = [dropout, norm_module, arg_text(ctx, x), arg_text(ctx, residual)]
+            args += [arg_text(ctx, e) if k is None else f"{k}={arg_text(ctx, e)}" for k, e in extra]
+            args = _plain_call(kernel, args)
+            moved = [(drop.func, drop), (x, drop), *((e, drop) for _, e in extra), (residual, add)]
         nested = norm.args[0] is add
         if not nested:
             add_stmt = ctx.statement_of(add)
@@ -269,7 +479,7 @@ class DropoutLayerNorm(Codemod):
         else:
             try:
                 plan = ChainPlan(ctx, fn, [drop, add, norm])
-                plan.anchor_text = f"{kernel}({', '.join(args)})"
+                plan.anchor_text = args(False)
                 plan.moved = moved
                 forward = plan.build()
             except Skip as post_norm:
@@ -282,7 +492,8 @@ class DropoutLayerNorm(Codemod):
                     if str(pre_norm) == str(post_norm):
                         raise post_norm from None
                     raise Skip(f"{post_norm}; keeping the sum: {pre_norm}") from None
-        return Edit(rule=self.rule, forward=forward, imports=(spec,))
+        methods = (helper.method_edit,) if helper is not None and helper.method_edit is not None else ()
+        return Edit(rule=self.rule, forward=forward, imports=(spec,), methods=methods)
 
     @staticmethod
     def _inside(node: ast.AST, container: ast.AST) -> bool:
@@ -343,7 +554,7 @@ class DropoutLayerNorm(Codemod):
         return False
 
     def _prenorm(self, ctx: FileContext, fn: ast.AST, drop: ast.Call, add: ast.BinOp, norm: ast.Call,
-                 args: list[str], moved: list, kernel: str) -> ForwardEdit:
+                 args, moved: list, kernel: str) -> ForwardEdit:
         """``s = r + drop(y); ...; norm(s)`` -> ``s, <fresh> = kernel(..., prenorm=True); ...; <fresh>``."""
         why = prenorm_obstacle(fn, add, norm)
         if why:
@@ -354,7 +565,7 @@ class DropoutLayerNorm(Codemod):
         base = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else "norm"
         out = fresh_local(ctx, fn, f"{base}_out", set())
         plan = ChainPlan(ctx, fn, [drop, add])
-        plan.anchor_text = f"{kernel}({', '.join(args)}, prenorm=True)"
+        plan.anchor_text = args(True)
         plan.moved = moved
         forward = plan.build()
         return replace(

@@ -88,10 +88,15 @@ the convention of a returned ``(logits, loss)`` applies (no logits in training, 
 LM head or classifier is decided from what the head reads: a vector per example — a token picked
 by an int index before the last dimension (``h[:, 0]``, ``h[:, -1, :]``) or a reduction over a
 dimension (``h.mean(1)``), seen through names, ``self.<module>(...)`` calls, activations and casts
-— is a sequence classifier (not a match). A head over every token position is matched whatever
-its width (a token classifier is computed exactly by the kernel); an input the source does not
-settle (an argument, another module's output) is matched, the run-time guard checks the layout
-and shapes."""
+— is a sequence classifier (not a match). A head over every token position is an LM head when
+it predicts what the model embeds: its weight is tied to another module's, or its output size is
+the size an embedding of the file is built with (``nn.Linear(d, cfg.vocab_size)`` beside
+``nn.Embedding(cfg.vocab_size, d)``). A head over a size no embedding of the file has
+(``nn.Linear(d, cfg.num_labels)``: a token classifier, transformers' ``*ForTokenClassification``)
+is not a match: the kernel would compute it exactly, but its logits are small, so nothing is
+saved, and training would lose them. Where the file embeds nothing or the head is built
+elsewhere, it is matched; the run-time guard checks the layout and shapes. An input the source
+does not settle (an argument, another module's output) is matched likewise."""
 
 
 # ---------------------------------------------------------------- the site, read from the function's ast
@@ -599,6 +604,98 @@ def _self_attr_is_ce(tree: ast.Module, cls: ast.ClassDef | None, attr: str, impo
         and _module_construction(stmt.value, imports, set())
 
 
+def _self_attr_values(tree: ast.Module, cls: ast.ClassDef | None, attr: str) -> list[ast.expr]:
+    """Every value assigned to ``self.<attr>`` in the class and its same-file base classes."""
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    seen, frontier, values = set(), [cls] if cls is not None else [], []
+    while frontier:
+        c = frontier.pop()
+        if c.name in seen:
+            continue
+        seen.add(c.name)
+        for node in ast.walk(c):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and target.attr == attr \
+                            and isinstance(target.value, ast.Name) and target.value.id == "self":
+                        values.append(node.value)
+        frontier += [classes[b.id] for b in c.bases if isinstance(b, ast.Name) and b.id in classes]
+    return values
+
+
+def _size_key(expr: ast.expr | None, scope: ast.AST | None) -> object:
+    """What a size argument names, comparable across constructions: an int literal's value, else the
+    last name of the expression (``config.padded_vocab_size`` -> ``padded_vocab_size``), a local
+    name of the constructing function resolved through its one assignment first."""
+    for _ in range(3):
+        if isinstance(expr, ast.Name) and scope is not None:
+            bound = _single_assign(scope, expr.id)
+            if bound is None:
+                break
+            expr = bound.value
+        else:
+            break
+    if isinstance(expr, ast.Constant) and type(expr.value) is int:
+        return expr.value
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    if isinstance(expr, ast.Name):
+        return expr.id
+    return None
+
+
+def _callee_name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _argument(call: ast.Call, index: int, keyword: str) -> ast.expr | None:
+    for kw in call.keywords:
+        if kw.arg == keyword:
+            return kw.value
+    return call.args[index] if len(call.args) > index and not isinstance(call.args[index], ast.Starred) else None
+
+
+def _classifier_head(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> str:
+    """Why the head is provably a classifier over a few labels rather than a vocabulary ("" when
+    it is a vocabulary head or cannot be told). A language-model head predicts the tokens the model
+    embeds: its weight is tied to an embedding's, or its output size is the size some embedding of
+    the file is built with (``nn.Linear(d, config.vocab_size)`` beside ``nn.Embedding(
+    config.vocab_size, d)``). A token or sequence classifier (``nn.Linear(d, config.num_labels)``)
+    gains nothing from the fused loss (its logits are small) and would lose them in training."""
+    head = head_call.func
+    if not (isinstance(head, ast.Attribute) and isinstance(head.value, ast.Name) and head.value.id == "self"):
+        return ""
+    values = _self_attr_values(tree, _class_of(tree, fn), head.attr)
+    if len(values) != 1 or not isinstance(values[0], ast.Call) or not _callee_name(values[0]).endswith("Linear"):
+        return ""  # built elsewhere, or not a Linear constructor: cannot be told
+    construction = values[0]
+    out = _argument(construction, 1, "out_features")
+    scopes = {id(c): f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for c in ast.walk(f) if isinstance(c, ast.Call)}
+    out_key = _size_key(out, scopes.get(id(construction)))
+    if out_key is None:
+        return ""
+    text = ast.unparse(tree)
+    if f".{head.attr}.weight" in text and any(
+            isinstance(n, ast.Assign) and ".weight" in ast.unparse(n) and head.attr in ast.unparse(n)
+            and any(isinstance(t, ast.Attribute) and t.attr == "weight" for t in n.targets)
+            for n in ast.walk(tree)):
+        return ""  # tied to another module's weight (an embedding's)
+    embedded = set()
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and _callee_name(call).endswith("Embedding"):
+            key = _size_key(_argument(call, 0, "num_embeddings"), scopes.get(id(call)))
+            if key is None:
+                return ""  # an embedding of a size we cannot name: cannot be told
+            embedded.add(key)
+    if not embedded or out_key in embedded:
+        return ""  # the file embeds nothing (a head module on its own): cannot be told
+    shown = out_key if isinstance(out_key, int) else ast.unparse(out)
+    return (f"self.{head.attr} = {_callee_name(construction)}(..., {shown}) predicts no embedded vocabulary "
+            "(a classifier: its logits are small, the fused loss saves nothing and would drop them)")
+
+
 def _single_assign(scope: ast.AST, name: str) -> ast.Assign | None:
     """The one ``name = ...`` of ``scope`` (its body for a module) when it binds ``name`` once."""
     nodes = ast.walk(scope) if not isinstance(scope, ast.Module) else scope.body
@@ -996,6 +1093,9 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
         if pooled:
             raise NotAMatch(f"a classifier over a pooled vector ({pooled}), not a language-model head over "
                             "every token")
+    classifier = _classifier_head(tree, fn, head_call)
+    if classifier:
+        raise NotAMatch(classifier)
     if not (isinstance(head_stmt, ast.Assign) and head_stmt.value is head_call and len(head_stmt.targets) == 1
             and isinstance(head_stmt.targets[0], ast.Name)):
         raise NotAMatch("the Linear's output is not assigned to a plain name")
