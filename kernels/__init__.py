@@ -40,8 +40,13 @@ from .telemetry import KernelCall, count_kernel_calls, kernel_calls, reset_kerne
 _LAZY = {
     "rms_norm": "guarded_rms_norm",
     "gated_mlp": "guarded_gated_mlp",
+    "gated_mlp_packed": "guarded_gated_mlp",
     "rotary": "guarded_rotary",
+    "rotary_interleaved": "guarded_rotary",
+    "rotary_pairs": "guarded_rotary",
+    "rotary_complex": "guarded_rotary",
     "linear_cross_entropy": "guarded_linear_cross_entropy",
+    "lm_head_cross_entropy": "guarded_linear_cross_entropy",
     # training with labels, the fused loss returns logits=None: keep them, or filter the warning
     "keep_logits": "guarded_linear_cross_entropy",
     "LogitsNotComputedWarning": "guarded_linear_cross_entropy",

@@ -593,8 +593,6 @@ def test_inline_rotation_kernels():
      "rotate_half is not the interleaved rotation"),
     (lambda: rotary_interleaved(torch.randn(2, 3, 6), torch.randn(3, 6), torch.randn(3, 6), lambda x: -x),
      "is not the interleaved rotation"),
-    (lambda: rotary_interleaved(torch.randn(2, 3, 7), torch.randn(3, 7), torch.randn(3, 7), rotate_every_two),
-     "not even"),
     (lambda: rotary_interleaved(torch.randn(2, 3, 6), torch.randn(3, 6, requires_grad=True), torch.randn(3, 6),
                                 rotate_every_two), "cos/sin require grad"),
     (lambda: rotary_interleaved(torch.randn(2, 1, 6), torch.randn(4, 6), torch.randn(4, 6), rotate_every_two),
@@ -602,15 +600,18 @@ def test_inline_rotation_kernels():
     # the pairs: promotion, widening, both pairs wanting a gradient
     (lambda: rotary_pairs(torch.randn(3, 4).bfloat16(), torch.randn(3, 4).bfloat16(), torch.randn(3, 4),
                           torch.randn(3, 4)), "the original promotes"),
-    (lambda: rotary_pairs(torch.randn(1, 4), torch.randn(1, 4), torch.randn(3, 4), torch.randn(3, 4)),
+    # (the pairs and the angles enter symmetrically: the kernel also tries them swapped, so each
+    # case here fails both ways round)
+    (lambda: rotary_pairs(torch.randn(1, 4), torch.randn(1, 4), torch.randn(3, 1), torch.randn(3, 1)),
      "broadcast x1 (1, 4) to (3, 4)"),
     (lambda: rotary_pairs(*(torch.randn(3, 4, requires_grad=True) for _ in range(4))), "cos/sin require grad"),
-    (lambda: rotary_pairs(torch.randn(3, 4), torch.randn(3, 5), torch.randn(3, 4), torch.randn(3, 4)),
+    (lambda: rotary_pairs(torch.randn(3, 4), torch.randn(3, 4).double(), torch.randn(3, 4), torch.randn(3, 4)),
      "x1 and x2 differ"),
     # the complex form: freqs of another dtype, wanting a gradient, widening x
     (lambda: rotary_complex(_polar(3, 4), _polar(3, 4, dtype=torch.float64)), "not one complex dtype"),
-    (lambda: rotary_complex(_polar(3, 4), _polar(3, 4).requires_grad_()), "freqs_cis requires grad"),
-    (lambda: rotary_complex(_polar(1, 4), _polar(3, 4)), "freqs_cis broadcasts x (1, 4) to (3, 4)"),
+    # (the product commutes: the kernel also tries the operands swapped, so both fail here)
+    (lambda: rotary_complex(_polar(3, 4).requires_grad_(), _polar(3, 4).requires_grad_()), "freqs_cis requires grad"),
+    (lambda: rotary_complex(_polar(1, 4), _polar(3, 1)), "freqs_cis broadcasts x (1, 4) to (3, 4)"),
     # the rotated tensor handed over: promotion
     (lambda: rotary(torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4).double()),
      "the original promotes"),
@@ -631,8 +632,20 @@ def test_fallback_values_are_the_written_expressions():
     c, s = torch.randn(3, 4), torch.randn(3, 4)
     assert torch.equal(rotary_pairs(a, b, c, s), torch.stack((a * c - b * s, a * s + b * c), dim=-1))
     assert torch.equal(rotary_pairs(a, b, c, s, join="cat"), torch.cat((a * c - b * s, b * c + a * s), dim=-1))
-    z, f = _polar(3, 4), _polar(3, 4).requires_grad_()
+    z, f = _polar(3, 4).requires_grad_(), _polar(3, 4).requires_grad_()
     assert torch.equal(rotary_complex(z, f), torch.view_as_real(z * f))
+
+
+def test_odd_width_fails_as_the_original_does():
+    # rotate_every_two of an odd width raises in the original expression: the kernel says why it
+    # does not fuse and runs that expression, which raises the same error
+    x, cos, sin = torch.randn(2, 3, 7), torch.randn(3, 7), torch.randn(3, 7)
+    with pytest.raises(RuntimeError) as original:
+        x * cos + rotate_every_two(x) * sin
+    with count_kernel_calls() as calls, pytest.raises(RuntimeError) as guarded:
+        rotary_interleaved(x, cos, sin, rotate_every_two)
+    assert str(guarded.value) == str(original.value)
+    assert any("not even" in r for r in _reasons(calls)), _reasons(calls)
 
 
 def test_probe_is_per_rank_and_per_method_function():
@@ -675,7 +688,9 @@ def test_cpu_memory_forward_allocates_only_the_output():
     }
     for name, (original, fused) in written.items():
         before, after = _peak_cpu_bytes(original), _peak_cpu_bytes(fused)
-        assert before >= 2.5 * size and after <= 1.1 * size, (name, before / size, after / size)
+        # the written pairs peak at two outputs' worth (products, then the stack); the rest three
+        least = 1.9 if name == "pairs" else 2.5
+        assert before >= least * size and after <= 1.1 * size, (name, before / size, after / size)
 
 
 def test_pairs_function_saves_only_the_angles():

@@ -116,6 +116,10 @@ class TritonRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, form):
+        if not form.upcast and x.dtype != torch.float32:
+            # the form without upcast computes in the input's dtype: the kernel's float32 math is it
+            # for a float32 input only (the guarded call sends no other)
+            raise ValueError(f"the form without upcast is computed for float32 inputs only, got {x.dtype}")
         n_cols = x.shape[-1]
         x2 = as_rows(x, n_cols)
         rows = x2.shape[0]
