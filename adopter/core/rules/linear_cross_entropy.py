@@ -686,9 +686,8 @@ def _classifier_head(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> str:
     for call in ast.walk(tree):
         if isinstance(call, ast.Call) and _callee_name(call).endswith("Embedding"):
             key = _size_key(_argument(call, 0, "num_embeddings"), scopes.get(id(call)))
-            if key is None:
-                return ""  # an embedding of a size we cannot name: cannot be told
-            embedded.add(key)
+            if key is not None:  # (relative-position tables sized by arithmetic: not a vocabulary)
+                embedded.add(key)
     if not embedded or out_key in embedded:
         return ""  # the file embeds nothing (a head module on its own): cannot be told
     shown = out_key if isinstance(out_key, int) else ast.unparse(out)
