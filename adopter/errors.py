@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_ERROR", "EXIT_FINDING", "EXIT_OK", "OptimizeError", "UserError"]
+__all__ = ["EXIT_ERROR", "EXIT_FINDING", "EXIT_OK", "AdopterWarning", "OptimizeError", "UserError"]
 
 # The exit-status convention of every `adopter` command (see `adopter --help`):
 EXIT_OK = 0  # done, nothing to report
@@ -21,6 +21,11 @@ class UserError(Exception):
 
 class OptimizeError(Exception):
     """optimize() cannot work on this class at all (one line, for the user)."""
+
+
+class AdopterWarning(UserWarning):
+    """Something optimize() could not do fully (e.g. the model cannot be traced); here, not in
+    adopter.optimizing.optimize, so that the modules optimize imports can warn too."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -14,11 +14,11 @@ LLM family where it matches but is not applied, with the reason.
    ``is_encoder_decoder`` are skipped, with the reason. ``optimize(cls, rules=...)`` runs on it
    **in a process per model** (forked from a server that imported torch, transformers and adopter
    once; killed after ``--timeout`` seconds; ``--jobs`` at a time) with a small config:
-   ``--config small`` (default) is the config ``optimize`` would shrink by itself
-   (``adopter.optimizing.subject.shrink_config``) with the vocabulary capped at 1000 (token ids clipped
-   into it), at most 4 experts (2 per token) and small low-rank/rotary dims (``SMALL_CAPS``; when
-   that config does not build, the shrunk default is tried); ``--config shrunk`` is
-   ``optimize``'s own default. Per rule and file: sites matched, confirmed by the trace, applied
+   ``--config small`` (default) is the config ``optimize`` shrinks by itself
+   (``adopter.optimizing.shrink.shrink_config``: vocabulary, experts, low-rank attention, per-layer
+   lists shrunk, one layer of each kind kept), built once here to record what it changed (when it
+   does not build, ``optimize``'s own default is tried); ``--config shrunk`` is ``optimize``'s own
+   default. Per rule and file: sites matched, confirmed by the trace, applied
    (every applied site passed ``optimize``'s equivalence checks: the rule alone, all rules
    together, the flipped config), and for each site not applied, its kind and reason.
 3. Output: ``benchmarks/results/llm_coverage.json`` (paths relative to site-packages) and a
@@ -51,7 +51,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "llm_coverage.json"
 DEFAULT_RULES = ("RMSNorm", "gated_MLP", "rotary_embedding", "linear_cross_entropy")
-SMALL_VOCAB = 1000
 # families of these auto mappings have an encoder: their causal LM class is not a decoder-only LLM
 ENCODER_MAPPINGS = {
     "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES": "encoder-decoder (seq2seq family)",
@@ -207,51 +206,21 @@ def static_stage(files: list[Path], rules: list, jobs: int) -> dict:
 # ---------------------------------------------------------------- runtime stage: the worker (subprocess)
 
 
-# ``--config small``: beyond ``shrink_config``, the sizes LLM configs add (vocabulary, mixture of
-# experts, low-rank attention); every value is an upper bound (a smaller default is kept).
-SMALL_CAPS = {
-    "vocab_size": SMALL_VOCAB,
-    "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "moe_num_experts": 4, "n_experts": 4,
-    "num_experts_per_tok": 2, "num_experts_per_token": 2, "moe_topk": 2, "n_group": 1, "topk_group": 1,
-    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "kv_lora_rank": 32, "q_lora_rank": 32,
-    "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "rotary_dim": 8,
-}  # fmt: skip
-
-
 def small_config(config_cls):
-    """``shrink_config`` of the default config with :data:`SMALL_CAPS` (token ids clipped into the
-    smaller vocabulary) -> (config, {field: (default, small)} changed beyond ``shrink_config``)."""
-    from adopter.optimizing.subject import shrink_config
+    """``shrink_config`` of the default config (``adopter.optimizing.shrink``: vocabulary, experts,
+    low-rank attention, per-layer lists and per-layer configs shrunk too, one layer of each kind
+    kept) -> (config, {field: (default, small)} for the top-level sizes it changed)."""
+    from adopter.optimizing.shrink import shrink_config
 
-    cfg = shrink_config(config_cls())
+    default = config_cls()
+    cfg = shrink_config(default)
     changed = {}
-    for key, cap in SMALL_CAPS.items():
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
-            try:
-                setattr(cfg, key, cap)
-            except (AttributeError, TypeError, ValueError):
-                continue
-            changed[key] = (value, cap)
-    rope = getattr(cfg, "qk_rope_head_dim", None)
-    if isinstance(rope, int) and hasattr(cfg, "qk_nope_head_dim"):
-        # low-rank (MLA) attention: the config derives these from the parts at construction
-        # (DeepSeek-V3: head_dim = qk_rope_head_dim), which shrink_config's head_dim breaks
-        for key, value in (("head_dim", rope), ("qk_head_dim", rope + cfg.qk_nope_head_dim)):
-            if hasattr(cfg, key) and getattr(cfg, key) != value:
-                changed[key] = (getattr(cfg, key), value)
-                setattr(cfg, key, value)
-    vocab = getattr(cfg, "vocab_size", None)
-    if "vocab_size" in changed:
-        for key, value in list(vars(cfg).items()):
-            if not key.endswith(("token_id", "token_ids")):
-                continue
-            if isinstance(value, int) and not isinstance(value, bool) and value >= vocab:
-                setattr(cfg, key, vocab - 1)
-                changed[key] = (value, vocab - 1)
-            elif isinstance(value, list) and value and all(isinstance(v, int) for v in value) and max(value) >= vocab:
-                setattr(cfg, key, [min(v, vocab - 1) for v in value])
-                changed[key] = (value, getattr(cfg, key))
+    for key, value in vars(default).items():
+        if key.startswith("_") or not isinstance(value, int) or isinstance(value, bool):
+            continue
+        small = vars(cfg).get(key, value)
+        if small != value:
+            changed[key] = (value, small)
     return cfg, changed
 
 
@@ -628,7 +597,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", "-j", type=int, default=2, help="models optimized at a time (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per model (default %(default)s)")
     ap.add_argument("--config", choices=("small", "shrunk"), default="small",
-                    help="small: shrunk default config, vocabulary <= 1000, <= 4 experts (default); shrunk: optimize's own default")
+                    help="small: the shrunk default config, checked to build first (default); shrunk: optimize's own default")
     ap.add_argument("--static-only", action="store_true", help="scan only (nothing imported)")
     ap.add_argument("--all-decoders", action="store_true",
                     help="also run decoder-only families without a static match (finds runtime-only sites)")

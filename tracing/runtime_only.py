@@ -67,10 +67,15 @@ def _call_site(index: TraceIndex, nodes: set[str]) -> NodeSource:
 def find_runtime_only(
     index: TraceIndex, model: nn.Module, matches: Sequence[Match], rules: Iterable[Rule] = ()
 ) -> list[Match]:
+    rules = list(rules)
     covered: dict[tuple[str, str], set[int]] = defaultdict(set)
     built_here: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    # a match of a rule that supersedes others (Rule ``supersedes``) covers their sites too
+    supersedes = {r.name: tuple(getattr(r, "supersedes", ()) or ()) for r in rules}
     for m in matches:
         covered[(m.rule, realpath(m.file))].update(m.lines)
+        for inner in supersedes.get(m.rule, ()):
+            covered[(inner, realpath(m.file))].update(m.lines)
         if m.sequential is not None:
             built_here[(m.rule, realpath(m.file))].append((m.sequential.line, m.sequential.end_line))
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adopter.core.structures import Match
-from adopter.errors import OptimizeError, one_line
+from adopter.errors import AdopterWarning, OptimizeError, one_line
 from adopter.kernels.telemetry import count_kernel_calls, site_function
 from adopter.optimizing.config_flip import FlipCheck, constructor_arguments
 from adopter.optimizing.imported_source import read_imported_source
@@ -59,8 +59,6 @@ __all__ = [
 ]
 
 
-class AdopterWarning(UserWarning):
-    """Something optimize() could not do fully (e.g. the model cannot be traced)."""
 
 
 def kernel_note(kernel: str) -> str:
@@ -385,6 +383,9 @@ def optimize(
     ``config``: what to build the analysed instance from — a transformers config (default for
     transformers classes: ``model_cls.config_class()`` shrunk), or for plain modules a dict of
     keyword / tuple of positional constructor arguments (or use ``init_args``/``init_kwargs``).
+    A model built from a config the user did not give is counted on the ``meta`` device first:
+    over 200M parameters ``optimize`` refuses (``OptimizeError``: pass ``config=``), a smaller
+    full-size default is built with an ``AdopterWarning`` (:mod:`adopter.optimizing.subject`).
     ``example_inputs``: a dict of forward keyword arguments (generated for transformers models).
     Every rule is checked for equivalence alone and all together (:mod:`adopter.verification.equivalence`);
     rules that fail are dropped and reported, so the class never holds a non-equivalent rewrite.

@@ -1,6 +1,14 @@
 """The instance ``optimize()`` analyses: built from the user's config or, for transformers
 classes, from the class's default config shrunk for speed, with example inputs; and the
-source files that define its classes."""
+source files that define its classes.
+
+A model built from a config the user did not give (the shrunk default, or the full-size default
+when the shrunk one fails) is first counted on the ``meta`` device (no memory): above
+:data:`MAX_DEFAULT_PARAMETERS` parameters ``optimize()`` refuses with an ``OptimizeError`` naming
+the count, instead of allocating billions of parameters the user never asked for; a full-size
+default below it is used with an ``AdopterWarning`` saying so. A config or constructor arguments
+the user passes are built as given, whatever their size.
+"""
 
 from __future__ import annotations
 
@@ -13,82 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from adopter.errors import OptimizeError
+from adopter.optimizing.shrink import shrink_config
 
-__all__ = ["Subject", "build_subject", "is_transformers_class", "package_files", "shrink_config"]
+__all__ = ["MAX_DEFAULT_PARAMETERS", "Subject", "build_subject", "is_transformers_class", "package_files",
+           "shrink_config"]
 
-# Sizes small enough that building, tracing and checking a model takes well under a second,
-# while keeping every code path (layers, heads, heads dividing the hidden size).
-_SHRINK_SCALARS = {
-    "num_hidden_layers": 2, "num_layers": 2, "num_decoder_layers": 2, "n_layer": 2,
-    "encoder_layers": 2, "decoder_layers": 2, "n_layers": 2,
-    "hidden_size": 64, "d_model": 64, "n_embd": 64, "dim": 64, "embed_dim": 64,
-    "intermediate_size": 128, "d_ff": 128, "hidden_dim": 128, "encoder_ffn_dim": 128,
-    "decoder_ffn_dim": 128, "ffn_dim": 128,
-    "num_attention_heads": 4, "num_heads": 4, "n_head": 4, "n_heads": 4,
-    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "num_key_value_heads": 4,
-    "d_kv": 16, "head_dim": 16, "embedding_size": 32,
-}  # fmt: skip
-# Keys that a stage-based config (list ``depths`` / ``hidden_sizes``) derives from its stages.
-_STAGE_DERIVED = frozenset({
-    "num_hidden_layers", "num_layers", "n_layers", "hidden_size", "embed_dim", "dim",
-    "num_attention_heads", "num_heads",
-})  # fmt: skip
-
-
-def shrink_config(config):
-    """A copy of a transformers config with small sizes (never larger than the original)."""
-    small = copy.deepcopy(config)
-    depths = getattr(small, "depths", None)
-    sizes = getattr(small, "hidden_sizes", None)
-    staged = any(isinstance(v, (list, tuple)) and v for v in (depths, sizes))
-    for key, value in _SHRINK_SCALARS.items():
-        if staged and key in _STAGE_DERIVED:
-            # In stage-based models (Swin, ConvNext) these are the stage count or derived from
-            # the per-stage lists (ConvNext's num_hidden_layers is num_stages; Swin's hidden_size
-            # is embed_dim * 2**(stages-1), its per-stage heads must divide embed_dim * 2**i):
-            # shrinking them alone breaks the model. Depths and widths are shrunk below instead.
-            continue
-        if key == "hidden_dim" and isinstance(getattr(small, "num_block_repeats", None), (list, tuple)):
-            # EfficientNet-style configs: hidden_dim is the final width, derived from the
-            # per-block channels and the width coefficient, not an FFN size.
-            continue
-        current = getattr(small, key, None)
-        if isinstance(current, int) and not isinstance(current, bool) and current > value:
-            with contextlib.suppress(AttributeError, TypeError, ValueError):
-                setattr(small, key, value)
-    embedding = getattr(config, "embedding_size", None)
-    if isinstance(embedding, int) and embedding == getattr(config, "hidden_size", None):
-        # Models that require embedding_size == hidden_size (SqueezeBERT) keep them equal;
-        # factorised embeddings (ALBERT: 128 vs 768) shrink independently.
-        with contextlib.suppress(AttributeError, TypeError, ValueError):
-            small.embedding_size = small.hidden_size
-    if getattr(small, "n_inner", None):
-        small.n_inner = 128
-    if isinstance(depths, (list, tuple)) and depths:
-        small.depths = [1] * len(depths)
-    if isinstance(sizes, (list, tuple)) and sizes:
-        small.hidden_sizes = [min(int(s), 32 * 2**i) for i, s in enumerate(sizes)]
-    image_size = getattr(small, "image_size", None)
-    patch = getattr(small, "patch_size", None)
-    if isinstance(image_size, int) and isinstance(patch, int) and image_size > 4 * patch:
-        target = 4 * patch
-        if staged:
-            # Every stage halves the resolution; windowed attention (Swin) needs each stage's
-            # resolution to hold a whole window: keep the last stage at least one window wide.
-            window = getattr(small, "window_size", None)
-            if isinstance(window, int) and not isinstance(window, bool) and window > 2:
-                with contextlib.suppress(AttributeError, TypeError, ValueError):
-                    small.window_size = 2
-            window = getattr(small, "window_size", 1)
-            window = window if isinstance(window, int) and not isinstance(window, bool) else 1
-            stages = len(depths if isinstance(depths, (list, tuple)) and depths else sizes)
-            target = max(target, patch * window * 2 ** (stages - 1))
-        small.image_size = min(image_size, target)
-    elif isinstance(image_size, int) and patch is None and isinstance(getattr(small, "num_block_repeats", None), (list, tuple)):
-        # EfficientNet: 600 px by default; its strides reduce by 32, so 64 px keeps every stage.
-        small.image_size = min(image_size, 64)
-    return small
-
+# The most parameters a model built from a config the user did not pass may have (a few seconds
+# and ~1 GB to build and check on a CPU); a shrunk config is far below (< 5M).
+MAX_DEFAULT_PARAMETERS = 200_000_000
 
 def _module_file(module_name: str) -> str | None:
     module = sys.modules.get(module_name)
@@ -171,7 +111,39 @@ def _build_with(build_model, model_cls, device, args: tuple, kwargs: dict, examp
     return args, built
 
 
+def parameter_count(model_cls, args: tuple, kwargs: dict) -> int | None:
+    """Parameters of ``model_cls(*args, **kwargs)``, counted on the ``meta`` device (nothing is
+    allocated); None when the class cannot be built there (the build itself then says why)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = model_cls(*args, **kwargs)
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - any failure of the model's own constructor
+        return None
+
+
+def _refuse_large_default(model_cls, args: tuple, what: str, why: str = "") -> int | None:
+    """OptimizeError when the model ``optimize()`` would build from a config the user did not
+    pass has more than MAX_DEFAULT_PARAMETERS parameters; -> the count."""
+    count = parameter_count(model_cls, args, {})
+    if count is not None and count > MAX_DEFAULT_PARAMETERS:
+        raise OptimizeError(
+            f"{model_cls.__name__} from {what} has {count / 1e6:,.0f}M parameters (more than "
+            f"{MAX_DEFAULT_PARAMETERS / 1e6:,.0f}M): not built{why}; pass a small config "
+            f"(optimize({model_cls.__name__}, config=...))"
+        )
+    return count
+
+
 def build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs) -> Subject:
+    """The instance to analyse. With no config and no constructor arguments, a transformers class
+    is built from its default config shrunk (``shrink_config``); when that does not build, from
+    the shrunk default's first layers only (``layer_kinds=False``), then from the full-size
+    default config, with an AdopterWarning, and only when it has at most
+    MAX_DEFAULT_PARAMETERS parameters (else OptimizeError: pass a config). A model from a config
+    the user did not pass is never built larger than that."""
     from adopter.tracing import TracingError, build_model
 
     device = device or "cpu"
@@ -188,14 +160,40 @@ def build_subject(model_cls, config, example_inputs, device, init_args, init_kwa
     if config is None and is_transformers_class(model_cls) and not args and not kwargs:
         full_size_config = model_cls.config_class()
         args = (shrink_config(full_size_config),)
+        # a size the shrinking does not know would leave the "small" model large: say so
+        _refuse_large_default(model_cls, args, f"its shrunk default config ({type(args[0]).__name__})")
     example_inputs = _as_keyword_inputs(model_cls, example_inputs)
+    from adopter.errors import one_line
+
     try:
         args, built = _build_with(build_model, model_cls, device, args, kwargs, example_inputs)
     except TracingError as exc:
         if full_size_config is None:
             raise OptimizeError(str(exc)) from None
+        built, first_error = None, one_line(exc)[:200]
+        with contextlib.suppress(TracingError):
+            # a layer kind the default leaves unconfigured (Qwen4-Exp's indexer layers need a
+            # token budget the default leaves None): the shrunk default's first layers only
+            first_layers = (shrink_config(full_size_config, layer_kinds=False),)
+            args, built = _build_with(build_model, model_cls, device, first_layers, kwargs, example_inputs)
+    if full_size_config is not None and built is None:
         # Shrinking is a heuristic over config fields; some architectures derive sizes the
-        # heuristic does not know (EfficientNet's hidden_dim): then use the default config.
+        # heuristic does not know (EfficientNet's hidden_dim): then use the default config,
+        # unless it is LLM-sized (a DeepSeek default has hundreds of billions of parameters).
+        count = _refuse_large_default(
+            model_cls, (full_size_config,), f"its full-size default config {type(full_size_config).__name__}()",
+            f" (the shrunk default config failed: {first_error})",
+        )
+        import warnings
+
+        from adopter.errors import AdopterWarning
+
+        size = f" ({count / 1e6:,.1f}M parameters)" if count is not None else ""
+        warnings.warn(
+            f"{model_cls.__name__}: the shrunk default config failed ({first_error}); "
+            f"building the full-size default {type(full_size_config).__name__}(){size}",
+            AdopterWarning, stacklevel=3,  # the user's optimize() call
+        )
         try:
             args, built = _build_with(build_model, model_cls, device, (full_size_config,), kwargs, example_inputs)
         except TracingError as exc2:

@@ -585,7 +585,7 @@ def _self_attr_is_ce(tree: ast.Module, cls: ast.ClassDef | None, attr: str, impo
     """``self.<attr>`` is assigned once in the class (or a same-file base class): an
     ``nn.CrossEntropyLoss(...)``."""
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    seen, frontier, stores = set(), [cls] if cls is not None else [], []
+    seen, frontier, stores, assigns = set(), [cls] if cls is not None else [], [], []
     while frontier:
         c = frontier.pop()
         if c.name in seen:
@@ -595,13 +595,13 @@ def _self_attr_is_ce(tree: ast.Module, cls: ast.ClassDef | None, attr: str, impo
             if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, ast.Store) \
                     and isinstance(node.value, ast.Name) and node.value.id == "self":
                 stores.append(node)
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                assigns.append(node)  # (the statement of the one store, found without a parents map)
         frontier += [classes[b.id] for b in c.bases if isinstance(b, ast.Name) and b.id in classes]
     if len(stores) != 1:
         return False
-    parents = _parents(tree)
-    stmt = _statement(stores[0], parents)
-    return isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.targets[0] is stores[0] \
-        and _module_construction(stmt.value, imports, set())
+    stmt = next((a for a in assigns if a.targets[0] is stores[0]), None)
+    return stmt is not None and _module_construction(stmt.value, imports, set())
 
 
 def _self_attr_values(tree: ast.Module, cls: ast.ClassDef | None, attr: str) -> list[ast.expr]:
@@ -656,6 +656,47 @@ def _argument(call: ast.Call, index: int, keyword: str) -> ast.expr | None:
     return call.args[index] if len(call.args) > index and not isinstance(call.args[index], ast.Starred) else None
 
 
+@dataclass
+class _FileFacts:
+    """What the vocabulary-head check reads from a whole file, computed once per parsed tree."""
+
+    scope_of_call: dict[int, ast.AST]  # id(call) -> the function it is in
+    embedded: set  # the size keys embeddings are built with
+    tied: set[str]  # attribute names in ``<...>.weight = <...>`` assignments
+    functions: list  # (lineno, end_lineno, function) of every function
+
+
+_FACTS: dict[int, tuple[ast.Module, _FileFacts]] = {}
+
+
+def _file_facts(tree: ast.Module) -> _FileFacts:
+    cached = _FACTS.get(id(tree))
+    if cached is not None and cached[0] is tree:
+        return cached[1]
+    scope_of_call: dict[int, ast.AST] = {}
+    functions = []
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append((f.lineno, f.end_lineno, f))
+            for c in ast.walk(f):
+                if isinstance(c, ast.Call):
+                    scope_of_call[id(c)] = f  # the innermost function wins: walked after its parent
+    embedded, tied = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _callee_name(node).endswith("Embedding"):
+            key = _size_key(_argument(node, 0, "num_embeddings"), scope_of_call.get(id(node)))
+            if key is not None:  # (relative-position tables sized by arithmetic: not a vocabulary)
+                embedded.add(key)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "weight"
+                                                  for t in node.targets):
+            tied |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+    facts = _FileFacts(scope_of_call, embedded, tied, functions)
+    if len(_FACTS) > 32:
+        _FACTS.clear()
+    _FACTS[id(tree)] = (tree, facts)
+    return facts
+
+
 def _classifier_head(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> str:
     """Why the head is provably a classifier over a few labels rather than a vocabulary ("" when
     it is a vocabulary head or cannot be told). A language-model head predicts the tokens the model
@@ -670,25 +711,12 @@ def _classifier_head(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> str:
     if len(values) != 1 or not isinstance(values[0], ast.Call) or not _callee_name(values[0]).endswith("Linear"):
         return ""  # built elsewhere, or not a Linear constructor: cannot be told
     construction = values[0]
+    facts = _file_facts(tree)
     out = _argument(construction, 1, "out_features")
-    scopes = {id(c): f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-              for c in ast.walk(f) if isinstance(c, ast.Call)}
-    out_key = _size_key(out, scopes.get(id(construction)))
-    if out_key is None:
-        return ""
-    text = ast.unparse(tree)
-    if f".{head.attr}.weight" in text and any(
-            isinstance(n, ast.Assign) and ".weight" in ast.unparse(n) and head.attr in ast.unparse(n)
-            and any(isinstance(t, ast.Attribute) and t.attr == "weight" for t in n.targets)
-            for n in ast.walk(tree)):
-        return ""  # tied to another module's weight (an embedding's)
-    embedded = set()
-    for call in ast.walk(tree):
-        if isinstance(call, ast.Call) and _callee_name(call).endswith("Embedding"):
-            key = _size_key(_argument(call, 0, "num_embeddings"), scopes.get(id(call)))
-            if key is not None:  # (relative-position tables sized by arithmetic: not a vocabulary)
-                embedded.add(key)
-    if not embedded or out_key in embedded:
+    out_key = _size_key(out, facts.scope_of_call.get(id(construction)))
+    if out_key is None or head.attr in facts.tied:
+        return ""  # a size we cannot name, or tied to another module's weight (an embedding's)
+    if not facts.embedded or out_key in facts.embedded:
         return ""  # the file embeds nothing (a head module on its own): cannot be told
     shown = out_key if isinstance(out_key, int) else ast.unparse(out)
     return (f"self.{head.attr} = {_callee_name(construction)}(..., {shown}) predicts no embedded vocabulary "
@@ -1092,9 +1120,6 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
         if pooled:
             raise NotAMatch(f"a classifier over a pooled vector ({pooled}), not a language-model head over "
                             "every token")
-    classifier = _classifier_head(tree, fn, head_call)
-    if classifier:
-        raise NotAMatch(classifier)
     if not (isinstance(head_stmt, ast.Assign) and head_stmt.value is head_call and len(head_stmt.targets) == 1
             and isinstance(head_stmt.targets[0], ast.Name)):
         raise NotAMatch("the Linear's output is not assigned to a plain name")
@@ -1181,6 +1206,10 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
                         + (f" ({why_not[0]})" if why_not else ""))
     if len(found) > 1:
         raise NotAMatch(f"{logits} reaches {len(found)} cross entropies")
+    # last: it reads the whole file (cached per tree)
+    classifier = _classifier_head(tree, fn, head_call)
+    if classifier:
+        raise NotAMatch(classifier)
     return found[0]
 
 
@@ -1418,10 +1447,9 @@ def _head_call(fn: ast.AST, span) -> ast.Call | None:
 def _function_at(tree: ast.Module, span) -> ast.AST | None:
     """The innermost function of ``tree`` holding ``span``."""
     best = None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= span.line <= node.end_lineno:
-            if best is None or node.lineno > best.lineno:
-                best = node
+    for lineno, end_lineno, node in _file_facts(tree).functions:
+        if lineno <= span.line <= end_lineno and (best is None or lineno > best.lineno):
+            best = node
     return best
 
 
