@@ -656,14 +656,101 @@ def _argument(call: ast.Call, index: int, keyword: str) -> ast.expr | None:
     return call.args[index] if len(call.args) > index and not isinstance(call.args[index], ast.Starred) else None
 
 
-@dataclass
 class _FileFacts:
-    """What the vocabulary-head check reads from a whole file, computed once per parsed tree."""
+    """What the vocabulary-head check reads from a whole file, computed once per parsed tree and
+    each part only when first asked for (most files never reach the embedding part)."""
 
-    scope_of_call: dict[int, ast.AST]  # id(call) -> the function it is in
-    embedded: set  # the size keys embeddings are built with
-    tied: set[str]  # attribute names in ``<...>.weight = <...>`` assignments
-    functions: list  # (lineno, end_lineno, function) of every function
+    def __init__(self, tree: ast.Module):
+        self.tree = tree
+        self._functions: list | None = None
+        self._embedding: tuple | None = None
+        self._ce_names: set[str] | None = None
+
+    @property
+    def functions(self) -> list:
+        """(lineno, end_lineno, function) of every function."""
+        if self._functions is None:
+            self._functions = [(f.lineno, f.end_lineno, f) for f in ast.walk(self.tree)
+                               if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        return self._functions
+
+    def _embedding_facts(self) -> tuple:
+        if self._embedding is None:
+            scope_of_call: dict[int, ast.AST] = {}
+            for _, _, f in self.functions:
+                for c in ast.walk(f):
+                    if isinstance(c, ast.Call):
+                        scope_of_call[id(c)] = f  # the innermost function wins: walked after its parent
+            embedded, tied = set(), set()
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Call) and _callee_name(node).endswith("Embedding"):
+                    key = _size_key(_argument(node, 0, "num_embeddings"), scope_of_call.get(id(node)))
+                    if key is not None:  # (relative-position tables sized by arithmetic: not a vocabulary)
+                        embedded.add(key)
+                elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "weight"
+                                                          for t in node.targets):
+                    tied |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            self._embedding = (scope_of_call, embedded, tied)
+        return self._embedding
+
+    @property
+    def ce_names(self) -> set[str]:
+        """Every name through which code of this file can reach torch's cross entropy: its own
+        names, import aliases of them, names assigned a value that mentions one (``self.loss_fct
+        = CrossEntropyLoss()``, ``LOSS = ...``, ``loss_fn = F.cross_entropy``) and module-level
+        functions that call one — a fixpoint, so helpers of helpers count. A function calling
+        none of them reaches no cross entropy: the cheap test before the exact one."""
+        if self._ce_names is None:
+            names = {"cross_entropy", "CrossEntropyLoss"}
+            bindings: list[tuple[set[str], set[str]]] = []  # (names bound, names read by the value)
+            for node in ast.walk(self.tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    for alias in node.names:
+                        if alias.asname and alias.name.rsplit(".", 1)[-1] in names:
+                            names.add(alias.asname)
+                elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    bound = {t.id if isinstance(t, ast.Name) else t.attr for target in targets
+                             for t in ast.walk(target) if isinstance(t, (ast.Name, ast.Attribute))}
+                    bindings.append((bound, _names_read(node.value)))
+            for node in self.tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    bindings.append(({node.name}, _names_read(node)))
+            changed = True
+            while changed:
+                changed = False
+                for bound, read in bindings:
+                    if read & names and not bound <= names:
+                        names |= bound
+                        changed = True
+            self._ce_names = names
+        return self._ce_names
+
+    @property
+    def scope_of_call(self) -> dict[int, ast.AST]:
+        """id(call) -> the function it is in."""
+        return self._embedding_facts()[0]
+
+    @property
+    def embedded(self) -> set:
+        """The size keys embeddings are built with."""
+        return self._embedding_facts()[1]
+
+    @property
+    def tied(self) -> set[str]:
+        """Attribute names in ``<...>.weight = <...>`` assignments."""
+        return self._embedding_facts()[2]
+
+
+def _names_read(node: ast.AST) -> set[str]:
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _calls_no_cross_entropy(tree: ast.Module, fn: ast.AST) -> bool:
+    """No call of ``fn`` names anything that can reach torch's cross entropy (``_FileFacts.ce_names``)."""
+    names = _file_facts(tree).ce_names
+    return not any(isinstance(n, ast.Call) and _names_read(n.func) & names for n in ast.walk(fn))
 
 
 _FACTS: dict[int, tuple[ast.Module, _FileFacts]] = {}
@@ -673,24 +760,7 @@ def _file_facts(tree: ast.Module) -> _FileFacts:
     cached = _FACTS.get(id(tree))
     if cached is not None and cached[0] is tree:
         return cached[1]
-    scope_of_call: dict[int, ast.AST] = {}
-    functions = []
-    for f in ast.walk(tree):
-        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            functions.append((f.lineno, f.end_lineno, f))
-            for c in ast.walk(f):
-                if isinstance(c, ast.Call):
-                    scope_of_call[id(c)] = f  # the innermost function wins: walked after its parent
-    embedded, tied = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _callee_name(node).endswith("Embedding"):
-            key = _size_key(_argument(node, 0, "num_embeddings"), scope_of_call.get(id(node)))
-            if key is not None:  # (relative-position tables sized by arithmetic: not a vocabulary)
-                embedded.add(key)
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "weight"
-                                                  for t in node.targets):
-            tied |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-    facts = _FileFacts(scope_of_call, embedded, tied, functions)
+    facts = _FileFacts(tree)
     if len(_FACTS) > 32:
         _FACTS.clear()
     _FACTS[id(tree)] = (tree, facts)
@@ -723,25 +793,39 @@ def _classifier_head(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> str:
             "(a classifier: its logits are small, the fused loss saves nothing and would drop them)")
 
 
+_BINDINGS: dict[int, tuple[ast.AST, dict[str, list], dict[int, ast.Assign]]] = {}
+
+
+def _binding_index(scope: ast.AST) -> tuple[dict[str, list], dict[int, ast.Assign]]:
+    """(name -> the nodes binding it in ``scope``, id(target) -> its one-target ``Assign``): one
+    walk per scope (the checks ask about many names of the same function or file)."""
+    cached = _BINDINGS.get(id(scope))
+    if cached is not None and cached[0] is scope:
+        return cached[1], cached[2]
+    binds: dict[str, list] = {}
+    assigns: dict[int, ast.Assign] = {}
+    for sub in ast.walk(scope):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+            binds.setdefault(sub.id, []).append(sub)
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub is not scope:
+            binds.setdefault(sub.name, []).append(sub)
+        elif isinstance(sub, ast.alias):
+            binds.setdefault((sub.asname or sub.name).split(".")[0], []).append(sub)
+        elif isinstance(sub, ast.Assign) and len(sub.targets) == 1:
+            assigns[id(sub.targets[0])] = sub
+    if len(_BINDINGS) > 256:
+        _BINDINGS.clear()
+    _BINDINGS[id(scope)] = (scope, binds, assigns)
+    return binds, assigns
+
+
 def _single_assign(scope: ast.AST, name: str) -> ast.Assign | None:
     """The one ``name = ...`` of ``scope`` (its body for a module) when it binds ``name`` once."""
-    nodes = ast.walk(scope) if not isinstance(scope, ast.Module) else scope.body
-    binds = []
-    for node in nodes:
-        for sub in ast.walk(node) if isinstance(scope, ast.Module) else (node,):
-            if isinstance(sub, ast.Name) and sub.id == name and isinstance(sub.ctx, (ast.Store, ast.Del)):
-                binds.append(sub)
-            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub.name == name \
-                    and sub is not scope:
-                binds.append(sub)
-            elif isinstance(sub, ast.alias) and (sub.asname or sub.name).split(".")[0] == name:
-                binds.append(sub)
-    if len(binds) != 1 or not isinstance(binds[0], ast.Name):
+    binds, assigns = _binding_index(scope)
+    found = binds.get(name, [])
+    if len(found) != 1 or not isinstance(found[0], ast.Name):
         return None
-    for node in ast.walk(scope):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and node.targets[0] is binds[0]:
-            return node
-    return None
+    return assigns.get(id(found[0]))
 
 
 def _module_function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
@@ -1486,7 +1570,7 @@ def head_feeds_loss(ctx: MatchContext) -> str | None:
     tree = parse_file(ctx.source)
     fn = _function_at(tree, span) if tree is not None else None
     call = _head_call(fn, span) if fn is not None else None
-    if call is None:
+    if call is None or _calls_no_cross_entropy(tree, fn):
         return NotACandidate(hf_reason)
     try:
         ce_site = find_ce_site(tree, fn, call)
