@@ -126,3 +126,20 @@ def class_init_ast(source: str, class_name: str) -> ast.AST | None:
                     return fn
             return None
     return None
+
+
+def same_file_lineage(tree: ast.Module, cls: ast.ClassDef | None) -> list[ast.ClassDef]:
+    """``cls`` and its bases defined at the top level of the same file (each once, bases named by a
+    plain name): where a class's ``self.<attr>`` bindings can come from."""
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    out: list[ast.ClassDef] = []
+    seen: set[str] = set()
+    frontier = [cls] if cls is not None else []
+    while frontier:
+        c = frontier.pop()
+        if c.name in seen:
+            continue
+        seen.add(c.name)
+        out.append(c)
+        frontier += [classes[b.id] for b in c.bases if isinstance(b, ast.Name) and b.id in classes]
+    return out

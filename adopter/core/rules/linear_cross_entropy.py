@@ -28,7 +28,7 @@ from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_ex
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
 from adopter.core.match import MatchContext, NotACandidate, Refusal
-from adopter.core.match.source import function_ast, parse_file
+from adopter.core.match.source import function_ast, parse_file, same_file_lineage
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR
 from adopter.core.structures import Match
@@ -584,20 +584,14 @@ def _class_of(tree: ast.Module, fn: ast.AST) -> ast.ClassDef | None:
 def _self_attr_is_ce(tree: ast.Module, cls: ast.ClassDef | None, attr: str, imports: dict[str, str]) -> bool:
     """``self.<attr>`` is assigned once in the class (or a same-file base class): an
     ``nn.CrossEntropyLoss(...)``."""
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    seen, frontier, stores, assigns = set(), [cls] if cls is not None else [], [], []
-    while frontier:
-        c = frontier.pop()
-        if c.name in seen:
-            continue
-        seen.add(c.name)
+    stores, assigns = [], []
+    for c in same_file_lineage(tree, cls):
         for node in ast.walk(c):
             if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, ast.Store) \
                     and isinstance(node.value, ast.Name) and node.value.id == "self":
                 stores.append(node)
             elif isinstance(node, ast.Assign) and len(node.targets) == 1:
                 assigns.append(node)  # (the statement of the one store, found without a parents map)
-        frontier += [classes[b.id] for b in c.bases if isinstance(b, ast.Name) and b.id in classes]
     if len(stores) != 1:
         return False
     stmt = next((a for a in assigns if a.targets[0] is stores[0]), None)
@@ -606,20 +600,14 @@ def _self_attr_is_ce(tree: ast.Module, cls: ast.ClassDef | None, attr: str, impo
 
 def _self_attr_values(tree: ast.Module, cls: ast.ClassDef | None, attr: str) -> list[ast.expr]:
     """Every value assigned to ``self.<attr>`` in the class and its same-file base classes."""
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    seen, frontier, values = set(), [cls] if cls is not None else [], []
-    while frontier:
-        c = frontier.pop()
-        if c.name in seen:
-            continue
-        seen.add(c.name)
+    values = []
+    for c in same_file_lineage(tree, cls):
         for node in ast.walk(c):
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if isinstance(target, ast.Attribute) and target.attr == attr \
                             and isinstance(target.value, ast.Name) and target.value.id == "self":
                         values.append(node.value)
-        frontier += [classes[b.id] for b in c.bases if isinstance(b, ast.Name) and b.id in classes]
     return values
 
 
