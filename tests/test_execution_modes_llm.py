@@ -466,3 +466,26 @@ def test_compiled_method_rotation_that_reads_self_runs_the_written_expression(fi
         torch._dynamo.reset()
     torch.testing.assert_close(got, want)
     assert not any(FUSED_IN_GRAPH["rotary"] in s for s in seen)
+
+
+# ---------------------------------------------------------------- torch.export
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_exported_rewrite_computes_the_original(files, name):
+    # non-strict export, as users export: the guards run outside tracing, the exported program
+    # of the rewrite computes what the original does (eval, the forward a deployed model runs)
+    subject, original, rewritten = _build(files, name)
+    if not isinstance(original, nn.Module):
+        pytest.skip("a function, not a module: nothing to export")
+    original.eval()
+    rewritten.eval()
+    inputs = subject.inputs()
+    with torch.no_grad():
+        try:
+            torch.export.export(subject.make(files(subject.file)[0]).eval(), inputs, strict=False)
+        except Exception as error:  # noqa: BLE001  (what the original cannot do is no failure of the rewrite)
+            pytest.skip(f"the original does not export: {_first_line(error)}")
+        exported = torch.export.export(rewritten, inputs, strict=False).module()
+        got, want = _flat(exported(*inputs)), _flat(original(*inputs))
+    _same(got, want, what=name)
