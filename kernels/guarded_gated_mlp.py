@@ -38,6 +38,7 @@ from torch import nn
 
 from .guarded import _context_reason, _fallback, _has_hooks, _plain, gelu_mode
 from .ops.gated_act import gated_act
+from .policy import policy_reason
 from .telemetry import record_backend
 
 __all__ = ["gated_activation", "gated_mlp", "gated_mlp_packed", "linear_form"]
@@ -194,7 +195,7 @@ def gated_mlp(gate: nn.Module, up: nn.Module, down: nn.Module, act: Any, x: torc
     """``down(act(gate(x), *act_args, **act_kwargs) * up(x))``; with plain ``nn.Linear``
     projections and a SiLU/GeLU activation, ``act(g) * u`` runs as one op that recomputes
     ``act(g)`` in the backward instead of storing it."""
-    reason = _context_reason(x)
+    reason = _context_reason(x) or policy_reason(KERNEL, x)
     activation = forms = None
     if not reason:
         forms = [linear_form(m) for m in (gate, up, down)]
@@ -258,7 +259,7 @@ def gated_mlp_packed(gate_up: nn.Module, down: nn.Module, act: Any, x: torch.Ten
     otherwise the original computation runs."""
     if (chunks is None) == (split is None) or gate not in (0, 1):
         raise TypeError("gated_mlp_packed takes one of chunks= and split=, and gate=0 or gate=1")
-    reason = _context_reason(x)
+    reason = _context_reason(x) or policy_reason(KERNEL, x)
     activation = gate_up_form = down_form = None
     if not reason:
         gate_up_form, reason = linear_form(gate_up)

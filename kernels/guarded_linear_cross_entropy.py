@@ -61,6 +61,7 @@ from torch import nn
 from .backend import _constant_under_compile
 from .guarded import _context_reason, _fallback, _plain
 from .ops.linear_cross_entropy import _compute_dtype, linear_cross_entropy_sum
+from .policy import policy_reason
 from .telemetry import calling_frame, record_backend, source_file
 
 __all__ = ["KEEP_LOGITS_ENV", "LogitsNotComputedWarning", "keep_logits", "linear_cross_entropy",
@@ -241,7 +242,7 @@ def _fused_reason(head: Any, hidden_states: Any) -> str:
         return f"logits kept ({KEEP_LOGITS_ENV} or keep_logits())"
     if not torch.is_grad_enabled():
         return "grad disabled (evaluation: the logits are returned)"
-    reason = _context_reason(hidden_states) or _plain(head, nn.Linear)
+    reason = _context_reason(hidden_states) or policy_reason(KERNEL, hidden_states) or _plain(head, nn.Linear)
     if reason:
         return reason
     if not head.training:

@@ -28,6 +28,7 @@ import torch
 
 from .backend import select_backend, triton_dtype_ok
 from .ops.common import is_proxy, row_block
+from .policy import policy_reason
 from .ops.rms_norm import INPUT_DTYPES, RMSNormForm, RMSNormFunction, rms_norm_reference
 from .telemetry import ORIGINAL, record, record_backend
 
@@ -95,7 +96,7 @@ def rms_norm(
     """The RMSNorm form the keywords name, applied to ``x`` over ``dim``, fused when that is its
     last dimension (module doc)."""
     form = RMSNormForm(offset, weight_before_cast, weight_fp32, cast_to_half_weight, upcast)
-    reason = _reason(x, weight, eps, form, dim)
+    reason = _reason(x, weight, eps, form, dim) or policy_reason(KERNEL, x)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return rms_norm_reference(x, weight, eps, form, dim)

@@ -66,6 +66,7 @@ from .ops.rotary import (
     rotary_embedding_interleaved,
     rotary_embedding_pairs,
 )
+from .policy import policy_reason
 from .telemetry import ORIGINAL, record, record_backend
 
 __all__ = ["rotary", "rotary_complex", "rotary_interleaved", "rotary_pairs"]
@@ -239,7 +240,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     module doc hold, else exactly that expression."""
     if isinstance(rotate_half, torch.Tensor) or is_proxy(rotate_half):
         rotated = rotate_half
-        reason = _why_not_fused_given(x, cos, sin, rotated)
+        reason = _why_not_fused_given(x, cos, sin, rotated) or policy_reason(KERNEL, x)
         if reason:
             record(KERNEL, ORIGINAL, reason)
             return (x * cos) + (rotated * sin)
@@ -247,7 +248,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         record(KERNEL, "torch")
         return out
     rotation = rotate_half_reference if rotate_half is None else rotate_half
-    reason = _why_not_fused(x, cos, sin, rotation)
+    reason = _why_not_fused(x, cos, sin, rotation) or policy_reason(KERNEL, x)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return (x * cos) + (rotation(x) * sin)
@@ -263,7 +264,8 @@ def rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        rotate_every_two: Callable) -> torch.Tensor:
     """``x * cos + rotate_every_two(x) * sin`` (pairs at even/odd positions); fused when the checks
     of the module doc hold, else exactly that expression."""
-    reason = _tensor_checks(x, cos, sin) or _rotation_checks(rotate_every_two, INTERLEAVED, x.dim())
+    reason = (_tensor_checks(x, cos, sin) or _rotation_checks(rotate_every_two, INTERLEAVED, x.dim())
+              or policy_reason(KERNEL, x))
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return (x * cos) + (rotate_every_two(x) * sin)
@@ -317,6 +319,7 @@ def rotary_pairs(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: tor
     reason = _pair_checks(x1, x2, cos, sin, join)
     if reason and reason != "tracing" and not _pair_checks(cos, sin, x1, x2, join):
         x1, x2, cos, sin, reason = cos, sin, x1, x2, ""
+    reason = reason or policy_reason(KERNEL, x1)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return _pairs_original(x1, x2, cos, sin, join)
@@ -359,11 +362,12 @@ def rotary_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     dimension of the real tensor ``x`` views, rotated by the angles of ``freqs_cis``); in real
     numbers when the checks of the module doc hold, else exactly that expression."""
     reason = _complex_checks(x, freqs_cis)
+    if reason and reason != "tracing" and not _complex_checks(freqs_cis, x):
+        x, freqs_cis, reason = freqs_cis, x, ""  # freqs_cis * x in the source: the product commutes
+    reason = reason or policy_reason(KERNEL, x)
     if reason:
-        if reason == "tracing" or _complex_checks(freqs_cis, x):
-            record(KERNEL, ORIGINAL, reason)
-            return torch.view_as_real(x * freqs_cis)
-        x, freqs_cis = freqs_cis, x  # freqs_cis * x in the source: the product commutes
+        record(KERNEL, ORIGINAL, reason)
+        return torch.view_as_real(x * freqs_cis)
     # resolve_conj: a lazily conjugated tensor (``freqs_cis.conj()``) as values (else it is itself)
     freqs = freqs_cis.resolve_conj().expand(x.shape)
     real = torch.view_as_real(x.resolve_conj()).flatten(-2)  # a view: complex numbers are pairs of reals

@@ -3,13 +3,18 @@
     adopter verify --model bert-base-uncased [--json out.json] [--plot out.png]
     adopter verify --model tiny-bert --baseline benchmarks/baselines/tiny-bert.json --max-regression 5%
     adopter verify --model mypkg.model:Net --model-args net.json --blocks 6
+    adopter verify --model microsoft/resnet-50 --mode inference --batch-sizes 1,8
 
 Steps: build the model (known id: shipped config, random weights; or a local directory with
 config.json and optionally weights; or your own class, package.module:Name, with the arguments and
 example inputs of --model-args or a factory), optimize its class (scan + trace + rewrite + in-memory
 load, each rule checked for equivalence on a shrunk config, or on your arguments), check the optimized
 model against the original at full size (same weights, forward and backward), then benchmark a
-training step of both (pytest-benchmark, alternating rounds) and compare against a baseline.
+training step of both (pytest-benchmark, alternating rounds; or, with --mode inference, eval forwards
+under no_grad over a batch-size sweep), measure what each kernel contributes (each switched off in
+turn), and compare against a baseline. On CPU with one thread the speed verdict is the ratio of
+process CPU times (it holds on a busy machine); a wide interval gets more pairs, and one that stays
+wide on a busy machine is "inconclusive: machine too busy".
 
 Exit status: 0 equivalent (and gate passed), 1 not equivalent or gate failed, 2 bad input.
 """
@@ -30,6 +35,7 @@ DEFAULT_BATCH_SIZE = 4
 DEFAULT_SEQ_LEN = 32
 DEFAULT_BENCH_SECONDS = 20.0
 DEFAULT_THREADS = 1
+DEFAULT_INFERENCE_BATCHES = (1, 8)
 # mirrors adopter.verification.benchmark (not imported here: commands import torch only in run)
 MIN_BLOCKS, MAX_BLOCKS = 6, 30
 
@@ -61,6 +67,21 @@ def add_arguments(parser) -> None:
         help="time budget for the timed benchmark rounds when --blocks is not given (default %(default)s)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per block (default %(default)s)")
+    parser.add_argument(
+        "--max-bench-seconds", type=float, default=None,
+        help="while the speed ratio's interval is wide, measure more pairs up to this many seconds "
+             "(default: three times --bench-seconds)",
+    )  # fmt: skip
+    parser.add_argument("--mode", choices=("train", "inference"), default=None,
+                        help="train: forward+backward+AdamW steps (default); inference: eval forwards under "
+                             "no_grad over a batch-size sweep (latency, throughput, peak memory)")
+    parser.add_argument("--batch-sizes", default=None, metavar="N,N,...",
+                        help="inference batch-size sweep (default: the baseline's, the shipped config's, else "
+                             f"{','.join(map(str, DEFAULT_INFERENCE_BATCHES))})")
+    parser.add_argument("--no-ablation", action="store_true",
+                        help="skip the per-kernel contribution (each kernel switched off in turn)")
+    parser.add_argument("--ablation-seconds", type=float, default=20.0,
+                        help="time budget of the per-kernel ablation (default %(default)s)")
     parser.add_argument("--attn-implementation", default=None, metavar="NAME",
                         help="transformers attention implementation of the original (eager, sdpa, ...; default: "
                              "the model's). Rules that match eager attention code need the eager path.")
@@ -143,6 +164,28 @@ def run(args) -> int:
         args.attn_implementation = (baseline.get("model") or {}).get("attn_implementation")
     if args.threads is None:
         args.threads = int(settings.get("threads") or DEFAULT_THREADS)
+    if args.mode is None:
+        args.mode = settings.get("mode") or "train"
+    if baseline is not None and (settings.get("mode") or "train") != args.mode:
+        raise UserError(f"--mode {args.mode} against a baseline measured in {settings.get('mode') or 'train'} mode")
+    batch_sizes = None
+    if args.mode == "inference":
+        if args.batch_sizes is not None:
+            try:
+                batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+            except ValueError:
+                raise UserError(f"--batch-sizes takes comma-separated integers, got {args.batch_sizes!r}") from None
+            if not batch_sizes or min(batch_sizes) < 1:
+                raise UserError("--batch-sizes needs positive integers")
+        else:
+            batch_sizes = ([int(b["batch_size"]) for b in settings.get("sweep") or []]
+                           or list(model_settings.get("inference_batch_sizes") or DEFAULT_INFERENCE_BATCHES))
+        if is_user_ref(args.model) and args.batch_sizes is not None:
+            raise UserError("--batch-sizes applies to shipped models; for --model package.module:Name "
+                            "set the example inputs' shapes in --model-args")
+        args.batch_size = batch_sizes[0]
+    elif args.batch_sizes is not None:
+        raise UserError("--batch-sizes is for --mode inference")
     for name in ("batch_size", "seq_len", "blocks", "rounds", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -162,6 +205,11 @@ def run(args) -> int:
         blocks=args.blocks,
         bench_seconds=args.bench_seconds,
         rounds=args.rounds,
+        mode=args.mode,
+        batch_sizes=batch_sizes,
+        max_bench_seconds=args.max_bench_seconds,
+        ablation=not args.no_ablation,
+        ablation_seconds=args.ablation_seconds,
         benchmark=not args.no_benchmark,
         benchmark_json=args.benchmark_json
         or (

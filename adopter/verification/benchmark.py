@@ -18,6 +18,15 @@ Kernel paths: one more training step of the optimized model, right after the tim
 ``BenchmarkResult.kernel_calls`` says which kernel ran on which backend, or fell back to the
 original computation, from which rewritten function.
 
+Verdicts that survive load: every step's *process CPU time* is recorded beside its wall time. A
+single-threaded CPU step's CPU time barely moves when other processes compete for the cores (its
+wall time stretches while it waits), so on CPU with one torch thread the ratio the verdict and the
+gate use (``speed_ratio``, ``speed_figure``) is the per-pair ratio of CPU times; elsewhere (CUDA,
+several threads, where CPU time does not measure the step) it is wall time. Both are kept
+(``speed_ratio_wall``, ``speed_ratio_cpu``). When the interval is wider than :data:`NARROW_WIDTH`
+more pairs are measured, up to a time budget; a result neither narrow nor stable (its two halves
+disagree) on a busy machine is reported ``inconclusive: machine too busy``, never "faster".
+
 Memory: on CUDA the peak of ``torch.cuda.max_memory_allocated`` over one step; on CPU the
 peak of the torch CPU allocator over one step, above what was allocated when the step
 began (from the profiler's memory events) — allocation sizes are deterministic, so this
@@ -49,10 +58,34 @@ from adopter.verification.equivalence import call_model, flatten_tensors, model_
 
 # variant name -> zero-argument training step; read by the generated benchmark module.
 _STEPS: dict[str, Callable[[], None]] = {}
+# (variant, block) the generated module is running; the CPU time of each call is filed under it
+_BLOCK: list[tuple[str, int] | None] = [None]
+_CPU_CALLS: dict[tuple[str, int], list[float]] = {}
+
+
+def _cpu_timed(step: Callable[[], None]) -> Callable[[], None]:
+    """``step``, filing the process CPU time of each call under the running (variant, block)."""
+
+    def timed() -> None:
+        start = time.process_time()
+        step()
+        _CPU_CALLS.setdefault(_BLOCK[0], []).append(time.process_time() - start)  # type: ignore[arg-type]
+
+    return timed
 
 VARIANTS = ("original", "optimized")
 MIN_BLOCKS = 6
 MAX_BLOCKS = 30
+# An interval this narrow (high - low, relative to the ratio) settles a verdict; wider ones get
+# more pairs while the time budget lasts.
+NARROW_WIDTH = 0.06
+# median wall / CPU time of the steps above this: the process waited for a core (a busy machine)
+BUSY_LOAD = 1.10
+# the two halves of the pairs agree within this (relative): the figure did not drift with load
+STABLE_HALVES = 0.03
+FASTER, SLOWER, SAME, INCONCLUSIVE = (
+    "optimized faster", "optimized slower", "no measurable difference", "inconclusive: machine too busy",
+)
 
 
 @dataclass
@@ -64,6 +97,8 @@ class VariantTiming:
     # bootstrap 95% interval of that throughput (over the measured steps); the plot's error bars
     throughput_low: float = math.nan
     throughput_high: float = math.nan
+    cpu_seconds: list[float] = field(default_factory=list)  # process CPU time per step, same rounds
+    cpu_median_s: float = math.nan
 
 
 @dataclass
@@ -92,12 +127,26 @@ class BenchmarkResult:
     # what one un-timed training step of the optimized model called (see step_kernel_calls);
     # not in to_json: the verify result attributes them to the applied rules
     kernel_calls: list[KernelCall] = field(default_factory=list)
+    # which time speed_ratio / pair_ratios are of: "process CPU time" or "wall time" (module doc)
+    speed_figure: str = "wall time"
+    speed_ratio_wall: float = math.nan
+    speed_ratio_wall_low: float = math.nan
+    speed_ratio_wall_high: float = math.nan
+    pair_ratios_wall: list[float] = field(default_factory=list)
+    speed_ratio_cpu: float = math.nan
+    speed_ratio_cpu_low: float = math.nan
+    speed_ratio_cpu_high: float = math.nan
+    pair_ratios_cpu: list[float] = field(default_factory=list)
+    load: float = math.nan  # median wall / CPU time of a step (1.0: never waited for a core)
+    verdict: str = ""  # FASTER, SLOWER, SAME or INCONCLUSIVE
+    verdict_detail: str = ""
 
     def to_json(self) -> dict:
         data = asdict(self)
         del data["kernel_calls"]
         for key in ("original", "optimized"):
             data[key]["seconds"] = [round(s, 6) for s in data[key]["seconds"]]
+            data[key]["cpu_seconds"] = [round(s, 6) for s in data[key]["cpu_seconds"]]
         return data
 
 
@@ -118,6 +167,23 @@ def training_step_loss(outputs: Any) -> torch.Tensor:
     if not terms:
         raise ValueError("the model has no differentiable output to train on")
     return torch.stack(terms).sum()
+
+
+def make_inference_step(model: nn.Module, example_inputs: Any) -> Callable[[], None]:
+    """One forward in eval mode under ``torch.no_grad()`` (what serving runs); synchronizes on CUDA."""
+    param = next(iter(model.parameters()))
+    device = param.device
+    inputs = move_inputs(example_inputs, device)
+    model.eval()
+    cuda = device.type == "cuda"
+
+    def step() -> None:
+        with torch.no_grad():
+            call_model(model, inputs)
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    return step
 
 
 def make_train_step(model: nn.Module, example_inputs: Any, *, lr: float = 1e-6) -> Callable[[], None]:
@@ -217,6 +283,7 @@ CASES = {cases!r}
 @pytest.mark.parametrize("variant,block", CASES, ids=[f"{{v}}-{{b}}" for v, b in CASES])
 def test_train_step(benchmark, variant, block):
     step = verify_bench._STEPS[variant]
+    verify_bench._BLOCK[0] = (variant, block)
     benchmark.group = "train-step"
     benchmark.extra_info["variant"] = variant
     benchmark.extra_info["block"] = block
@@ -232,16 +299,18 @@ def run_pytest_benchmark(
     iterations: int,
     warmup_rounds: int,
     json_path: str,
+    cpu_out: dict[str, list[list[float]]] | None = None,
 ) -> tuple[dict[str, list[list[float]]], str]:
     """Run the alternating benchmark in-process; returns per variant, per block, the
     per-step times (s), and pytest's output. The full pytest-benchmark JSON is written to
-    ``json_path``."""
+    ``json_path``. ``cpu_out`` (a dict) receives the same shape of per-step process CPU times."""
     # Alternate which variant goes first in a pair, so that neither always runs right after
     # the other (cache state, allocator state, clock ramp-up).
     names = list(steps)
     cases = [(variant, block) for block in range(blocks) for variant in (names if block % 2 == 0 else names[::-1])]
     _STEPS.clear()
-    _STEPS.update(steps)
+    _STEPS.update({name: _cpu_timed(step) for name, step in steps.items()})
+    _CPU_CALLS.clear()
     output = io.StringIO()
     with tempfile.TemporaryDirectory(prefix="adopter-bench-") as tmp:
         # A fresh module name per run: pytest's importlib mode would otherwise hand a second
@@ -302,6 +371,16 @@ def run_pytest_benchmark(
         info = bench.get("extra_info", {})
         times = bench["stats"].get("data") or []
         per_block[info["variant"]][int(info["block"])] = [float(t) for t in times]
+    if cpu_out is not None:
+        # per round: the mean CPU time of its iterations (warm-up calls come first: dropped)
+        for name in steps:
+            cpu_out[name] = []
+            for block in range(blocks):
+                calls = _CPU_CALLS.get((name, block), [])[warmup_rounds * iterations:]
+                cpu_out[name].append([
+                    sum(calls[i:i + iterations]) / iterations for i in range(0, len(calls) - iterations + 1, iterations)
+                ])
+    _CPU_CALLS.clear()
     return per_block, text
 
 
@@ -322,6 +401,12 @@ def calibrate_iterations(step: Callable[[], None], *, min_round_s: float = 0.1) 
     return max(1, math.ceil(min_round_s / elapsed)), elapsed
 
 
+def _robust_cpu(device: torch.device) -> bool:
+    """Whether process CPU time measures a step here: CPU tensors on one torch thread (on CUDA
+    the step waits for the device; with several threads CPU time adds up their work)."""
+    return device.type == "cpu" and torch.get_num_threads() == 1
+
+
 def benchmark_pair(
     original: nn.Module,
     optimized: nn.Module,
@@ -332,20 +417,23 @@ def benchmark_pair(
     blocks: int | None = None,
     rounds_per_block: int = 1,
     time_budget_s: float = 20.0,
+    max_time_s: float | None = None,
     warmup_rounds: int = 1,
     json_path: str,
     progress: Callable[[str], None] | None = None,
+    mode: str = "train",
 ) -> BenchmarkResult:
-    """Benchmark training steps of both models (alternating), and their peak memory.
+    """Benchmark training steps (``mode="train"``) or no-grad eval forwards (``"inference"``) of
+    both models, alternating, and their peak memory.
 
     ``blocks`` (pairs of original/optimized rounds) defaults to what fits ``time_budget_s``
-    of timed steps, between :data:`MIN_BLOCKS` and :data:`MAX_BLOCKS`."""
+    of timed steps, between :data:`MIN_BLOCKS` and :data:`MAX_BLOCKS`; while the interval of the
+    ratio is wider than :data:`NARROW_WIDTH`, more blocks are measured until ``max_time_s`` of
+    timed steps (default three times ``time_budget_s``; a given ``blocks`` is not extended)."""
     say = progress or (lambda _msg: None)
     device = next(iter(original.parameters())).device
-    steps = {
-        "original": make_train_step(original, example_inputs),
-        "optimized": make_train_step(optimized, example_inputs),
-    }
+    make = make_train_step if mode == "train" else make_inference_step
+    steps = {"original": make(original, example_inputs), "optimized": make(optimized, example_inputs)}
     # Warm both up (first-call allocations, optimizer state) and pick iterations per round.
     say("warming up")
     iterations = 1
@@ -354,10 +442,11 @@ def benchmark_pair(
         n, elapsed = calibrate_iterations(step)
         iterations = max(iterations, n)
         step_s = max(step_s, elapsed)
+    extend = blocks is None
+    pair_s = 2 * rounds_per_block * iterations * step_s
     if blocks is None:
         # As many alternating pairs as fit the time budget, at least 6 (an interval needs
         # pairs), at most 30 (more buys little).
-        pair_s = 2 * rounds_per_block * iterations * step_s
         blocks = max(MIN_BLOCKS, min(MAX_BLOCKS, int(time_budget_s / max(pair_s, 1e-9))))
 
     say("measuring peak memory")
@@ -365,32 +454,100 @@ def benchmark_pair(
     metric = ""
     for name, step in steps.items():
         mem[name], metric = peak_step_memory(step, device)
+    if mode != "train":
+        metric = metric.replace("a training step", "an inference forward")
 
-    say(f"timing {blocks} alternating blocks x {rounds_per_block} round(s) x {iterations} step(s) per variant")
-    per_block, _ = run_pytest_benchmark(
-        steps,
-        blocks=blocks,
-        rounds_per_block=rounds_per_block,
-        iterations=iterations,
-        warmup_rounds=warmup_rounds,
-        json_path=json_path,
-    )
-    say("one more training step of the optimized model, counting its kernel calls")
+    per_block: dict[str, list[list[float]]] = {name: [] for name in steps}
+    cpu_block: dict[str, list[list[float]]] = {name: [] for name in steps}
+    budget = max_time_s if max_time_s is not None else 3 * time_budget_s
+    spent = 0.0
+    part = 0
+    result = None
+    while True:
+        say(f"timing {blocks} alternating blocks x {rounds_per_block} round(s) x {iterations} step(s) per variant")
+        root, ext = os.path.splitext(json_path)
+        started = time.perf_counter()
+        cpu: dict[str, list[list[float]]] = {}
+        wall, _ = run_pytest_benchmark(
+            steps,
+            blocks=blocks,
+            rounds_per_block=rounds_per_block,
+            iterations=iterations,
+            warmup_rounds=warmup_rounds,
+            json_path=json_path if part == 0 else f"{root}.more{part}{ext}",
+            cpu_out=cpu,
+        )
+        spent += time.perf_counter() - started
+        for name in steps:
+            per_block[name] += wall[name]
+            cpu_block[name] += cpu[name]
+        result = summarize(
+            per_block,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            device=str(device),
+            rounds_per_block=rounds_per_block,
+            iterations=iterations,
+            memory_metric=metric,
+            memory_original=mem["original"],
+            memory_optimized=mem["optimized"],
+            benchmark_json=json_path,
+            cpu_per_block=cpu_block,
+            robust_cpu=_robust_cpu(device),
+        )
+        part += 1
+        if not extend or _narrow(result.speed_ratio, result.speed_ratio_low, result.speed_ratio_high):
+            break
+        left = budget - spent
+        more = min(MAX_BLOCKS, int(left / max(pair_s, 1e-9)))
+        if more < 2:
+            break
+        say(f"speed ratio interval {result.speed_ratio_low:.3f}-{result.speed_ratio_high:.3f} is wide: more pairs")
+        blocks = more if more < MIN_BLOCKS else max(MIN_BLOCKS, min(more, len(result.pair_ratios)))
+    if part > 1:
+        result.notes.append(f"measured in {part} runs of alternating blocks (the interval was wide)")
+    if mode == "train":
+        say("one more training step of the optimized model, counting its kernel calls")
     kernel_calls = step_kernel_calls(steps["optimized"])
-    result = summarize(
-        per_block,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        device=str(device),
-        rounds_per_block=rounds_per_block,
-        iterations=iterations,
-        memory_metric=metric,
-        memory_original=mem["original"],
-        memory_optimized=mem["optimized"],
-        benchmark_json=json_path,
-    )
     result.kernel_calls = kernel_calls
     return result
+
+
+def _narrow(ratio: float, low: float, high: float) -> bool:
+    return ratio > 0 and (high - low) / ratio <= NARROW_WIDTH
+
+
+def _pair_ratios(per_block: dict[str, list[list[float]]]) -> list[float]:
+    return [
+        statistics.median(orig) / statistics.median(opt)
+        for orig, opt in zip(per_block["original"], per_block["optimized"])
+        if orig and opt
+    ]
+
+
+def decide(ratios: list[float], *, load: float) -> tuple[str, str]:
+    """The verdict on per-pair ratios (> 1: optimized faster) and why; ``load`` is the median
+    wall / CPU time of the steps. Narrow interval: its side of 1.0 decides. Wide: decided only
+    when the two halves of the pairs agree (the figure did not drift with the load) or the
+    machine was quiet; otherwise inconclusive."""
+    if not ratios:
+        return INCONCLUSIVE, "no pairs measured"
+    ratio = statistics.median(ratios)
+    low, high = _bootstrap_median_interval(ratios)
+    side = SAME if low <= 1.0 <= high else FASTER if low > 1.0 else SLOWER
+    if _narrow(ratio, low, high):
+        return side, f"narrow interval (width <= {100 * NARROW_WIDTH:g}%)"
+    half = len(ratios) // 2
+    first, second = (statistics.median(ratios[:half]), statistics.median(ratios[half:])) if half else (ratio, ratio)
+    stable = half >= 3 and abs(first / second - 1.0) <= STABLE_HALVES
+    if stable:
+        return side, f"interval {low:.3f}-{high:.3f} wide, but both halves of the pairs agree ({first:.3f}, {second:.3f})"
+    if math.isnan(load) or load <= BUSY_LOAD:
+        return side, f"interval {low:.3f}-{high:.3f} wide on a quiet machine (wall/CPU {load:.2f})"
+    return INCONCLUSIVE, (
+        f"interval {low:.3f}-{high:.3f} wide and its halves disagree ({first:.3f}, {second:.3f}) while the "
+        f"process waited for a core (wall/CPU {load:.2f})"
+    )
 
 
 def summarize(
@@ -405,8 +562,12 @@ def summarize(
     memory_original: int,
     memory_optimized: int,
     benchmark_json: str | None,
+    cpu_per_block: dict[str, list[list[float]]] | None = None,
+    robust_cpu: bool = False,
 ) -> BenchmarkResult:
-    """Turn per-block timings into throughputs, the paired speed ratio and its interval."""
+    """Turn per-block timings into throughputs, the paired speed ratios (wall, and CPU time when
+    ``cpu_per_block`` is given), their intervals and the verdict; ``robust_cpu``: the CPU-time
+    ratio is the one ``speed_ratio`` reports (module doc)."""
     timings = {}
     for name in VARIANTS:
         seconds = [t for block in per_block[name] for t in block]
@@ -415,13 +576,23 @@ def summarize(
         median = statistics.median(seconds)
         low_s, high_s = _bootstrap_median_interval(seconds)  # of the median step time
         timings[name] = VariantTiming(name, seconds, median, batch_size / median, batch_size / high_s, batch_size / low_s)
-    pair_ratios = [
-        statistics.median(orig) / statistics.median(opt)
-        for orig, opt in zip(per_block["original"], per_block["optimized"])
-        if orig and opt
+        cpu = [t for block in (cpu_per_block or {}).get(name, []) for t in block]
+        if cpu:
+            timings[name].cpu_seconds = cpu
+            timings[name].cpu_median_s = statistics.median(cpu)
+    wall_ratios = _pair_ratios(per_block)
+    cpu_ratios = _pair_ratios(cpu_per_block) if cpu_per_block else []
+    cpu_ok = bool(cpu_ratios) and all(r > 0 and math.isfinite(r) for r in cpu_ratios)
+    use_cpu = robust_cpu and cpu_ok
+    loads = [
+        w / c for name in VARIANTS for w, c in zip(timings[name].seconds, timings[name].cpu_seconds) if c > 0
     ]
+    load = statistics.median(loads) if loads else math.nan
+    pair_ratios = cpu_ratios if use_cpu else wall_ratios
     low, high = _bootstrap_median_interval(pair_ratios)
-    return BenchmarkResult(
+    wall_low, wall_high = _bootstrap_median_interval(wall_ratios)
+    verdict, detail = decide(pair_ratios, load=load)
+    result = BenchmarkResult(
         batch_size=batch_size,
         seq_len=seq_len,
         device=device,
@@ -440,7 +611,21 @@ def summarize(
         memory_ratio=memory_optimized / memory_original if memory_original else math.nan,
         benchmark_json=benchmark_json,
         speed_ratio_of_medians=timings["original"].median_s / timings["optimized"].median_s,
+        speed_figure="process CPU time" if use_cpu else "wall time",
+        speed_ratio_wall=statistics.median(wall_ratios),
+        speed_ratio_wall_low=wall_low,
+        speed_ratio_wall_high=wall_high,
+        pair_ratios_wall=[round(r, 5) for r in wall_ratios],
+        load=round(load, 4) if not math.isnan(load) else load,
+        verdict=verdict,
+        verdict_detail=detail,
     )
+    if cpu_ok:
+        cpu_low, cpu_high = _bootstrap_median_interval(cpu_ratios)
+        result.speed_ratio_cpu = statistics.median(cpu_ratios)
+        result.speed_ratio_cpu_low, result.speed_ratio_cpu_high = cpu_low, cpu_high
+        result.pair_ratios_cpu = [round(r, 5) for r in cpu_ratios]
+    return result
 
 
 def merge(first: BenchmarkResult, second: BenchmarkResult) -> BenchmarkResult:
@@ -449,7 +634,7 @@ def merge(first: BenchmarkResult, second: BenchmarkResult) -> BenchmarkResult:
         name: [[t] for t in getattr(first, name).seconds] + [[t] for t in getattr(second, name).seconds]
         for name in VARIANTS
     }
-    # Throughputs from all the seconds; the ratio from the recorded pair ratios (re-pairing
+    # Throughputs from all the seconds; the ratios from the recorded pair ratios (re-pairing
     # flattened seconds across runs would pair unrelated rounds).
     merged = summarize(
         per_block,
@@ -463,12 +648,29 @@ def merge(first: BenchmarkResult, second: BenchmarkResult) -> BenchmarkResult:
         memory_optimized=first.memory_optimized_bytes,
         benchmark_json=second.benchmark_json,
     )
+    for name in VARIANTS:
+        timing = getattr(merged, name)
+        timing.cpu_seconds = getattr(first, name).cpu_seconds + getattr(second, name).cpu_seconds
+        timing.cpu_median_s = statistics.median(timing.cpu_seconds) if timing.cpu_seconds else math.nan
     ratios = first.pair_ratios + second.pair_ratios
     low, high = _bootstrap_median_interval(ratios)
     merged.pair_ratios = ratios
     merged.blocks = len(ratios)
     merged.speed_ratio = statistics.median(ratios)
     merged.speed_ratio_low, merged.speed_ratio_high = low, high
+    merged.speed_figure = first.speed_figure
+    wall = first.pair_ratios_wall + second.pair_ratios_wall
+    merged.pair_ratios_wall = wall
+    merged.speed_ratio_wall = statistics.median(wall)
+    merged.speed_ratio_wall_low, merged.speed_ratio_wall_high = _bootstrap_median_interval(wall)
+    cpu = first.pair_ratios_cpu + second.pair_ratios_cpu
+    if cpu:
+        merged.pair_ratios_cpu = cpu
+        merged.speed_ratio_cpu = statistics.median(cpu)
+        merged.speed_ratio_cpu_low, merged.speed_ratio_cpu_high = _bootstrap_median_interval(cpu)
+    loads = [x.load for x in (first, second) if not math.isnan(x.load)]
+    merged.load = max(loads) if loads else math.nan
+    merged.verdict, merged.verdict_detail = decide(ratios, load=merged.load)
     merged.notes = first.notes + second.notes + ["pooled two measurement runs"]
     merged.kernel_calls = second.kernel_calls or first.kernel_calls
     return merged
@@ -478,6 +680,8 @@ __all__ = [
     "BenchmarkResult",
     "VariantTiming",
     "benchmark_pair",
+    "decide",
+    "make_inference_step",
     "make_train_step",
     "merge",
     "peak_step_memory",

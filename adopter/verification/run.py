@@ -46,6 +46,11 @@ class VerifyOptions:
     baseline: dict | None = None
     baseline_path: str | None = None  # named in the gate's "regenerate the baseline" message
     max_regression: float = 0.05
+    mode: str = "train"  # "train": forward+backward+AdamW; "inference": eval, no grad, a batch sweep
+    batch_sizes: list[int] | None = None  # inference sweep (None: batch_size alone)
+    max_bench_seconds: float | None = None  # extend a wide interval up to this (None: 3 x bench_seconds)
+    ablation: bool = True  # per-kernel contribution (leave-one-out) after the main benchmark
+    ablation_seconds: float = 20.0
     # --model package.module:Name: the user's class with its arguments and example inputs
     # (adopter.tracing.user_model.UserModel); ``model`` is then that reference
     user_model: Any = None
@@ -207,49 +212,74 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
         from adopter.verification.benchmark import benchmark_pair, merge
 
         if user is not None:  # the user's inputs as given (their batch size is the benchmark's)
-            inputs = built.example_inputs
-            options.batch_size = next((int(v.shape[0]) for v in inputs.values()
+            options.batch_size = next((int(v.shape[0]) for v in built.example_inputs.values()
                                        if isinstance(v, torch.Tensor) and v.dim()), 1)
-        else:
-            inputs = make_example_inputs(
-                original, config, batch_size=options.batch_size, seq_len=options.seq_len, device=device
-            )
+            options.batch_sizes = None
+
+        def inputs_for(batch_size: int):
+            if user is not None:
+                return built.example_inputs
+            return make_example_inputs(original, config, batch_size=batch_size, seq_len=options.seq_len, device=device)
+
+        inputs = inputs_for(options.batch_size)
         uses_tokens = "input_ids" in inputs
         os.makedirs(os.path.dirname(os.path.abspath(options.benchmark_json)), exist_ok=True)
 
-        def measure(json_path: str):
+        def measure(json_path: str, batch_size: int, batch_inputs):
             return benchmark_pair(
                 original,
                 optimized,
-                inputs,
-                batch_size=options.batch_size,
+                batch_inputs,
+                batch_size=batch_size,
                 seq_len=options.seq_len if uses_tokens else None,
                 blocks=options.blocks,
                 time_budget_s=options.bench_seconds,
+                max_time_s=options.max_bench_seconds,
                 rounds_per_block=options.rounds,
                 warmup_rounds=0,
                 json_path=json_path,
                 progress=progress,
+                mode=options.mode,
             )
 
+        def bench_json(bench) -> dict:
+            return {**bench.to_json(), "threads": torch.get_num_threads(), "mode": options.mode}
+
         t = time.perf_counter()
-        bench = measure(options.benchmark_json)
-        result["benchmark"] = {**bench.to_json(), "threads": torch.get_num_threads()}
-        result["kernel_calls"] = attribute_kernel_calls(result["rules_applied"], bench.kernel_calls, rules or ())
+        root, ext = os.path.splitext(options.benchmark_json)
+        sweep = options.batch_sizes if options.mode == "inference" and options.batch_sizes else [options.batch_size]
+        runs = {}
+        for batch_size in sweep:
+            if len(sweep) > 1:
+                progress(f"inference, batch {batch_size}")
+            path = options.benchmark_json if batch_size == sweep[0] else f"{root}.batch{batch_size}{ext}"
+            runs[batch_size] = measure(path, batch_size, inputs if batch_size == options.batch_size
+                                       else inputs_for(batch_size))
+        bench = runs[sweep[0]]
+
+        def record_benchmark() -> None:
+            result["benchmark"] = bench_json(bench)
+            if options.mode == "inference":
+                result["benchmark"]["sweep"] = [bench_json(b) for b in runs.values()]
+            result["kernel_calls"] = attribute_kernel_calls(result["rules_applied"], bench.kernel_calls, rules or ())
+
+        record_benchmark()
         phases["benchmark"] = time.perf_counter() - t
+        if options.ablation:
+            t = time.perf_counter()
+            result["ablation"] = _ablation(options, optimized, inputs, bench, result, rules or (), progress)
+            phases["ablation"] = time.perf_counter() - t
         if options.baseline is not None:
             gate = evaluate_gate(result, options.baseline, options.max_regression, options.baseline_path)
             if gate.speed_only_failure:
                 # Noise is the likelier cause of one failed speed comparison: measure again and
                 # pool both runs before calling it a regression.
                 progress("speed below the baseline: measuring again before deciding")
-                root, ext = os.path.splitext(options.benchmark_json)
-                second = measure(f"{root}.retry{ext}")
-                bench = merge(bench, second)
-                result["benchmark"] = {**bench.to_json(), "threads": torch.get_num_threads()}
-                result["kernel_calls"] = attribute_kernel_calls(
-                    result["rules_applied"], bench.kernel_calls, rules or ()
-                )
+                for batch_size in sweep:
+                    second = measure(f"{root}.retry{batch_size}{ext}", batch_size, inputs_for(batch_size))
+                    runs[batch_size] = merge(runs[batch_size], second)
+                bench = runs[sweep[0]]
+                record_benchmark()
                 gate = evaluate_gate(result, options.baseline, options.max_regression, options.baseline_path)
             result["gate"] = gate.to_json()
             if not gate.passed:
@@ -261,6 +291,43 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     phases["total"] = time.perf_counter() - t0
     result["phases_s"] = {k: round(v, 2) for k, v in phases.items()}
     return VerifyOutcome(result, gate, exit_code)
+
+
+# ---------------------------------------------------------------- what each kernel contributes
+
+
+def _ablation(options: VerifyOptions, optimized, inputs, bench, result: dict, rules, progress) -> dict:
+    """Leave-one-out ablation of the kernels that ran fused in the measured step
+    (:mod:`adopter.verification.ablation`); each applied rule's entry gets its kernel's
+    ``contribution``. Returns the result's ``ablation`` record."""
+    import torch
+
+    from adopter.verification.ablation import ablate_kernels
+    from adopter.verification.benchmark import _robust_cpu, make_inference_step, make_train_step
+
+    fused = sorted({c.kernel for c in bench.kernel_calls if c.fused})
+    device = next(iter(optimized.parameters())).device
+    make = make_train_step if options.mode == "train" else make_inference_step
+    root, ext = os.path.splitext(options.benchmark_json)
+    contributions = ablate_kernels(
+        lambda: make(optimized, inputs), fused, device=device, json_path=f"{root}.ablation{ext}",
+        time_budget_s=options.ablation_seconds, robust_cpu=_robust_cpu(device), progress=progress,
+    )
+    by_kernel = {c.kernel: c.to_json() for c in contributions}
+    not_fused = sorted({c.kernel for c in bench.kernel_calls} - set(fused))
+    for entry in result["rules_applied"]:
+        kernels = (entry.get("kernel_calls") or {}).get("kernels") or []
+        found = [by_kernel[k] for k in kernels if k in by_kernel]
+        if found:
+            entry["contribution"] = found[0]
+    return {
+        "method": "leave-one-out on the optimized model: step time and peak memory with one kernel switched off "
+                  "(its sites run their original math) over the same with every kernel on; > 1: the kernel helps",
+        "figure": "process CPU time" if _robust_cpu(device) else "wall time",
+        "threads": torch.get_num_threads(),
+        "kernels": [c.to_json() for c in contributions],
+        "not_fused_here": not_fused,
+    }
 
 
 # ---------------------------------------------------------------- what ran where
