@@ -1,15 +1,21 @@
 """Conv2d+BatchNorm2d and Linear+BatchNorm1d: separate math in training, BN folded in eval."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
 from .ops.batch_norm_fold import fold_batch_norm
 from .ops.common import is_proxy
+from .ops.conv_prepacked import conv_prepacked, pack_conv_weight, prepack_layout
 from .state_dict_hooks import ParentKeyRemap, install_hooks, move_keys
 
 _BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 _BN_CHILD = "bn"
+# module -> (key, oneDNN-packed folded weight) of FusedConv2dBatchNorm2d on CPU; kept outside the
+# module so that copying or pickling a module never meets an opaque oneDNN tensor
+_PACK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _FoldsBatchNorm(ParentKeyRemap):
@@ -45,19 +51,26 @@ class _FoldsBatchNorm(ParentKeyRemap):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             # gradients flow through the fold; recompute every call (cheap next to the conv/matmul)
             return fold_batch_norm(*tensors, self.bn.eps)
-        try:
-            key = tuple(
-                None if t is None else (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
-                for t in tensors
-            ) + (self.bn.eps,)
-        except RuntimeError:  # inference tensors have no version counter: don't cache
+        key = self._fold_state_key(tensors)
+        if key is None:  # inference tensors have no version counter: don't cache
             with torch.no_grad():
                 return fold_batch_norm(*tensors, self.bn.eps)
         if key != self._fold_key or self._fold_cache is None:
-            with torch.no_grad():
+            with torch.no_grad(), torch.inference_mode(False):  # (usable outside inference mode too)
                 self._fold_cache = fold_batch_norm(*tensors, self.bn.eps)
             self._fold_key = key
         return self._fold_cache
+
+    def _fold_state_key(self, tensors) -> tuple | None:
+        """What the fold depends on (identity, version and place of each tensor, and ``eps``);
+        None for inference tensors, which have no version counter."""
+        try:
+            return tuple(
+                None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
+                for t in tensors
+            ) + (self.bn.eps,)
+        except RuntimeError:
+            return None
 
     def _parent_views(self) -> dict[str, nn.Module]:
         # the BN itself, unregistered, as <parent>.<bn_name> (for loaders that resolve key paths)
@@ -112,7 +125,29 @@ class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
         if not self._can_fold():
             return self.bn(self._conv_forward(x, self.weight, self.bias))
         weight, bias = self._folded()
+        if not is_proxy(x):
+            out = self._packed_forward(x, weight, bias)
+            if out is not None:
+                return out
         return self._conv_forward(x, weight, bias)
+
+    def _packed_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor | None:
+        """The folded conv on a oneDNN weight packed once per fold state (CPU, float32, no
+        gradient: ``kernels/ops/conv_prepacked.py``), or None where aten's conv runs."""
+        tensors = self._fold_inputs()
+        geometry = (self.padding, self.stride, self.dilation, self.groups)
+        layout = prepack_layout(x, weight, bias, *geometry, self.padding_mode, *tensors)
+        if not layout:
+            return None
+        key = self._fold_state_key(tensors)
+        if key is None:
+            return None
+        key = (key, tuple(x.shape[1:]), *(tuple(g) if isinstance(g, tuple) else g for g in geometry))
+        hit = _PACK_CACHE.get(self)
+        if hit is None or hit[0] != key:
+            with torch.inference_mode(False):
+                hit = _PACK_CACHE[self] = (key, pack_conv_weight(weight, *geometry, x.shape))
+        return conv_prepacked(x, hit[1], bias, *geometry, layout)
 
 
 class FusedLinearBatchNorm1d(_FoldsBatchNorm, nn.Linear):

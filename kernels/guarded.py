@@ -38,6 +38,7 @@ from .ops.batch_norm_fold import fold_batch_norm, fold_with
 from .ops.bias_gelu import linear_bias_gelu
 from .ops.common import is_proxy
 from .ops.dropout_add_layer_norm import dropout_add_layer_norm as _dropout_add_layer_norm
+from .policy import policy_reason
 from .telemetry import ORIGINAL, record
 
 __all__ = ["conv_bn", "dropout_add_layer_norm", "gelu_mode", "linear_bn", "linear_gelu", "qkv"]
@@ -131,7 +132,7 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
 def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: Any, **act_kwargs: Any) -> Any:
     """``activation(linear(x), *act_args, **act_kwargs)``; with an ``nn.Linear`` and a GeLU the
     kernel computes, the matmul then one fused bias+GeLU kernel (triton on CUDA)."""
-    reason = _context_reason(x) or _plain(linear, nn.Linear)
+    reason = _context_reason(x) or policy_reason("linear_gelu", x) or _plain(linear, nn.Linear)
     if not reason:
         mode, reason = gelu_mode(activation, act_args, act_kwargs)
     if reason:
@@ -190,7 +191,7 @@ def dropout_add_layer_norm(
     plain ``nn.LayerNorm``: one fused kernel each way on CUDA (dropout mask regenerated in the
     backward), the unfused ops otherwise; anything else runs the original computation. ``x`` may
     be in half precision with a float32 ``residual`` (autocast)."""
-    reason = _context_reason(x, residual) or _plain(norm, nn.LayerNorm)
+    reason = _context_reason(x, residual) or policy_reason("dropout_add_layer_norm", x) or _plain(norm, nn.LayerNorm)
     p = training = None
     if not reason:
         p, training, reason = _dropout_setting(dropout, drop_args, drop_kwargs)
@@ -249,7 +250,7 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
     their concatenated weights (parameters unchanged; the concatenation is cached while no
     gradient flows). On CPU the three modules run (see ``QKV_FUSE_ON_CPU``)."""
     layers = (query, key, value)
-    reason = _context_reason(x)
+    reason = _context_reason(x) or policy_reason("qkv", x)
     if not reason and x.device.type == "cpu" and not QKV_FUSE_ON_CPU:
         reason = "CPU: three matmuls are as fast as one over concatenated weights"
     reason = reason or next((why for why in (_plain(layer, nn.Linear) for layer in layers) if why), "")
@@ -277,6 +278,8 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
 # ---------------------------------------------------------------- Conv/Linear + BatchNorm (eval)
 
 _FOLD_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# BatchNorm -> (key, oneDNN-packed folded conv weight): see kernels/ops/conv_prepacked.py
+_PACK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _BatchNorm = nn.modules.batchnorm._BatchNorm
 
 
@@ -291,9 +294,55 @@ def _fold_reason(bn: nn.Module, bn_type: type) -> str:
     return ""
 
 
-def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, reason: str, run) -> Any:
+def _fold_cached(bn: nn.Module, tensors: tuple) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
+    """The fold of ``tensors`` (layer weight, bias, BN statistics and affine) and ``bn.eps``, and
+    the key it is cached under: computed once per state of them when no gradient can flow through
+    it; recomputed on every call (key None) when one can, while torch.compile traces, or for
+    inference tensors (no version counter to tell a change). A cached fold is built outside
+    inference mode, so it stays usable after it."""
+    if torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    ):
+        return fold_batch_norm(*tensors, bn.eps), None
+    key = _tensor_key(tensors)
+    if key is None:
+        with torch.no_grad():
+            return fold_batch_norm(*tensors, bn.eps), None
+    key = (*key, bn.eps)
+    hit = _FOLD_CACHE.get(bn)
+    if hit is not None and hit[0] == key:
+        return hit[1], key
+    with torch.no_grad(), torch.inference_mode(False):
+        value = fold_batch_norm(*tensors, bn.eps)
+    _FOLD_CACHE[bn] = (key, value)
+    return value, key
+
+
+def _conv_prepacked(conv: nn.Module, bn: nn.Module, x: torch.Tensor, tensors: tuple, weight: torch.Tensor,
+                    bias: torch.Tensor | None, fold_key: tuple) -> torch.Tensor | None:
+    """The folded conv of ``x`` on a oneDNN weight packed once per fold state (``fold_key``), conv
+    geometry and per-sample input shape, or None where aten's conv runs instead
+    (``prepack_layout`` says when)."""
+    from .ops.conv_prepacked import conv_prepacked, pack_conv_weight, prepack_layout
+
+    padding, stride, dilation, groups = conv.padding, conv.stride, conv.dilation, conv.groups
+    layout = prepack_layout(x, weight, bias, padding, stride, dilation, groups, conv.padding_mode, *tensors)
+    if not layout:
+        return None
+    key = (fold_key, x.shape[1:], padding, stride, dilation, groups)
+    hit = _PACK_CACHE.get(bn)
+    if hit is None or hit[0] != key:
+        with torch.inference_mode(False):
+            hit = _PACK_CACHE[bn] = (key, pack_conv_weight(weight, padding, stride, dilation, groups, x.shape))
+    return conv_prepacked(x, hit[1], bias, padding, stride, dilation, groups, layout)
+
+
+def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, reason: str, run,
+                 prepacked=None) -> Any:
     """``bn(layer(x))``, or with no ``reason`` against it ``run(x, weight, bias)`` with the batch
-    norm folded into the layer's weights (fp64, cached until a parameter or buffer changes)."""
+    norm folded into the layer's weights (fp64, cached until a parameter or buffer changes);
+    ``prepacked(layer, bn, x, tensors, weight, bias, fold_key)``, when given, the fold cached and
+    its result not None, computes the same on a packed weight."""
     if reason:
         _fallback(kernel, reason)
         return bn(layer(x))
@@ -310,23 +359,27 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         real = layer._parameters["weight"]  # (fx hands out parameters as proxies while it traces)
         weight, bias = fold_with(*proxies, bn.eps, device_type=real.device.type, dtype=real.dtype, ndim=real.dim())
         return run(x, weight, bias)
-    weight, bias = _cached(_FOLD_CACHE, bn, tensors, lambda: fold_batch_norm(*tensors, bn.eps))
-    out = run(x, weight, bias)
+    (weight, bias), fold_key = _fold_cached(bn, tensors)
+    # (an uncached fold: gradients, compiling, inference tensors; nothing to pack once)
+    out = None if prepacked is None or fold_key is None else prepacked(layer, bn, x, tensors, weight, bias, fold_key)
+    if out is None:
+        out = run(x, weight, bias)
     record(kernel, "torch")
     return out
 
 
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(conv(x))``; an eval-mode BatchNorm with running statistics is folded into the conv's
-    weights: one conv."""
-    reason = _hooks_reason() or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
-    return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward)
+    weights: one conv (on CPU in float32 without gradients, on a oneDNN weight packed once where
+    that pays: ``kernels/ops/conv_prepacked.py``)."""
+    reason = _hooks_reason() or policy_reason("conv_bn", x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
+    return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked)
 
 
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(linear(x))`` for ``(batch, features)`` input; an eval-mode BatchNorm1d with running
     statistics is folded into the Linear: one matmul."""
-    reason = _hooks_reason() or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
+    reason = _hooks_reason() or policy_reason("linear_bn", x) or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
     if not reason and (is_proxy(x) or x.dim() != 2):  # (fx: the rank is unknown while tracing)
         reason = f"input of rank {x.dim()} (folding needs (batch, features))"
     return _folded_call("linear_bn", linear, bn, x, reason, F.linear)

@@ -28,8 +28,8 @@ import torch
 
 from .backend import select_backend, triton_dtype_ok
 from .ops.common import is_proxy, row_block
-from .policy import policy_reason
 from .ops.rms_norm import INPUT_DTYPES, RMSNormForm, RMSNormFunction, rms_norm_reference
+from .policy import policy_reason
 from .telemetry import ORIGINAL, record, record_backend
 
 __all__ = ["rms_norm"]

@@ -151,8 +151,7 @@ def test_verdict_under_load_is_consistent_with_the_quiet_run_or_inconclusive(tmp
 
 
 def test_kernels_off_and_backend_policy_send_a_kernel_to_its_original_path(monkeypatch):
-    from adopter.kernels import count_kernel_calls
-    from adopter.kernels import policy
+    from adopter.kernels import count_kernel_calls, policy
     from adopter.kernels.guarded_rms_norm import rms_norm
 
     x, w = torch.randn(3, 8), torch.randn(8)
@@ -179,6 +178,7 @@ def test_kernels_off_and_backend_policy_send_a_kernel_to_its_original_path(monke
 
 def test_ablation_measures_what_switching_a_kernel_off_costs(tmp_path):
     from adopter.kernels.policy import _switched_off
+
     from adopter.verification.ablation import COSTS, NEUTRAL, PAYS, ablate_kernels
 
     def make_step():

@@ -1,0 +1,221 @@
+"""Eval-mode CPU inference of ResNet-50, original vs optimized (Conv+BatchNorm folded), side by side.
+
+    python benchmarks/bench_conv_bn_inference.py            # writes benchmarks/results/conv_bn_inference.json
+    python benchmarks/bench_conv_bn_inference.py --layers   # also times each ResNet-50 conv shape alone
+
+The models are built as ``adopter verify`` builds them (``adopter/verification/run.py``): the
+shipped ``microsoft/resnet-50`` config with random weights, the class optimized on the shrunk
+config, the optimized model built at full size with the original's weights (BatchNorm statistics
+first calibrated by a few train-mode passes, as any checkpoint has them). Single-threaded, no grad,
+224x224, batch 1 and 8, NCHW and channels-last inputs. Three variants run in one process,
+alternating (the order rotates every round): the original; the optimized model with aten's conv
+on the folded weights (``adopter.kernels.ops.conv_prepacked.ENABLED = False``); the optimized
+model as shipped (folded weights packed once for oneDNN where that pays). Per variant: median wall
+and process CPU time of a forward, the median of the per-round ratios original/variant, and the
+peak CPU allocator memory of a forward (``peak_step_memory``); plus the bytes the kernels keep
+cached (folded and packed weights), and the largest difference of the outputs.
+
+``--layers``: every conv shape of ResNet-50 alone (NCHW input, folded bias), aten's conv against
+the packed NHWC conv with its two layout copies, beside the weight/activation ratio the kernel's
+choice (``NCHW_WEIGHT_OVER_ACTIVATIONS``, ``_1X1``) reads.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+OUT = Path(__file__).parent / "results" / "conv_bn_inference.json"
+VARIANTS = ("original", "optimized_aten_conv", "optimized")
+
+
+def build_models():
+    from adopter.tracing import build_model
+
+    from adopter.optimizing.optimize import optimize, shrink_config
+    from adopter.verification.equivalence import load_same_weights
+
+    built = build_model("microsoft/resnet-50", device="cpu")
+    original = built.model
+    torch.manual_seed(0)
+    with torch.no_grad():  # realistic BatchNorm statistics (a fresh model's are mean 0, var 1)
+        original.train()
+        for _ in range(3):
+            original(pixel_values=torch.randn(8, 3, 224, 224))
+    original.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimized_cls = optimize(type(original), config=shrink_config(built.config), device="cpu")
+    optimized = optimized_cls(copy.deepcopy(built.config)).eval()
+    load_same_weights(original, optimized)
+    return original, optimized, optimized_cls.adopter_report
+
+
+def _call(model, x, prepack: bool):
+    from adopter.kernels.ops import conv_prepacked
+
+    conv_prepacked.ENABLED = prepack
+    try:
+        return model(pixel_values=x).pooler_output
+    finally:
+        conv_prepacked.ENABLED = True
+
+
+def _cache_bytes() -> int:
+    from adopter.kernels import guarded
+
+    total = 0
+    for cache in (guarded._FOLD_CACHE, guarded._PACK_CACHE):
+        for _, value in cache.items():
+            for t in value[1] if isinstance(value[1], tuple) else (value[1],):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()  # (a packed weight: its logical size)
+    return total
+
+
+def measure_models(rounds: int, batches: list[int]) -> list[dict]:
+    from adopter.verification.benchmark import peak_step_memory
+
+    original, optimized, report = build_models()
+    variants = {
+        "original": lambda x: _call(original, x, True),
+        "optimized_aten_conv": lambda x: _call(optimized, x, False),
+        "optimized": lambda x: _call(optimized, x, True),
+    }
+    rows = []
+    for batch in batches:
+        for layout in ("contiguous", "channels_last"):
+            torch.manual_seed(batch)
+            x = torch.randn(batch, 3, 224, 224)
+            if layout == "channels_last":
+                x = x.contiguous(memory_format=torch.channels_last)
+            wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            with torch.no_grad():
+                outputs = {name: run(x) for name, run in variants.items()}  # warm-up (and caches)
+                for name, run in variants.items():
+                    run(x)
+                n = rounds if batch == 1 else max(3, rounds // 3)
+                for r in range(n):
+                    order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+                    for name in order:
+                        t, c = time.perf_counter(), time.process_time()
+                        variants[name](x)
+                        wall[name].append(time.perf_counter() - t)
+                        cpu[name].append(time.process_time() - c)
+                peaks = {}
+                for name, run in variants.items():
+                    peaks[name] = peak_step_memory(lambda run=run, x=x: run(x), torch.device("cpu"))[0]
+            ref = outputs["original"]
+            row = {"batch": batch, "input_layout": layout, "rounds": n, "variants": {}}
+            for name in VARIANTS:
+                out = outputs[name]
+                row["variants"][name] = {
+                    "wall_ms_median": round(statistics.median(wall[name]) * 1e3, 2),
+                    "cpu_ms_median": round(statistics.median(cpu[name]) * 1e3, 2),
+                    "speedup_wall": round(statistics.median(a / b for a, b in zip(wall["original"], wall[name])), 3),
+                    "speedup_cpu": round(statistics.median(a / b for a, b in zip(cpu["original"], cpu[name])), 3),
+                    "peak_memory_bytes": peaks[name],
+                    "max_abs_diff_vs_original": float((out - ref).abs().max()),
+                    "output_is_contiguous": out.is_contiguous(),
+                }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows, report, _cache_bytes()  # (while the models live: the caches are weak)
+
+
+def _conv_shapes() -> list[tuple[nn.Conv2d, tuple[int, ...], int]]:
+    from adopter.tracing import build_model
+
+    model = build_model("microsoft/resnet-50", device="cpu").model.eval()
+    seen: dict[tuple, list] = {}
+
+    def hook(mod, inputs, _out):
+        key = (mod.in_channels, mod.out_channels, mod.kernel_size, mod.stride, tuple(inputs[0].shape[1:]))
+        seen.setdefault(key, [mod, tuple(inputs[0].shape[1:]), 0])[2] += 1
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    with torch.no_grad():
+        model(pixel_values=torch.randn(1, 3, 224, 224))
+    for h in handles:
+        h.remove()
+    return [tuple(v) for v in seen.values()]
+
+
+def measure_layers(batches: list[int], reps: int) -> list[dict]:
+    from adopter.kernels.ops.conv_prepacked import conv_prepacked, pack_conv_weight
+
+    rows = []
+    for mod, shape, count in _conv_shapes():
+        w = mod.weight.detach().clone()
+        b = torch.randn(w.shape[0])
+        args = (mod.padding, mod.stride, mod.dilation, mod.groups)
+        for batch in batches:
+            x = torch.randn(batch, *shape)
+            packed = pack_conv_weight(w, *args, x.shape)
+            fns = {
+                "aten": lambda x=x, w=w, b=b, mod=mod: torch.conv2d(x, w, b, mod.stride, mod.padding, mod.dilation,
+                                                                    mod.groups),
+                "packed_nhwc": lambda x=x, p=packed, b=b, a=args: conv_prepacked(x, p, b, *a, "contiguous"),
+            }
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            with torch.no_grad():
+                for f in fns.values():
+                    f()
+                for r in range(reps):
+                    for k in (fns if r % 2 == 0 else reversed(list(fns))):
+                        c = time.process_time()
+                        fns[k]()
+                        times[k].append(time.process_time() - c)
+            out = torch.conv2d(x, w, None, mod.stride, mod.padding, mod.dilation, mod.groups)
+            row = {
+                "in": mod.in_channels, "out": mod.out_channels, "kernel": list(mod.kernel_size),
+                "stride": list(mod.stride), "input": [batch, *shape], "calls_per_forward": count,
+                "weight_over_activations": round(w.numel() / (x.numel() + out.numel()), 3),
+                **{f"{k}_cpu_ms": round(statistics.median(v) * 1e3, 3) for k, v in times.items()},
+            }
+            row["aten_over_packed"] = round(row["aten_cpu_ms"] / row["packed_nhwc_cpu_ms"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15, help="rounds at batch 1 (a third of them, at least 3, at batch 8)")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--layers", action="store_true", help="also time every ResNet-50 conv shape alone")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    batches = [int(b) for b in args.batches.split(",")]
+    rows, report, cache_bytes = measure_models(args.rounds, batches)
+    result = {
+        "what": "ResNet-50 (microsoft/resnet-50 config, random weights, calibrated BN) eval forward, no grad, "
+                "1 thread, 224x224; variants alternating in one process",
+        "command": "python benchmarks/bench_conv_bn_inference.py" + (" --layers" if args.layers else ""),
+        "rules_applied": sorted({a.rule for a in report.applied}),
+        "kernel_cache_bytes": cache_bytes,  # folded + packed weights the optimized model's kernels keep
+        "models": rows,
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "machine": platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                        "threads": torch.get_num_threads()},
+    }
+    if args.layers:
+        result["layers"] = measure_layers(batches, reps=11)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
