@@ -78,6 +78,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-sizes", default=None, metavar="N,N,...",
                         help="inference batch-size sweep (default: the baseline's, the shipped config's, else "
                              f"{','.join(map(str, DEFAULT_INFERENCE_BATCHES))})")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="benchmark (and check equivalence) with image inputs in channels_last memory format, "
+                             "both models: the layout CPU convolution inference is usually served in")
     parser.add_argument("--no-ablation", action="store_true",
                         help="skip the per-kernel contribution (each kernel switched off in turn)")
     parser.add_argument("--ablation-seconds", type=float, default=20.0,
@@ -166,6 +169,8 @@ def run(args) -> int:
         args.threads = int(settings.get("threads") or DEFAULT_THREADS)
     if args.mode is None:
         args.mode = settings.get("mode") or "train"
+    if not args.channels_last and settings.get("input_layout") == "channels_last":
+        args.channels_last = True  # measured as the baseline was
     if baseline is not None and (settings.get("mode") or "train") != args.mode:
         raise UserError(f"--mode {args.mode} against a baseline measured in {settings.get('mode') or 'train'} mode")
     batch_sizes = None
@@ -209,6 +214,7 @@ def run(args) -> int:
         batch_sizes=batch_sizes,
         max_bench_seconds=args.max_bench_seconds,
         ablation=not args.no_ablation,
+        channels_last=args.channels_last,
         ablation_seconds=args.ablation_seconds,
         benchmark=not args.no_benchmark,
         benchmark_json=args.benchmark_json

@@ -413,6 +413,9 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     eq = result.get("equivalence")
     if eq:
         lines.append("equivalence: " + eq.get("summary", "equivalent" if eq.get("equivalent") else "NOT equivalent"))
+    eq_cl = result.get("equivalence_channels_last")
+    if eq_cl:
+        lines.append("equivalence on channels_last inputs: " + eq_cl.get("summary", ""))
     bench = result.get("benchmark")
     for one in (bench.get("sweep") or [bench]) if bench else []:
         lines += _format_benchmark(one)

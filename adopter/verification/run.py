@@ -51,6 +51,9 @@ class VerifyOptions:
     max_bench_seconds: float | None = None  # extend a wide interval up to this (None: 3 x bench_seconds)
     ablation: bool = True  # per-kernel contribution (leave-one-out) after the main benchmark
     ablation_seconds: float = 20.0
+    # image inputs (4-D floating tensors) in channels_last memory format for both models: the
+    # layout CPU convolution inference is served in (equivalence is checked in it too)
+    channels_last: bool = False
     # --model package.module:Name: the user's class with its arguments and example inputs
     # (adopter.tracing.user_model.UserModel); ``model`` is then that reference
     user_model: Any = None
@@ -218,11 +221,24 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
 
         def inputs_for(batch_size: int):
             if user is not None:
-                return built.example_inputs
-            return make_example_inputs(original, config, batch_size=batch_size, seq_len=options.seq_len, device=device)
+                made = built.example_inputs
+            else:
+                made = make_example_inputs(original, config, batch_size=batch_size, seq_len=options.seq_len,
+                                           device=device)
+            return in_channels_last(made) if options.channels_last else made
 
         inputs = inputs_for(options.batch_size)
         uses_tokens = "input_ids" in inputs
+        if options.channels_last:
+            progress("checking equivalence again on channels_last inputs")
+            again = check_equivalence(original, optimized, inputs)
+            result["equivalence_channels_last"] = {**again.to_json(), "summary": again.summary()}
+            if not again.equivalent:
+                exit_code = 1
+                result["benchmark_skipped"] = "not equivalent on channels_last inputs"
+                phases["total"] = time.perf_counter() - t0
+                result["phases_s"] = {k: round(v, 2) for k, v in phases.items()}
+                return VerifyOutcome(result, None, exit_code)
         os.makedirs(os.path.dirname(os.path.abspath(options.benchmark_json)), exist_ok=True)
 
         def measure(json_path: str, batch_size: int, batch_inputs):
@@ -243,7 +259,8 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
             )
 
         def bench_json(bench) -> dict:
-            return {**bench.to_json(), "threads": torch.get_num_threads(), "mode": options.mode}
+            return {**bench.to_json(), "threads": torch.get_num_threads(), "mode": options.mode,
+                    "input_layout": "channels_last" if options.channels_last else "as built"}
 
         t = time.perf_counter()
         root, ext = os.path.splitext(options.benchmark_json)
@@ -291,6 +308,22 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     phases["total"] = time.perf_counter() - t0
     result["phases_s"] = {k: round(v, 2) for k, v in phases.items()}
     return VerifyOutcome(result, gate, exit_code)
+
+
+def in_channels_last(inputs):
+    """``inputs`` with every 4-D floating tensor in channels_last memory format (same values)."""
+    import torch
+
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+            return value.contiguous(memory_format=torch.channels_last)
+        return value
+
+    if isinstance(inputs, dict):
+        return {k: convert(v) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(convert(v) for v in inputs)
+    return convert(inputs)
 
 
 # ---------------------------------------------------------------- what each kernel contributes
