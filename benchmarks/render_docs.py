@@ -162,6 +162,66 @@ def readme_python_blocks() -> str:
     return "\n\n".join(re.findall(r"^```python\n(.*?)^```", readme, flags=re.S | re.M))
 
 
+def _stacking_figures(case: str) -> Figures:
+    """Figures of a bench_stacking.py run: per variant the CPU-time speed vs eager and the peak
+    memory vs eager; compile of optimized against optimized and against compile (per batch for
+    inference cases: ``_b<batch>`` suffixes)."""
+
+    def figures(run: RunOutput) -> dict:
+        data = run.json_file(f"benchmarks/results/stacking_{case}.json")
+        out = _wall(run)
+        for r in data["runs"]:
+            tag = f"_b{r['batch']}" if r["mode"] == "inference" else ""
+            for name, v in r["variants"].items():
+                key = name.replace("+", "_")
+                low, high = v["cpu_speed_ci95"]
+                out[f"{key}_speed{tag}"] = f"{v['cpu_speed']:.2f}"
+                out[f"{key}_interval{tag}"] = f"{low:.2f}–{high:.2f}"
+                out[f"{key}_memory{tag}"] = f"{v['memory_vs_eager']:.2f}"
+            target = r.get("target") or {}
+            if target:
+                out[f"vs_optimized{tag}"] = "{:.2f} [{:.2f}–{:.2f}]".format(*target["speed_vs_optimized_cpu"])
+                out[f"vs_compile{tag}"] = "{:.2f} [{:.2f}–{:.2f}]".format(*target["speed_vs_compile_cpu"])
+                out[f"memory_vs_optimized{tag}"] = f"{target['memory_vs_optimized']:.2f}"
+                out[f"target{tag}"] = "met" if target.get("met") else "not met"
+        return out
+
+    return figures
+
+
+def _inference_figures(json_name: str) -> Figures:
+    def figures(run: RunOutput) -> dict:
+        result = run.json_file(json_name)
+        out = _wall(run)
+        for b in result["benchmark"].get("sweep") or [result["benchmark"]]:
+            tag = f"_b{b['batch_size']}"
+            out[f"speed_ratio{tag}"] = f"{b['speed_ratio']:.3f}"
+            out[f"speed_interval{tag}"] = f"{b['speed_ratio_low']:.2f}–{b['speed_ratio_high']:.2f}"
+            out[f"latency_original{tag}"] = f"{b['original']['median_s'] * 1000:.0f} ms"
+            out[f"latency_optimized{tag}"] = f"{b['optimized']['median_s'] * 1000:.0f} ms"
+            out[f"memory_ratio{tag}"] = f"{b['memory_ratio']:.3f}"
+        return out
+
+    return figures
+
+
+def _load_figures(model: str) -> Figures:
+    def figures(run: RunOutput) -> dict:
+        data = run.json_file(f"benchmarks/results/verify_load_{model}.json")
+        out = {**_wall(run), "consistent": "consistent" if data["consistent"] else "NOT consistent"}
+        for name in ("quiet", "loaded"):
+            r = data[name]
+            out[f"{name}_ratio"] = f"{r['speed_ratio']:.3f}"
+            out[f"{name}_interval"] = f"{r['speed_ratio_low']:.2f}–{r['speed_ratio_high']:.2f}"
+            out[f"{name}_wall_ratio"] = f"{r['speed_ratio_wall']:.3f}"
+            out[f"{name}_wall_interval"] = f"{r['speed_ratio_wall_low']:.2f}–{r['speed_ratio_wall_high']:.2f}"
+            out[f"{name}_load"] = f"{r['load']:.2f}"
+            out[f"{name}_verdict"] = r["verdict"]
+        return out
+
+    return figures
+
+
 ENTRIES = [  # in running order: the test suite last, as it checks the documents the others render
     Entry(
         "readme-scan",
@@ -222,6 +282,40 @@ ENTRIES = [  # in running order: the test suite last, as it checks the documents
         ("adopter", "verify", "--model", "llama-tiny", "--json", "llama.json"),
         "README: the LLM rule pack on llama-tiny (batch 4, seq 512): rewrites, equivalence, speed and memory",
         in_temp_dir=True, keep=("llama.json",), timeout_s=1800, figures=_verify_figures("llama.json"),
+    ),
+    Entry(
+        "stacking-llama-tiny",
+        ("python", "benchmarks/bench_stacking.py", "--cases", "llama-tiny"),
+        "README: llama-tiny training, eager / optimized / torch.compile / compile of optimized, and the per-kernel "
+        "ablation (benchmarks/results/stacking_llama-tiny.json)",
+        long=True, timeout_s=2400, figures=_stacking_figures("llama-tiny"),
+    ),
+    Entry(
+        "stacking-resnet-50",
+        ("python", "benchmarks/bench_stacking.py", "--cases", "resnet-50"),
+        "README: ResNet-50 inference, the four variants at batch 1 and 8 (benchmarks/results/stacking_resnet-50.json)",
+        long=True, timeout_s=2400, figures=_stacking_figures("resnet-50"),
+    ),
+    Entry(
+        "verify-resnet-inference",
+        ("adopter", "verify", "--model", "microsoft/resnet-50", "--mode", "inference", "--channels-last",
+         "--json", "resnet.json"),
+        "README: ResNet-50 CPU inference, eval under no_grad, batch 1 and 8, channels_last inputs",
+        in_temp_dir=True, keep=("resnet.json",), timeout_s=1800, figures=_inference_figures("resnet.json"),
+    ),
+    Entry(
+        "verify-resnet-inference-nchw",
+        ("adopter", "verify", "--model", "microsoft/resnet-50", "--mode", "inference", "--no-ablation",
+         "--json", "resnet.json"),
+        "README: the same with contiguous (NCHW) inputs",
+        in_temp_dir=True, keep=("resnet.json",), timeout_s=1800, figures=_inference_figures("resnet.json"),
+    ),
+    Entry(
+        "verify-load-llama-tiny",
+        ("python", "benchmarks/bench_verify_load.py", "llama-tiny"),
+        "README: the load test: verify llama-tiny quiet, then while 4 busy processes saturate both cores "
+        "(benchmarks/results/verify_load_llama-tiny.json)",
+        long=True, timeout_s=1800, figures=_load_figures("llama-tiny"),
     ),
     Entry(
         "lm-head-memory",
