@@ -234,3 +234,20 @@ def test_inference_gate_checks_every_batch_of_the_sweep():
     train = evaluate_gate({**_inference_result({1: 1.2, 8: 1.3}), "benchmark": {
         **_inference_result({1: 1.2})["benchmark"], "mode": "train", "sweep": None}}, baseline, 0.05)
     assert any(c.name == "benchmark settings" and not c.ok for c in train.checks)
+
+
+@pytest.mark.shipped_policy
+def test_shipped_policy_sends_rotary_to_the_original_ops_on_cpu_saying_why():
+    from adopter.kernels import count_kernel_calls
+    from adopter.kernels.guarded_rotary import rotary
+    from adopter.kernels.policy import BACKEND_POLICY
+
+    x, cos, sin = torch.randn(2, 4, 6, 8), torch.randn(1, 1, 6, 8), torch.randn(1, 1, 6, 8)
+    with count_kernel_calls() as counted:
+        out = rotary(x, cos, sin)
+    half = x.shape[-1] // 2
+    expected = x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    torch.testing.assert_close(out, expected)
+    (call,) = counted.calls
+    assert call.backend == "original" and call.reason == BACKEND_POLICY["rotary"]["cpu"]
+    assert "benchmarks/results/ablation_llama-tiny.json" in call.reason

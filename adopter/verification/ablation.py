@@ -34,6 +34,8 @@ from adopter.verification.benchmark import (
 ALL = "all kernels"
 # an effect smaller than this (relative) is no effect, however precisely it is measured
 MIN_EFFECT = 0.01
+# a memory saving pays for at most this much speed
+SMALL_SPEED_COST = 0.03
 PAYS, NEUTRAL, COSTS, UNDECIDED = "pays its way", "no measurable effect", "costs more than it saves", "undecided"
 # benchmark.decide's verdicts on (time without) / (time with), said of the kernel
 VERDICTS = {FASTER: "the kernel makes the step faster", SLOWER: "the kernel makes the step slower",
@@ -73,12 +75,13 @@ def _effect(speed: float, low: float, high: float, memory: float, verdict: str) 
     if faster and not costs_memory:
         return PAYS, f"makes the step {100 * (speed - 1):.1f}% faster" + (
             f" and saves {100 * (1 - 1 / memory):.0f}% of peak memory" if saves else "")
-    if saves and low > 0.97:
+    if saves and (not slower or speed > 1 - SMALL_SPEED_COST):
         return PAYS, f"saves {100 * (1 - 1 / memory):.0f}% of peak memory" + (
             f" at {100 * (1 - speed):.1f}% of speed" if slower else ", no measurable speed cost")
     if slower or costs_memory:
-        return COSTS, (f"makes the step {100 * (1 - speed):.1f}% slower" if slower else "no faster") + (
-            f" and takes {100 * (1 / memory - 1):.0f}% more peak memory" if costs_memory else " and saves no memory")
+        return COSTS, (f"makes the step {100 * (1 - speed):.1f}% slower" if slower else "no measurable speed gain") + (
+            f" and takes {100 * (1 / memory - 1):.0f}% more peak memory" if costs_memory
+            else f" for {100 * (1 - 1 / memory):.0f}% of peak memory" if saves else " and saves no memory")
     return NEUTRAL, "no measurable speed change and no memory saved"
 
 
