@@ -40,6 +40,7 @@ test-fast: install
 gate: install
 	adopter verify --model tiny-bert --baseline benchmarks/baselines/tiny-bert.json --max-regression 5%
 	adopter verify --model llama-tiny --baseline benchmarks/baselines/llama-tiny.json --max-regression 5%
+	adopter verify --model microsoft/resnet-50 --mode inference --baseline benchmarks/baselines/resnet-50-inference.json --max-regression 5%
 
 # peer suites (issue 21): timm's and transformers' own tests, pristine vs rewritten by `adopter rewrite`,
 # in throwaway virtual environments under benchmarks/.cache/peer; PEER_SUBSET=full for the long run
