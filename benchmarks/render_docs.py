@@ -171,7 +171,7 @@ def _stacking_figures(case: str) -> Figures:
         data = run.json_file(f"benchmarks/results/stacking_{case}.json")
         out = _wall(run)
         for r in data["runs"]:
-            tag = f"_b{r['batch']}" if r["mode"] == "inference" else ""
+            tag = f"_b{r['batch']}" if r["mode"] != "train" else ""
             for name, v in r["variants"].items():
                 key = name.replace("+", "_")
                 low, high = v["cpu_speed_ci95"]
