@@ -21,16 +21,28 @@ def toy(monkeypatch):
     return toy_pkg.model
 
 
-@pytest.fixture(autouse=True)
-def _kernels_fused_where_the_backend_policy_says_original(request, monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _kernels_fused_where_the_backend_policy_says_original():
     """Tests check the fused kernels' math and paths on CPU: the measured backend policy
     (``adopter.kernels.policy.BACKEND_POLICY``, which sends e.g. the rotary kernel to the original
-    ops on CPU) is lifted, as ``QKV_FUSE_ON_CPU`` is switched on where QKV's math is tested. Tests
-    marked ``shipped_policy`` see the policy as shipped (subprocesses always do)."""
-    if request.node.get_closest_marker("shipped_policy"):
-        yield
-        return
+    ops on CPU) is lifted for the session — before module-scoped fixtures optimize anything — as
+    ``QKV_FUSE_ON_CPU`` is switched on where QKV's math is tested. Tests marked ``shipped_policy``
+    see the policy as shipped (subprocesses always do)."""
     from adopter.kernels import policy
 
-    monkeypatch.setattr(policy, "BACKEND_POLICY", {})
+    _SHIPPED_POLICY.update(policy.BACKEND_POLICY)
+    policy.BACKEND_POLICY.clear()
+    yield
+    policy.BACKEND_POLICY.update(_SHIPPED_POLICY)
+
+
+_SHIPPED_POLICY: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _shipped_policy_where_marked(request, monkeypatch):
+    if request.node.get_closest_marker("shipped_policy"):
+        from adopter.kernels import policy
+
+        monkeypatch.setattr(policy, "BACKEND_POLICY", dict(_SHIPPED_POLICY))
     yield
