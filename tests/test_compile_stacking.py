@@ -20,6 +20,7 @@ from adopter.kernels.guarded_linear_cross_entropy import KEEP_LOGITS_ENV, Logits
 from adopter.kernels.guarded_rms_norm import rms_norm
 from adopter.kernels.guarded_rotary import rotary
 from adopter.kernels.telemetry import ORIGINAL, count_kernel_calls
+from test_execution_modes_llm import _capturing_aot_eager  # (aot_eager recording each captured call)
 from torch import nn
 
 pytestmark = pytest.mark.filterwarnings(f"ignore::{LogitsNotComputedWarning.__module__}.LogitsNotComputedWarning")
@@ -33,22 +34,6 @@ def _fresh_dynamo(monkeypatch):
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
-
-
-def _capturing_aot_eager(seen: list[str]):
-    """``aot_eager``, recording each captured call's target and the source line that made it (an
-    autograd Function's ``.apply`` shows in its node's stack trace)."""
-    from torch._dynamo.backends.registry import lookup_backend
-
-    aot_eager = lookup_backend("aot_eager")
-
-    def compile_fn(gm, example_inputs):
-        for graph in (m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)):
-            seen.extend(f"{n.target} {n.meta.get('stack_trace') or ''}" for n in graph.graph.nodes
-                        if n.op in ("call_function", "call_method"))
-        return aot_eager(gm, example_inputs)
-
-    return compile_fn
 
 
 def _rotate_half(x):

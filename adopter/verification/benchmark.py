@@ -55,6 +55,7 @@ from torch import nn
 
 from adopter.kernels import KernelCall, count_kernel_calls
 from adopter.verification.equivalence import call_model, flatten_tensors, model_loss, move_inputs
+from adopter.verification.gate import BUSY_LOAD
 
 # variant name -> zero-argument training step; read by the generated benchmark module.
 _STEPS: dict[str, Callable[[], None]] = {}
@@ -79,8 +80,6 @@ MAX_BLOCKS = 30
 # An interval this narrow (high - low, relative to the ratio) settles a verdict; wider ones get
 # more pairs while the time budget lasts.
 NARROW_WIDTH = 0.06
-# median wall / CPU time of the steps above this: the process waited for a core (a busy machine)
-BUSY_LOAD = 1.10
 # the two halves of the pairs agree within this (relative): the figure did not drift with load
 STABLE_HALVES = 0.03
 FASTER, SLOWER, SAME, INCONCLUSIVE = (

@@ -31,6 +31,10 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+# median wall / CPU time of a benchmark step above this: the process waited for a core (a busy
+# machine). Here, not in benchmark.py, because this module must import without torch.
+BUSY_LOAD = 1.10
+
 RESULT_FORMAT = "adopter-verify/1"
 
 
@@ -509,7 +513,7 @@ def format_speed(bench: dict) -> list[str]:
         lines.append(
             f"  wall-time ratio beside it: {wall:.3f} (interval {bench['speed_ratio_wall_low']:.3f}-"
             f"{bench['speed_ratio_wall_high']:.3f}); wall/CPU time of a step {load:.2f}: "
-            + ("the machine was busy, wall time waited for a core" if load and load > 1.10 else "quiet machine")
+            + ("the machine was busy, wall time waited for a core" if load and load > BUSY_LOAD else "quiet machine")
         )
     pooled = ratio_of_medians(bench)
     note = ""
