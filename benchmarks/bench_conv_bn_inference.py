@@ -2,15 +2,18 @@
 
     python benchmarks/bench_conv_bn_inference.py            # writes benchmarks/results/conv_bn_inference.json
     python benchmarks/bench_conv_bn_inference.py --layers   # also times each ResNet-50 conv shape alone
+    python benchmarks/bench_conv_bn_inference.py --nchw-1x1 # also: aten vs oneDNN for the 1x1 convs by batch
 
 The models are built as ``adopter verify`` builds them (``adopter/verification/run.py``): the
 shipped ``microsoft/resnet-50`` config with random weights, the class optimized on the shrunk
 config, the optimized model built at full size with the original's weights (BatchNorm statistics
 first calibrated by a few train-mode passes, as any checkpoint has them). Single-threaded, no grad,
-224x224, batch 1 and 8, NCHW and channels-last inputs. Three variants run in one process,
+224x224, batch 1 and 8, NCHW and channels-last inputs. Four variants run in one process,
 alternating (the order rotates every round): the original; the optimized model with aten's conv
 on the folded weights (``adopter.kernels.ops.conv_prepacked.ENABLED = False``); the optimized
-model as shipped (folded weights packed once for oneDNN where that pays). Per variant: median wall
+model with the ReLU after each conv run as its own op (``conv_prepacked.EPILOGUE = False``); the
+optimized model as shipped (oneDNN where that pays, folded weights packed once where that pays,
+the ReLU in the conv's epilogue). Per variant: median wall
 and process CPU time of a forward, the median of the per-round ratios original/variant, and the
 peak CPU allocator memory of a forward (``peak_step_memory``); plus the bytes the kernels keep
 cached (folded and packed weights), and the largest difference of the outputs.
@@ -18,6 +21,10 @@ cached (folded and packed weights), and the largest difference of the outputs.
 ``--layers``: every conv shape of ResNet-50 alone (NCHW input, folded bias), aten's conv against
 the packed NHWC conv with its two layout copies, beside the weight/activation ratio the kernel's
 choice (``NCHW_WEIGHT_OVER_ACTIVATIONS``, ``_1X1``) reads.
+
+``--nchw-1x1``: ResNet-50's 1x1 stride-1 conv shapes with NCHW input at batch 1, 2, 4, 8, 16: aten's
+conv + bias (+ ReLU) against oneDNN on the NCHW data with bias (and ReLU) in the epilogue, summed
+over the shapes (what ``NCHW_ONEDNN_MIN_BATCH_1X1`` rests on).
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ import torch
 from torch import nn
 
 OUT = Path(__file__).parent / "results" / "conv_bn_inference.json"
-VARIANTS = ("original", "optimized_aten_conv", "optimized")
+VARIANTS = ("original", "optimized_aten_conv", "optimized_relu_apart", "optimized")
 
 
 def build_models():
@@ -59,14 +66,14 @@ def build_models():
     return original, optimized, optimized_cls.adopter_report
 
 
-def _call(model, x, prepack: bool):
+def _call(model, x, prepack: bool, epilogue: bool = True):
     from adopter.kernels.ops import conv_prepacked
 
-    conv_prepacked.ENABLED = prepack
+    conv_prepacked.ENABLED, conv_prepacked.EPILOGUE = prepack, epilogue
     try:
         return model(pixel_values=x).pooler_output
     finally:
-        conv_prepacked.ENABLED = True
+        conv_prepacked.ENABLED = conv_prepacked.EPILOGUE = True
 
 
 def _cache_bytes() -> int:
@@ -88,6 +95,7 @@ def measure_models(rounds: int, batches: list[int]) -> list[dict]:
     variants = {
         "original": lambda x: _call(original, x, True),
         "optimized_aten_conv": lambda x: _call(optimized, x, False),
+        "optimized_relu_apart": lambda x: _call(optimized, x, True, epilogue=False),
         "optimized": lambda x: _call(optimized, x, True),
     }
     rows = []
@@ -105,7 +113,7 @@ def measure_models(rounds: int, batches: list[int]) -> list[dict]:
                     run(x)
                 n = rounds if batch == 1 else max(3, rounds // 3)
                 for r in range(n):
-                    order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+                    order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
                     for name in order:
                         t, c = time.perf_counter(), time.process_time()
                         variants[name](x)
@@ -188,11 +196,47 @@ def measure_layers(batches: list[int], reps: int) -> list[dict]:
     return rows
 
 
+def measure_nchw_1x1(batches: list[int], reps: int) -> dict:
+    shapes = sorted({(mod.in_channels, mod.out_channels, shape) for mod, shape, _ in _conv_shapes()
+                     if mod.kernel_size == (1, 1) and mod.stride == (1, 1)})
+    pointwise = torch.ops.mkldnn._convolution_pointwise
+    rows = []
+    for batch in batches:
+        sums = {"aten_relu": 0.0, "onednn_relu": 0.0, "aten": 0.0, "onednn": 0.0}
+        for cin, cout, shape in shapes:
+            torch.manual_seed(cin + cout)
+            x = torch.randn(batch, *shape)
+            w, b = torch.randn(cout, cin, 1, 1) * 0.05, torch.randn(cout)
+            fns = {
+                "aten_relu": lambda x=x, w=w, b=b: torch.relu(torch.conv2d(x, w, b)),
+                "onednn_relu": lambda x=x, w=w, b=b: pointwise(x, w, b, [0, 0], [1, 1], [1, 1], 1, "relu", [], ""),
+                "aten": lambda x=x, w=w, b=b: torch.conv2d(x, w, b),
+                "onednn": lambda x=x, w=w, b=b: pointwise(x, w, b, [0, 0], [1, 1], [1, 1], 1, "none", [], ""),
+            }
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            with torch.no_grad():
+                torch.testing.assert_close(fns["onednn_relu"](), fns["aten_relu"](), rtol=1e-4, atol=1e-4)
+                for r in range(reps):
+                    for k in (list(fns) if r % 2 == 0 else list(reversed(list(fns)))):
+                        c = time.process_time()
+                        fns[k]()
+                        times[k].append(time.process_time() - c)
+            for k in sums:
+                sums[k] += statistics.median(times[k]) * 1e3
+        row = {"batch": batch, **{f"{k}_cpu_ms_sum": round(v, 2) for k, v in sums.items()},
+               "aten_over_onednn_relu": round(sums["aten_relu"] / sums["onednn_relu"], 3),
+               "aten_over_onednn": round(sums["aten"] / sums["onednn"], 3)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"shapes": [[cin, cout, list(shape)] for cin, cout, shape in shapes], "rows": rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="rounds at batch 1 (a third of them, at least 3, at batch 8)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--layers", action="store_true", help="also time every ResNet-50 conv shape alone")
+    parser.add_argument("--nchw-1x1", action="store_true", help="also time ResNet-50's 1x1 convs, aten vs oneDNN, by batch")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -201,7 +245,8 @@ def main() -> int:
     result = {
         "what": "ResNet-50 (microsoft/resnet-50 config, random weights, calibrated BN) eval forward, no grad, "
                 "1 thread, 224x224; variants alternating in one process",
-        "command": "python benchmarks/bench_conv_bn_inference.py" + (" --layers" if args.layers else ""),
+        "command": "python benchmarks/bench_conv_bn_inference.py" + (" --layers" if args.layers else "")
+                   + (" --nchw-1x1" if args.nchw_1x1 else ""),
         "rules_applied": sorted({a.rule for a in report.applied}),
         "kernel_cache_bytes": cache_bytes,  # folded + packed weights the optimized model's kernels keep
         "models": rows,
@@ -211,6 +256,8 @@ def main() -> int:
     }
     if args.layers:
         result["layers"] = measure_layers(batches, reps=11)
+    if args.nchw_1x1:
+        result["nchw_1x1_batches"] = measure_nchw_1x1([1, 2, 4, 8, 16], reps=9)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

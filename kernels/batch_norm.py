@@ -139,6 +139,8 @@ class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
         layout = prepack_layout(x, weight, bias, *geometry, self.padding_mode, *tensors)
         if not layout:
             return None
+        if layout == "onednn_contiguous":  # (a light NCHW conv: oneDNN on the folded weight itself)
+            return conv_prepacked(x, weight, bias, *geometry, layout)
         key = self._fold_state_key(tensors)
         if key is None:
             return None

@@ -34,6 +34,7 @@ from torch.fx import Proxy
 from torch.nn.modules import module as _module_mod
 
 from .backend import last_backend
+from .ops import conv_prepacked as _conv_ops
 from .ops.batch_norm_fold import fold_batch_norm, fold_with
 from .ops.bias_gelu import linear_bias_gelu
 from .ops.common import is_proxy
@@ -319,33 +320,50 @@ def _fold_cached(bn: nn.Module, tensors: tuple) -> tuple[tuple[torch.Tensor, tor
 
 
 def _conv_prepacked(conv: nn.Module, bn: nn.Module, x: torch.Tensor, tensors: tuple, weight: torch.Tensor,
-                    bias: torch.Tensor | None, fold_key: tuple) -> torch.Tensor | None:
-    """The folded conv of ``x`` on a oneDNN weight packed once per fold state (``fold_key``), conv
-    geometry and per-sample input shape, or None where aten's conv runs instead
+                    bias: torch.Tensor | None, fold_key: tuple, attr: str) -> torch.Tensor | None:
+    """The folded conv of ``x`` followed by ``attr`` (``"none"``/``"relu"``) in oneDNN: on a weight
+    packed once per fold state (``fold_key``), conv geometry and per-sample input shape, or on the
+    folded weight itself for a light NCHW conv; None where aten's conv runs instead
     (``prepack_layout`` says when)."""
     from .ops.conv_prepacked import conv_prepacked, pack_conv_weight, prepack_layout
 
     padding, stride, dilation, groups = conv.padding, conv.stride, conv.dilation, conv.groups
-    layout = prepack_layout(x, weight, bias, padding, stride, dilation, groups, conv.padding_mode, *tensors)
+    layout = prepack_layout(x, weight, bias, padding, stride, dilation, groups, conv.padding_mode, *tensors, attr=attr)
     if not layout:
         return None
+    if layout == "onednn_contiguous":
+        return conv_prepacked(x, weight, bias, padding, stride, dilation, groups, layout, attr)
     key = (fold_key, x.shape[1:], padding, stride, dilation, groups)
     hit = _PACK_CACHE.get(bn)
     if hit is None or hit[0] != key:
         with torch.inference_mode(False):
             hit = _PACK_CACHE[bn] = (key, pack_conv_weight(weight, padding, stride, dilation, groups, x.shape))
-    return conv_prepacked(x, hit[1], bias, padding, stride, dilation, groups, layout)
+    return conv_prepacked(x, hit[1], bias, padding, stride, dilation, groups, layout, attr)
+
+
+def epilogue_activation(activation: Any) -> str:
+    """``"relu"`` when ``activation(h)`` is ``torch.relu(h)`` (``nn.ReLU`` itself without hooks or a
+    ``forward`` of the instance's own, ``F.relu``, ``torch.relu``: the conv can apply it in its
+    epilogue), else ``""`` (it is called)."""
+    if activation is F.relu or activation is torch.relu:
+        return "relu"
+    if type(activation) is nn.ReLU and not _has_hooks(activation) and "forward" not in vars(activation):
+        return "relu"  # (``inplace`` or not: it acts on the fresh conv output either way)
+    return ""
 
 
 def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, reason: str, run,
-                 prepacked=None) -> Any:
-    """``bn(layer(x))``, or with no ``reason`` against it ``run(x, weight, bias)`` with the batch
-    norm folded into the layer's weights (fp64, cached until a parameter or buffer changes);
-    ``prepacked(layer, bn, x, tensors, weight, bias, fold_key)``, when given, the fold cached and
-    its result not None, computes the same on a packed weight."""
+                 prepacked=None, activation: Any = None) -> Any:
+    """``activation(bn(layer(x)))`` (``bn(layer(x))`` when ``activation`` is None), or with no
+    ``reason`` against it ``run(x, weight, bias)`` with the batch norm folded into the layer's
+    weights (fp64, cached until a parameter or buffer changes), then the activation;
+    ``prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr)``, when given, the fold cached
+    and its result not None, computes the same on a packed weight, with a ReLU activation applied
+    inside when ``attr`` is ``"relu"``."""
     if reason:
         _fallback(kernel, reason)
-        return bn(layer(x))
+        out = bn(layer(x))
+        return out if activation is None else activation(out)
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
     if is_proxy(x):
         # fx: the fold is recorded as ops on the parameters (get_attr nodes), so the graph computes
@@ -358,22 +376,27 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
             for t in tensors)
         real = layer._parameters["weight"]  # (fx hands out parameters as proxies while it traces)
         weight, bias = fold_with(*proxies, bn.eps, device_type=real.device.type, dtype=real.dtype, ndim=real.dim())
-        return run(x, weight, bias)
-    (weight, bias), fold_key = _fold_cached(bn, tensors)
-    # (an uncached fold: gradients, compiling, inference tensors; nothing to pack once)
-    out = None if prepacked is None or fold_key is None else prepacked(layer, bn, x, tensors, weight, bias, fold_key)
-    if out is None:
         out = run(x, weight, bias)
+        return out if activation is None else activation(out)  # (the graph shows the user's activation)
+    (weight, bias), fold_key = _fold_cached(bn, tensors)
     record(kernel, "torch")
-    return out
+    attr = epilogue_activation(activation) if activation is not None and _conv_ops.EPILOGUE else ""
+    # (an uncached fold: gradients, compiling, inference tensors; nothing to pack once)
+    if prepacked is not None and fold_key is not None:
+        out = prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr or "none")
+        if out is not None:
+            return out if activation is None or attr else activation(out)
+    out = run(x, weight, bias)
+    return out if activation is None else activation(out)
 
 
-def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
-    """``bn(conv(x))``; an eval-mode BatchNorm with running statistics is folded into the conv's
-    weights: one conv (on CPU in float32 without gradients, on a oneDNN weight packed once where
-    that pays: ``kernels/ops/conv_prepacked.py``)."""
+def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = None) -> Any:
+    """``bn(conv(x))``, or ``activation(bn(conv(x)))`` when the source applies one to it; an
+    eval-mode BatchNorm with running statistics is folded into the conv's weights: one conv (on CPU
+    in float32 without gradients, in oneDNN where that pays, on a weight packed once where that
+    pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``)."""
     reason = _hooks_reason() or policy_reason("conv_bn", x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
-    return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked)
+    return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked, activation)
 
 
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:

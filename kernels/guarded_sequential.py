@@ -6,7 +6,7 @@ It *is* an ``nn.Sequential`` built from the same entries: same children, same na
 (``0``, ``1``... or the ``OrderedDict`` keys), same state dict, indexing, ``len`` and iteration,
 so checkpoints of the original load and what it saves loads into the original. Only ``forward``
 differs: consecutive children that form a pair a guarded kernel handles run through it —
-``(Conv2d, BatchNorm2d)`` -> :func:`conv_bn`, ``(Linear, BatchNorm1d)`` -> :func:`linear_bn`,
+``(Conv2d, BatchNorm2d)`` -> :func:`conv_bn` (with a ``ReLU`` after them, the ReLU too), ``(Linear, BatchNorm1d)`` -> :func:`linear_bn`,
 ``(Linear, a GeLU)`` -> :func:`linear_gelu` — decided from the children it holds *at run time*
 (not from what the analysis saw), and each kernel checks its own preconditions again (exact
 forward, hooks, eval mode...) and otherwise calls the two children as ``nn.Sequential`` does.
@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .guarded import conv_bn, gelu_mode, linear_bn, linear_gelu
+from .guarded import conv_bn, epilogue_activation, gelu_mode, linear_bn, linear_gelu
 from .telemetry import calls_made_at, source_file
 
 __all__ = ["GuardedSequential"]
@@ -72,6 +72,11 @@ class GuardedSequential(nn.Sequential):
                 module = children[i]
                 if i + 1 < n:
                     kernel = _pair_kernel(module, children[i + 1])
+                    if kernel is conv_bn and i + 2 < n and epilogue_activation(children[i + 2]):
+                        # (Conv2d, BatchNorm2d, ReLU): the ReLU in the conv's epilogue
+                        input = conv_bn(module, children[i + 1], input, children[i + 2])
+                        i += 3
+                        continue
                     if kernel is not None:
                         input = kernel(module, children[i + 1], input)
                         i += 2

@@ -48,6 +48,7 @@ SCANNED = {
     "conv_batchnorm": {"Conv_BatchNorm"},
     "conv_batchnorm_branch": {"Conv_BatchNorm"},
     "conv_batchnorm_subclass": {"Conv_BatchNorm"},
+    "conv_batchnorm_activation": {"Conv_BatchNorm"},
     "linear_batchnorm": {"Linear_BatchNorm"},
     "softmax": {"softmax"},
 }

@@ -16,7 +16,14 @@ gives, which user code relies on (``.view`` of a conv output needs it):
   the activations, which pay only where the weight is large next to them
   (:data:`NCHW_WEIGHT_OVER_ACTIVATIONS`, ``_1X1``; measured per ResNet-50 layer, 1 thread:
   ``benchmarks/bench_conv_bn_inference.py --layers``);
+* contiguous input, a light weight, where oneDNN on the NCHW data itself beats aten
+  (``"onednn_contiguous"``: a 1x1 stride-1 conv from batch :data:`NCHW_ONEDNN_MIN_BATCH_1X1`, any
+  other conv when an activation is fused into it) -> ``_convolution_pointwise`` on the plain weight
+  (oneDNN reorders that small weight per call, as aten's oneDNN conv does), NCHW out, no copies;
 * any other layout (a strided view, or a shape for which both layouts coincide) -> aten.
+
+Every route takes a pointwise activation oneDNN applies in the conv's epilogue (``attr``:
+``"relu"``), saving the pass over the output a separate ``relu`` makes.
 
 Only float32 CPU tensors of the plain ``torch.Tensor`` type, with oneDNN available and enabled, no
 gradient to record, no autocast, no torch function/dispatch mode and not while torch.compile or
@@ -36,8 +43,17 @@ import torch
 # for the latter and about 7 for the former, ties around 1 and 6.
 NCHW_WEIGHT_OVER_ACTIVATIONS = 1.0
 NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 = 6.0
+# A light 1x1 stride-1 conv of an NCHW input runs in oneDNN on the NCHW data (plain weight, no
+# copies, bias and activation in its epilogue) from this batch size. aten runs it as a GEMM at one
+# thread below batch 16 ("THNN is faster single-threaded"), then the fold's bias and the ReLU as
+# separate passes. Measured over ResNet-50's nine 1x1 shapes, 1 thread, aten conv+bias+relu over
+# oneDNN conv+bias+relu summed: batch 2 0.93, batch 4 1.14, batch 8 1.16, batch 16 1.30
+# (benchmarks/results/conv_bn_inference.json, "nchw_1x1_batches").
+NCHW_ONEDNN_MIN_BATCH_1X1 = 4
 # False: every conv runs aten's (benchmarks measure the lever with it off, on the same model)
 ENABLED = True
+# False: an activation handed to the kernel runs after the conv, not in its epilogue (likewise)
+EPILOGUE = True
 
 
 def _mkldnn_usable() -> bool:
@@ -47,11 +63,13 @@ def _mkldnn_usable() -> bool:
 def prepack_layout(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, stride: Sequence[int],
     dilation: Sequence[int], groups: int, padding_mode: str, *grad_tensors: torch.Tensor | None,
+    attr: str = "none",
 ) -> str:
     """``"channels_last"`` or ``"contiguous"`` (the layout of ``x``, and of the result) when the
-    convolution of ``x`` with ``weight`` should run packed, else ``""`` (run aten's conv).
-    ``grad_tensors``: the tensors the weight was computed from (a gradient through any of them
-    needs aten's differentiable conv)."""
+    convolution of ``x`` with ``weight`` should run packed, ``"onednn_contiguous"`` when it should
+    run in oneDNN on the plain weight (NCHW), else ``""`` (run aten's conv). ``grad_tensors``: the
+    tensors the weight was computed from (a gradient through any of them needs aten's
+    differentiable conv). ``attr``: the activation to be fused (``"none"`` or ``"relu"``)."""
     if not ENABLED or torch.compiler.is_compiling():  # (first: dynamo sees the rest as graph breaks)
         return ""
     # cheapest first: most calls (NCHW, a light weight) are settled by the shape alone
@@ -61,9 +79,15 @@ def prepack_layout(
         if x.is_contiguous():  # both layouts at once (C == 1 or H * W == 1): aten decides
             return ""
         layout = "channels_last"
-    elif x.is_contiguous() and not isinstance(padding, str) and _weight_heavy(x, weight, padding, stride, dilation):
-        layout = "contiguous"
-    else:  # a strided view, or activations too large next to the weight for the two copies
+    elif x.is_contiguous() and weight.is_contiguous() and not isinstance(padding, str):
+        # (a channels-last weight with an NCHW input: aten answers channels-last; left to aten)
+        if _weight_heavy(x, weight, padding, stride, dilation):
+            layout = "contiguous"
+        elif (x.shape[0] >= NCHW_ONEDNN_MIN_BATCH_1X1 if _gemm(weight, stride, dilation) else attr != "none"):
+            layout = "onednn_contiguous"
+        else:  # aten's own choice (its GEMM, or oneDNN) is as fast
+            return ""
+    else:  # a strided view
         return ""
     if x.device.type != "cpu" or x.layout != torch.strided or x.numel() == 0 or weight.dim() != 4:
         return ""
@@ -87,9 +111,13 @@ def _weight_heavy(x: torch.Tensor, weight: torch.Tensor, padding, stride, dilati
     if out_h <= 0 or out_w <= 0:
         return False
     activations = x.numel() + n * weight.shape[0] * out_h * out_w
-    gemm = weight.shape[2] == weight.shape[3] == 1 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
-    ratio = NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 if gemm else NCHW_WEIGHT_OVER_ACTIVATIONS
+    ratio = NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 if _gemm(weight, stride, dilation) else NCHW_WEIGHT_OVER_ACTIVATIONS
     return weight.numel() >= ratio * activations
+
+
+def _gemm(weight: torch.Tensor, stride, dilation) -> bool:
+    """A conv aten runs as a GEMM on NCHW data at one thread (1x1, stride 1, no dilation)."""
+    return weight.shape[2] == weight.shape[3] == 1 and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
 
 
 def pack_conv_weight(weight: torch.Tensor, padding, stride, dilation, groups: int, input_size) -> torch.Tensor:
@@ -102,15 +130,16 @@ def pack_conv_weight(weight: torch.Tensor, padding, stride, dilation, groups: in
 
 def conv_prepacked(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, padding, stride, dilation, groups: int,
-    layout: str,
+    layout: str, attr: str = "none",
 ) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups)`` on ``packed`` (from
-    :func:`pack_conv_weight`), returned in ``layout`` (see :func:`prepack_layout`)."""
+    :func:`pack_conv_weight`; for ``"onednn_contiguous"`` the plain weight itself), followed by
+    ``attr`` (``"relu"``: ``torch.relu`` of it), returned in ``layout`` (see :func:`prepack_layout`)."""
     out = torch.ops.mkldnn._convolution_pointwise(
-        x, packed, bias, list(padding), list(stride), list(dilation), groups, "none", [], "")
-    if layout == "contiguous":
-        return out.contiguous()
+        x, packed, bias, list(padding), list(stride), list(dilation), groups, attr, [], "")
+    if layout != "channels_last":
+        return out.contiguous()  # ("onednn_contiguous" already is: no copy)
     return out.contiguous(memory_format=torch.channels_last)  # (already is: no copy)
 
 
-__all__ = ["ENABLED", "NCHW_WEIGHT_OVER_ACTIVATIONS", "NCHW_WEIGHT_OVER_ACTIVATIONS_1X1", "conv_prepacked", "pack_conv_weight", "prepack_layout"]
+__all__ = ["ENABLED", "EPILOGUE", "NCHW_ONEDNN_MIN_BATCH_1X1", "NCHW_WEIGHT_OVER_ACTIVATIONS", "NCHW_WEIGHT_OVER_ACTIVATIONS_1X1", "conv_prepacked", "pack_conv_weight", "prepack_layout"]

@@ -30,7 +30,10 @@ may be a subclass of ``nn.Conv2d`` defined in the same file that defines no meth
 ``__init__`` (directly or through same-file bases), so its forward is Conv2d's
 (EfficientNet's depthwise ``EfficientNetDepthwiseConv2d``); the rewrite hands both modules
 to the kernel, which folds only when, at run time, the conv keeps Conv2d's ``forward`` and the
-batch norm is in eval mode with running statistics. Not a match: functional
+batch norm is in eval mode with running statistics. An activation applied to the batch norm's
+output alone, as the very next step (``self.act(h)`` of a module, or ``F.relu``/``torch.relu``),
+is handed to the kernel too: a plain ``nn.ReLU`` (or functional ReLU) runs in the conv's
+epilogue, anything else is called on the result as before. Not a match: functional
 ``F.conv2d``/``F.batch_norm``; Conv2d subclasses that override ``forward`` or any other
 method, or are defined in another file; Conv1d/Conv3d/ConvTranspose2d; BatchNorm1d/3d,
 SyncBatchNorm or other norms; any op (activation, padding, reshape) between the two; a
