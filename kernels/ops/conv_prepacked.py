@@ -46,8 +46,9 @@ NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 = 6.0
 # A light 1x1 stride-1 conv of an NCHW input runs in oneDNN on the NCHW data (plain weight, no
 # copies, bias and activation in its epilogue) from this batch size. aten runs it as a GEMM at one
 # thread below batch 16 ("THNN is faster single-threaded"), then the fold's bias and the ReLU as
-# separate passes. Measured over ResNet-50's nine 1x1 shapes, 1 thread, aten conv+bias+relu over
-# oneDNN conv+bias+relu summed: batch 2 0.93, batch 4 1.14, batch 8 1.16, batch 16 1.30
+# separate passes. Measured over ResNet-50's 1x1 stride-1 shapes, 1 thread, aten's conv + bias +
+# ReLU over oneDNN's with both in the epilogue, summed: batch 1 0.93, 2 1.01, 4 1.10, 8 1.09, 16
+# 0.99 (from 16 aten runs oneDNN itself); without a ReLU 0.93, 0.96, 1.04, 1.03, 1.00
 # (benchmarks/results/conv_bn_inference.json, "nchw_1x1_batches").
 NCHW_ONEDNN_MIN_BATCH_1X1 = 4
 # False: every conv runs aten's (benchmarks measure the lever with it off, on the same model)
