@@ -325,20 +325,18 @@ def _conv_prepacked(conv: nn.Module, bn: nn.Module, x: torch.Tensor, tensors: tu
     packed once per fold state (``fold_key``), conv geometry and per-sample input shape, or on the
     folded weight itself for a light NCHW conv; None where aten's conv runs instead
     (``prepack_layout`` says when)."""
-    from .ops.conv_prepacked import conv_prepacked, pack_conv_weight, prepack_layout
-
     padding, stride, dilation, groups = conv.padding, conv.stride, conv.dilation, conv.groups
-    layout = prepack_layout(x, weight, bias, padding, stride, dilation, groups, conv.padding_mode, *tensors, attr=attr)
+    layout = _conv_ops.prepack_layout(x, weight, bias, padding, stride, dilation, groups, conv.padding_mode, *tensors, attr=attr)
     if not layout:
         return None
     if layout == "onednn_contiguous":
-        return conv_prepacked(x, weight, bias, padding, stride, dilation, groups, layout, attr)
+        return _conv_ops.conv_prepacked(x, weight, bias, padding, stride, dilation, groups, layout, attr)
     key = (fold_key, x.shape[1:], padding, stride, dilation, groups)
     hit = _PACK_CACHE.get(bn)
     if hit is None or hit[0] != key:
         with torch.inference_mode(False):
-            hit = _PACK_CACHE[bn] = (key, pack_conv_weight(weight, padding, stride, dilation, groups, x.shape))
-    return conv_prepacked(x, hit[1], bias, padding, stride, dilation, groups, layout, attr)
+            hit = _PACK_CACHE[bn] = (key, _conv_ops.pack_conv_weight(weight, padding, stride, dilation, groups, x.shape))
+    return _conv_ops.conv_prepacked(x, hit[1], bias, padding, stride, dilation, groups, layout, attr)
 
 
 def epilogue_activation(activation: Any) -> str:
