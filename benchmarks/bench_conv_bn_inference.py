@@ -3,6 +3,7 @@
     python benchmarks/bench_conv_bn_inference.py            # writes benchmarks/results/conv_bn_inference.json
     python benchmarks/bench_conv_bn_inference.py --layers   # also times each ResNet-50 conv shape alone
     python benchmarks/bench_conv_bn_inference.py --nchw-1x1 # also: aten vs oneDNN for the 1x1 convs by batch
+    python benchmarks/bench_conv_bn_inference.py --profile  # also: where a forward's time goes, per op
 
 The models are built as ``adopter verify`` builds them (``adopter/verification/run.py``): the
 shipped ``microsoft/resnet-50`` config with random weights, the class optimized on the shrunk
@@ -25,6 +26,11 @@ choice (``NCHW_WEIGHT_OVER_ACTIVATIONS``, ``_1X1``) reads.
 ``--nchw-1x1``: ResNet-50's 1x1 stride-1 conv shapes with NCHW input at batch 1, 2, 4, 8, 16: aten's
 conv + bias (+ ReLU) against oneDNN on the NCHW data with bias (and ReLU) in the epilogue, summed
 over the shapes (what ``NCHW_ONEDNN_MIN_BATCH_1X1`` rests on).
+
+``--profile``: one forward of the original and of the optimized model per batch and layout under
+``torch.profiler``: self CPU time per op kind (convolutions, batch norm, ReLU, residual add, max
+pool, copies), and the share of the original's forward its BatchNorm and ReLU passes take, the
+most a kernel that keeps the convolutions as they are can remove.
 """
 from __future__ import annotations
 
@@ -231,12 +237,54 @@ def measure_nchw_1x1(batches: list[int], reps: int) -> dict:
     return {"shapes": [[cin, cout, list(shape)] for cin, cout, shape in shapes], "rows": rows}
 
 
+_OP_KINDS = {
+    "convolution": ("aten::mkldnn_convolution", "aten::_slow_conv2d_forward", "mkldnn::_convolution_pointwise"),
+    "batch_norm": ("aten::native_batch_norm", "aten::_native_batch_norm_legit_no_training"),
+    "relu": ("aten::clamp_min", "aten::relu", "aten::relu_", "aten::clamp_min_", "aten::threshold"),
+    "residual_add": ("aten::add_", "aten::add"),
+    "max_pool": ("aten::max_pool2d_with_indices",),
+    "copies": ("aten::copy_",),
+}
+
+
+def measure_profile(batches: list[int]) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    original, optimized, _ = build_models()
+    rows = []
+    for batch in batches:
+        for layout in ("contiguous", "channels_last"):
+            x = torch.randn(batch, 3, 224, 224)
+            if layout == "channels_last":
+                x = x.contiguous(memory_format=torch.channels_last)
+            row: dict = {"batch": batch, "input_layout": layout}
+            for name, model in (("original", original), ("optimized", optimized)):
+                with torch.no_grad():
+                    for _ in range(2):
+                        model(pixel_values=x)
+                    with profile(activities=[ProfilerActivity.CPU]) as prof:
+                        model(pixel_values=x)
+                events = prof.key_averages()
+                total = sum(e.self_cpu_time_total for e in events) / 1e3
+                kinds = {kind: round(sum(e.self_cpu_time_total for e in events if e.key in keys) / 1e3, 1)
+                         for kind, keys in _OP_KINDS.items()}
+                row[name] = {"self_cpu_ms_total": round(total, 1), "self_cpu_ms": kinds}
+            orig = row["original"]
+            share = (orig["self_cpu_ms"]["batch_norm"] + orig["self_cpu_ms"]["relu"]) / orig["self_cpu_ms_total"]
+            row["original_batch_norm_and_relu_share"] = round(share, 3)
+            row["speed_bound_removing_them"] = round(1 / (1 - share), 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="rounds at batch 1 (a third of them, at least 3, at batch 8)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--layers", action="store_true", help="also time every ResNet-50 conv shape alone")
     parser.add_argument("--nchw-1x1", action="store_true", help="also time ResNet-50's 1x1 convs, aten vs oneDNN, by batch")
+    parser.add_argument("--profile", action="store_true", help="also profile one forward of each model, per op kind")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -246,7 +294,7 @@ def main() -> int:
         "what": "ResNet-50 (microsoft/resnet-50 config, random weights, calibrated BN) eval forward, no grad, "
                 "1 thread, 224x224; variants alternating in one process",
         "command": "python benchmarks/bench_conv_bn_inference.py" + (" --layers" if args.layers else "")
-                   + (" --nchw-1x1" if args.nchw_1x1 else ""),
+                   + (" --nchw-1x1" if args.nchw_1x1 else "") + (" --profile" if args.profile else ""),
         "rules_applied": sorted({a.rule for a in report.applied}),
         "kernel_cache_bytes": cache_bytes,  # folded + packed weights the optimized model's kernels keep
         "models": rows,
@@ -258,6 +306,8 @@ def main() -> int:
         result["layers"] = measure_layers(batches, reps=11)
     if args.nchw_1x1:
         result["nchw_1x1_batches"] = measure_nchw_1x1([1, 2, 4, 8, 16], reps=9)
+    if args.profile:
+        result["profile"] = measure_profile(batches)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
