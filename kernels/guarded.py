@@ -56,13 +56,18 @@ def _global_hooks() -> bool:
 
 def _plain(module: Any, base: type, *methods: str) -> str:
     """"" when ``module`` behaves as ``base`` (an instance whose ``forward`` and ``methods`` are
-    base's own, without hooks); otherwise why not."""
+    base's own, neither overridden by its class nor set on the instance, without hooks); otherwise
+    why not."""
     if not isinstance(module, base):
         return f"{type(module).__name__} is not a {base.__name__}"
     cls = type(module)
     for name in ("forward", *methods):
         if getattr(cls, name) is not getattr(base, name):
             return f"{cls.__name__} overrides {name}"
+    own = vars(module)
+    for name in ("forward", *methods):
+        if name in own:  # (set on the instance: accelerate's offload hooks wrap ``module.forward`` so)
+            return f"this {cls.__name__} has its own {name}"
     if _has_hooks(module):
         return f"{cls.__name__} has hooks"
     return ""

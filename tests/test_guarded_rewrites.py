@@ -104,6 +104,45 @@ def test_modules_with_their_own_forward_or_hooks_fall_back():
     assert seen == [torch.Size([4, 6])] and _calls(calls, "linear_gelu") == {"original": 1}
 
 
+def test_modules_whose_instance_has_its_own_forward_fall_back():
+    # accelerate's offload hooks (device_map="auto") replace ``module.forward`` on the instance:
+    # the fused path would skip what the wrapper does (here: mark the call, scale the output)
+    torch.manual_seed(0)
+
+    def wrap(module, log):
+        inner = module.forward
+
+        def forward(*args):
+            log.append(type(module).__name__)
+            return inner(*args) * 2
+        module.forward = forward
+        return module
+
+    log: list[str] = []
+    x = torch.randn(4, 6)
+    linear = wrap(nn.Linear(6, 6), log)
+    with count_kernel_calls() as calls:
+        out = kernels.linear_gelu(linear, nn.GELU(), x)
+    torch.testing.assert_close(out, F.gelu(linear(x)))
+    assert _calls(calls, "linear_gelu") == {"original": 1}
+    assert "has its own forward" in next(c.reason for c in calls.calls if c.kernel == "linear_gelu")
+
+    conv, bn = nn.Conv2d(3, 4, 3).eval(), nn.BatchNorm2d(4).eval()
+    image = torch.randn(2, 3, 6, 6)
+    for wrapped in (conv, bn):
+        c, b = (wrap(nn.Conv2d(3, 4, 3), log), bn) if wrapped is conv else (conv, wrap(nn.BatchNorm2d(4), log))
+        c.load_state_dict(conv.state_dict())
+        b.load_state_dict(bn.state_dict())
+        c.eval(), b.eval()
+        log.clear()
+        with torch.no_grad(), count_kernel_calls() as calls:
+            got = kernels.conv_bn(c, b, image, nn.ReLU())
+        want = torch.relu(b(c(image)))
+        torch.testing.assert_close(got, want)
+        assert len(log) == 2  # the wrapper ran in the kernel's call and in the reference
+        assert _calls(calls, "conv_bn") == {"original": 1}
+
+
 def test_dropout_add_layer_norm_guards():
     torch.manual_seed(0)
     norm, drop = nn.LayerNorm(10), nn.Dropout(0.0)
