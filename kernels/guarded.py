@@ -350,9 +350,13 @@ def epilogue_activation(activation: Any) -> str:
     epilogue), else ``""`` (it is called)."""
     if activation is F.relu or activation is torch.relu:
         return "relu"
-    if type(activation) is nn.ReLU and not _has_hooks(activation) and "forward" not in vars(activation):
+    if type(activation) is nn.ReLU and not _plain(activation, nn.ReLU):
         return "relu"  # (``inplace`` or not: it acts on the fresh conv output either way)
     return ""
+
+
+def _activated(out: Any, activation: Any) -> Any:
+    return out if activation is None else activation(out)
 
 
 def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, reason: str, run,
@@ -365,8 +369,7 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
     inside when ``attr`` is ``"relu"``."""
     if reason:
         _fallback(kernel, reason)
-        out = bn(layer(x))
-        return out if activation is None else activation(out)
+        return _activated(bn(layer(x)), activation)
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
     if is_proxy(x):
         # fx: the fold is recorded as ops on the parameters (get_attr nodes), so the graph computes
@@ -379,8 +382,7 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
             for t in tensors)
         real = layer._parameters["weight"]  # (fx hands out parameters as proxies while it traces)
         weight, bias = fold_with(*proxies, bn.eps, device_type=real.device.type, dtype=real.dtype, ndim=real.dim())
-        out = run(x, weight, bias)
-        return out if activation is None else activation(out)  # (the graph shows the user's activation)
+        return _activated(run(x, weight, bias), activation)  # (the graph shows the user's activation)
     (weight, bias), fold_key = _fold_cached(bn, tensors)
     record(kernel, "torch")
     attr = epilogue_activation(activation) if activation is not None and _conv_ops.EPILOGUE else ""
@@ -388,9 +390,8 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
     if prepacked is not None and fold_key is not None:
         out = prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr or "none")
         if out is not None:
-            return out if activation is None or attr else activation(out)
-    out = run(x, weight, bias)
-    return out if activation is None else activation(out)
+            return out if attr else _activated(out, activation)
+    return _activated(run(x, weight, bias), activation)
 
 
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = None) -> Any:

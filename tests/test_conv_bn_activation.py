@@ -317,15 +317,12 @@ def test_onednn_contiguous_route_is_taken_and_keeps_nchw():
 # ---------------------------------------------------------------- 4. fallbacks
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-@pytest.mark.parametrize("act_name", ["ReLU-inplace", "F.relu", "SiLU", "ReLU-hooked"])
-def test_training_mode_matches_outputs_and_gradients(layout, act_name):
-    conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1))
-    conv.train(), bn.train()
-    act = ACTIVATIONS[act_name]()
+def _forward_backward_against_reference(conv, bn, act, x):
+    """``conv_bn(conv, bn, x, act)`` against ``act(bn(conv(x)))`` on deep copies: output, its
+    strides, and the gradients of the input and of every parameter after one backward."""
     ref_conv, ref_bn = copy.deepcopy(conv), copy.deepcopy(bn)
     ref_act = copy.deepcopy(act) if isinstance(act, nn.Module) else act
-    x = _input(4, layout).requires_grad_()
+    x = x.requires_grad_()
     x_ref = x.detach().clone().requires_grad_()
     got = conv_bn(conv, bn, x, act)
     want = ref_act(ref_bn(ref_conv(x_ref)))
@@ -338,6 +335,16 @@ def test_training_mode_matches_outputs_and_gradients(layout, act_name):
     for p, q in zip(list(conv.parameters()) + list(bn.parameters()),
                     list(ref_conv.parameters()) + list(ref_bn.parameters())):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    return got, ref_bn
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("act_name", ["ReLU-inplace", "F.relu", "SiLU", "ReLU-hooked"])
+def test_training_mode_matches_outputs_and_gradients(layout, act_name):
+    conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1))
+    conv.train(), bn.train()
+    act = ACTIVATIONS[act_name]()
+    got, ref_bn = _forward_backward_against_reference(conv, bn, act, _input(4, layout))
     torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)  # batch statistics were used and tracked
     torch.testing.assert_close(bn.running_var, ref_bn.running_var)
     assert bn.num_batches_tracked == ref_bn.num_batches_tracked == 1
@@ -349,22 +356,8 @@ def test_training_mode_matches_outputs_and_gradients(layout, act_name):
 @pytest.mark.parametrize("act_name", ["ReLU", "ReLU-inplace", "SiLU"])
 def test_eval_with_input_gradient_matches(layout, act_name):
     conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1))
-    act = ACTIVATIONS[act_name]()
-    ref_conv, ref_bn, ref_act = copy.deepcopy(conv), copy.deepcopy(bn), copy.deepcopy(act)
-    x = _input(2, layout).requires_grad_()
-    x_ref = x.detach().clone().requires_grad_()
-    got = conv_bn(conv, bn, x, act)
-    want = ref_act(ref_bn(ref_conv(x_ref)))
+    got, _ = _forward_backward_against_reference(conv, bn, ACTIVATIONS[act_name](), _input(2, layout))
     assert got.requires_grad
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert got.stride() == want.stride()
-    grad = torch.randn_like(want)
-    got.backward(grad)
-    want.backward(grad)
-    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
-    for p, q in zip(list(conv.parameters()) + list(bn.parameters()),
-                    list(ref_conv.parameters()) + list(ref_bn.parameters())):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])

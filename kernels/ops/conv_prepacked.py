@@ -82,9 +82,10 @@ def prepack_layout(
         layout = "channels_last"
     elif x.is_contiguous() and weight.is_contiguous() and not isinstance(padding, str):
         # (a channels-last weight with an NCHW input: aten answers channels-last; left to aten)
-        if _weight_heavy(x, weight, padding, stride, dilation):
+        gemm = _gemm(weight, stride, dilation)
+        if _weight_heavy(x, weight, padding, stride, dilation, gemm):
             layout = "contiguous"
-        elif (x.shape[0] >= NCHW_ONEDNN_MIN_BATCH_1X1 if _gemm(weight, stride, dilation) else attr != "none"):
+        elif (x.shape[0] >= NCHW_ONEDNN_MIN_BATCH_1X1 if gemm else attr != "none"):
             layout = "onednn_contiguous"
         else:  # aten's own choice (its GEMM, or oneDNN) is as fast
             return ""
@@ -105,14 +106,14 @@ def prepack_layout(
     return layout
 
 
-def _weight_heavy(x: torch.Tensor, weight: torch.Tensor, padding, stride, dilation) -> bool:
+def _weight_heavy(x: torch.Tensor, weight: torch.Tensor, padding, stride, dilation, gemm: bool) -> bool:
     n, _, h, w = x.shape
     out_h = (h + 2 * padding[0] - dilation[0] * (weight.shape[2] - 1) - 1) // stride[0] + 1
     out_w = (w + 2 * padding[1] - dilation[1] * (weight.shape[3] - 1) - 1) // stride[1] + 1
     if out_h <= 0 or out_w <= 0:
         return False
     activations = x.numel() + n * weight.shape[0] * out_h * out_w
-    ratio = NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 if _gemm(weight, stride, dilation) else NCHW_WEIGHT_OVER_ACTIVATIONS
+    ratio = NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 if gemm else NCHW_WEIGHT_OVER_ACTIVATIONS
     return weight.numel() >= ratio * activations
 
 
