@@ -38,6 +38,7 @@ from .telemetry import KernelCall, count_kernel_calls, kernel_calls, reset_kerne
 # The LLM rule pack's guarded kernels (issue 12), one module each; loaded on first use so
 # importing adopter.kernels stays cheap. name -> module under adopter.kernels.
 _LAZY = {
+    "add_relu": "guarded_add_relu",
     "rms_norm": "guarded_rms_norm",
     "gated_mlp": "guarded_gated_mlp",
     "gated_mlp_packed": "guarded_gated_mlp",
@@ -74,6 +75,7 @@ __all__ = [
     "KernelBackendError",
     "KernelCall",
     "Softmax",
+    "add_relu",
     "attention",
     "bias_gelu",
     "conv_bn",

@@ -35,6 +35,7 @@ from torch.nn.modules import module as _module_mod
 
 from .backend import last_backend
 from .ops import conv_prepacked as _conv_ops
+from .ops import finite
 from .ops.batch_norm_fold import fold_batch_norm, fold_with
 from .ops.bias_gelu import linear_bias_gelu
 from .ops.common import is_proxy
@@ -385,13 +386,36 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         return _activated(run(x, weight, bias), activation)  # (the graph shows the user's activation)
     (weight, bias), fold_key = _fold_cached(bn, tensors)
     record(kernel, "torch")
-    attr = epilogue_activation(activation) if activation is not None and _conv_ops.EPILOGUE else ""
-    # (an uncached fold: gradients, compiling, inference tensors; nothing to pack once)
-    if prepacked is not None and fold_key is not None:
-        out = prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr or "none")
-        if out is not None:
-            return out if attr else _activated(out, activation)
-    return _activated(run(x, weight, bias), activation)
+    relu = epilogue_activation(activation) if activation is not None else ""
+    attr = relu if _conv_ops.EPILOGUE else ""
+    if fold_key is None:  # (an uncached fold: gradients, compiling, inference tensors; nothing to pack once)
+        return _activated(run(x, weight, bias), activation)
+    # oneDNN's ReLU gives 0 for a NaN, torch.relu keeps it: fused only for finite data (ops/finite.py)
+    finite_in = _fold_finite(bn, fold_key, weight, bias) and (finite.check(x) if attr else finite.known(x))
+    if not finite_in:
+        attr = ""
+    out = prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr or "none") if prepacked is not None else None
+    if out is None:
+        out = run(x, weight, bias)
+    elif attr:
+        activation = None  # (applied in the conv's epilogue)
+    if finite_in:
+        finite.mark(out)
+    result = _activated(out, activation)
+    if finite_in and relu and result is not out:
+        finite.mark(result)  # (the ReLU of finite values)
+    return result
+
+
+_FINITE_FOLD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fold_finite(bn: nn.Module, fold_key: tuple, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the folded weight and bias are finite (read once per fold state)."""
+    hit = _FINITE_FOLD.get(bn)
+    if hit is None or hit[0] != fold_key:
+        hit = _FINITE_FOLD[bn] = (fold_key, finite.check(weight) and (bias is None or finite.check(bias)))
+    return hit[1]
 
 
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = None) -> Any:

@@ -60,7 +60,12 @@ BACKEND_POLICY: dict[str, dict[str, str]] = {
 # inductor fuses the BatchNorm into the conv's epilogue itself: 0.95x / 0.99x
 # (benchmarks/results/stacking_resnet-50_conv_bn_policy.md).
 _FOLD_UNDER_COMPILE = "torch.compile: inductor fuses the BatchNorm after the conv itself (a traced fold is recomputed per call)"
-COMPILE_POLICY: dict[str, str] = {"conv_bn": _FOLD_UNDER_COMPILE, "linear_bn": _FOLD_UNDER_COMPILE}
+# add_relu: inductor fuses the add and the ReLU into one loop itself (and the eager kernel's
+# provenance of finite values is not traced).
+COMPILE_POLICY: dict[str, str] = {
+    "conv_bn": _FOLD_UNDER_COMPILE, "linear_bn": _FOLD_UNDER_COMPILE,
+    "add_relu": "torch.compile: inductor fuses the add and the ReLU itself",
+}
 
 _LOCAL = threading.local()
 
