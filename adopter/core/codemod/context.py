@@ -117,6 +117,12 @@ class FileContext:
             raise Skip(f"no expression at {span.line}:{span.col} (source changed since scanning?)")
         return exprs[0]
 
+    def augassign_at(self, span: Span) -> ast.AugAssign | None:
+        """The in-place statement exactly at ``span`` (``x += y``: extraction gives its
+        operation the statement's span), or None."""
+        found = self._by_pos.get((span.line, span.col, span.end_line, span.end_col))
+        return next((n for n in found or () if isinstance(n, ast.AugAssign)), None)
+
     def segment(self, node: ast.AST) -> str:
         """``ast.get_source_segment(self.text, node)``, without re-splitting the file per call
         (codemods ask for many segments of one file)."""

@@ -44,6 +44,8 @@ RULE_MODULES: dict[str, str] = {
     "gated_MLP": "gated_mlp",
     "rotary_embedding": "rotary_embedding",
     "linear_cross_entropy": "linear_cross_entropy",
+    # residual blocks (issue 25)
+    "Add_ReLU": "add_relu",
 }
 
 

@@ -1,0 +1,208 @@
+"""Add_ReLU: the end of a residual block, ``relu(x + residual)``, in one pass over memory.
+
+Rewrite (the codemod below), forward only — ``__init__`` and the modules stay:
+    out += identity; out = self.relu(out)   =>   out = add_relu(self.relu, out, identity, in_place=True)
+    out = self.relu(out + identity)         =>   out = add_relu(self.relu, out, identity)
+    return F.relu(x + shortcut)             =>   return add_relu(F.relu, x, shortcut)
+
+``adopter.kernels.add_relu`` runs aten's ``_add_relu`` (one read of each operand, one write) when,
+at run time, the activation is a ReLU, the operands are float CPU tensors of one shape computed by
+the kernels from finite data (a NaN must stay a NaN, as ``torch.relu`` keeps it), no gradient is
+recorded and, in place, nothing else can see the sum; and the source's own ops otherwise.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+
+from adopter.core.codemod.base import ChainPlan, Codemod, arg_text, kernel_name, match_function, matched_exprs
+from adopter.core.codemod.context import FileContext, Skip, is_self_attr, simple_assign_target
+from adopter.core.codemod.edits import Edit
+from adopter.core.dsl import Layer, TensorOp
+from adopter.core.match import MatchContext
+from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
+from adopter.core.rules._activation_keys import (
+    ACT2FN,
+    KernelActivations,
+    activation_key_lookup,
+    settle_activation_keys,
+)
+from adopter.core.rules._common import intermediates_unused
+from adopter.core.structures import Match
+
+RELU_KERNEL = KernelActivations(frozenset({"relu"}), "ReLU", "not ReLU", "{'relu'}")
+
+DSL = f"""
+rule Add_ReLU
+forward:
+    $x + $res -> $sum; torch.nn.ReLU|{ACT2FN}($sum) -> $out
+
+rule Add_ReLU
+forward:
+    $x + $res -> $sum; torch.nn.functional.relu($sum) -> $out
+
+rule Add_ReLU
+forward:
+    $x + $res -> $sum; torch.relu($sum) -> $out
+"""
+
+DOC = """\
+Fuses a residual add and the ReLU applied to the sum (the end of a ResNet block). A match is
+an addition (``a + b``, or ``a += b`` in place) whose result is directly the input of a ReLU:
+a ``torch.nn.ReLU`` module bound in ``__init__`` (``inplace`` or not), an activation looked
+up from a key (``ACT2FN[...]``) whose configuration default is ``"relu"`` (conditional when
+the source does not settle it: a trace does), or ``F.relu``/``torch.relu`` called with the
+sum alone. The rewrite hands the kernel the ReLU, both operands and whether the add was in
+place; the kernel decides at run time (a ReLU, CPU float32/64 operands of one shape known
+finite, no gradient) and runs the source's own ops otherwise. Not a match: a sum also read
+elsewhere (unless the add is in place and the ReLU rebinds the same name), ReLU6, LeakyReLU,
+other activations, keyword arguments (``F.relu(x, inplace=True)``), a sum that passes
+through another op (dropout, drop-path, a scale) before the ReLU."""
+
+
+def _activation_is_relu(ctx: MatchContext) -> str | None:
+    """An activation looked up from a key must be a ReLU (settled from the configuration's
+    defaults; conditional when the source leaves it open)."""
+    act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
+    if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
+        return None
+    texts, span, in_init, what = activation_key_lookup(ctx, act_node)
+    if texts is None:
+        ctx.conditional("needs-config", f"ReLU only if the activation {what} passed in is one")
+        return None
+    return settle_activation_keys(ctx, texts, span, in_init, RELU_KERNEL, what)
+
+
+# ---------------------------------------------------------------- codemod
+
+KERNEL = "add_relu"
+
+
+class AddReLU(Codemod):
+    rule = "Add_ReLU"
+
+    def analyze(self, match: Match, ctx: FileContext) -> Edit:
+        op = next((mn for mn in match.nodes if isinstance(mn.node, TensorOp)), None)
+        in_place = ctx.augassign_at(op.node.span) if op is not None and op.node.span is not None else None
+        exprs = matched_exprs(replace(match, nodes=tuple(mn for mn in match.nodes if mn is not op))
+                              if in_place is not None else match, ctx)
+        fn = match_function(match, ctx, exprs)
+        add = in_place or next((e for n, e in exprs if isinstance(n, TensorOp)), None)
+        act = next((e for n, e in exprs if isinstance(n, Layer)), None)
+        if not isinstance(act, ast.Call) or len(act.args) != 1 or act.keywords or isinstance(act.args[0], ast.Starred):
+            raise Skip("the ReLU must be called with the sum alone")
+        activation = _activation_text(ctx, act)
+        spec, kernel = kernel_name(ctx, KERNEL)
+        if isinstance(add, ast.BinOp) and isinstance(add.op, ast.Add):
+            anchor_text = f"{kernel}({activation}, {arg_text(ctx, add.left)}, {arg_text(ctx, add.right)})"
+            if act.args[0] is add:  # act(a + b)
+                plan = ChainPlan(ctx, fn, [act])
+                plan.anchor_text = anchor_text
+                return Edit(rule=self.rule, forward=plan.build(), imports=(spec,))
+            # s = a + b, then as the next statement s = act(s) / return act(s): the sum is not kept
+            stmt = ctx.statement_of(add)
+            name = simple_assign_target(stmt)
+            if name is None or stmt.value is not add:
+                raise Skip("the sum is part of a larger expression")
+            self._next_rebinds(ctx, stmt, act, name)
+            plan = _FoldPlan(ctx, fn, [act])
+            plan.folded = stmt
+            plan.anchor_text = anchor_text
+            return Edit(rule=self.rule, forward=plan.build(), imports=(spec,))
+        return self._in_place(ctx, fn, add, act, activation, kernel, spec)
+
+    @staticmethod
+    def _next_rebinds(ctx: FileContext, stmt: ast.stmt, act: ast.Call, name: str) -> None:
+        """The statement after ``stmt`` is ``name = act(name)`` or ``return act(name)``: the sum
+        bound to ``name`` is read by the ReLU alone."""
+        block = ctx.block_of(stmt)[2]
+        index = block.index(stmt)
+        following = block[index + 1] if index + 1 < len(block) else None
+        act_stmt = ctx.statement_of(act)
+        if following is not act_stmt or not (isinstance(act.args[0], ast.Name) and act.args[0].id == name):
+            raise Skip("the ReLU is not the next statement, applied to the sum")
+        rebinds = simple_assign_target(act_stmt) == name and act_stmt.value is act
+        if not (rebinds or (isinstance(act_stmt, ast.Return) and act_stmt.value is act)):
+            raise Skip(f"the ReLU's result is not bound to {name!r} again nor returned (the sum stays readable)")
+
+    def _in_place(self, ctx: FileContext, fn: ast.FunctionDef, add, act: ast.Call, activation: str, kernel: str,
+                  spec: str) -> Edit:
+        """``x += r`` then, as the very next statement, ``x = act(x)`` or ``return act(x)``."""
+        stmt = add if isinstance(add, ast.AugAssign) else ctx.statement_of(add)
+        if not (isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add) and isinstance(stmt.target, ast.Name)):
+            raise Skip("the sum is neither 'a + b' nor 'name += b'")
+        name = stmt.target.id
+        self._next_rebinds(ctx, stmt, act, name)
+        plan = _FoldPlan(ctx, fn, [act])
+        plan.folded = stmt
+        plan.anchor_text = f"{kernel}({activation}, {name}, {arg_text(ctx, stmt.value)}, in_place=True)"
+        return Edit(rule=self.rule, forward=plan.build(), imports=(spec,))
+
+
+class _FoldPlan(ChainPlan):
+    """``s = a + b`` / ``s += b`` followed by ``s = act(s)``: the sum's statement is deleted, the
+    ReLU call (the anchor) becomes the kernel call; both statements are adjacent, so its
+    operands read what they read in the sum."""
+
+    folded: ast.stmt
+
+    def build(self):
+        from adopter.core.codemod.base import pos
+        from adopter.core.codemod.edits import ExprEdit, ForwardEdit
+
+        ctx = self.ctx
+        anchor = self.calls[-1]
+        anchor_stmt = ctx.statement_of(anchor)
+        return ForwardEdit(
+            statements=(pos(ctx, self.folded), pos(ctx, anchor_stmt)),
+            anchor=pos(ctx, anchor_stmt),
+            expr_edits=(ExprEdit(ctx.char_span(anchor), self.anchor_text),),
+            delete=(pos(ctx, self.folded),),
+        )
+
+
+def _activation_text(ctx: FileContext, act: ast.Call) -> str:
+    func = act.func
+    if is_self_attr(func) is None and not isinstance(func, (ast.Name, ast.Attribute)):
+        raise Skip(f"the ReLU {ctx.segment(func)!r} is not a module or function reference")
+    if isinstance(func, ast.Subscript) or any(isinstance(n, ast.Call) for n in ast.walk(func)):
+        raise Skip(f"the ReLU {ctx.segment(func)!r} is looked up in the call (ACT2FN[...](x))")
+    return arg_text(ctx, func)
+
+
+# ---------------------------------------------------------------- runtime (trace)
+
+
+def _runtime_check(site: RuntimeSite) -> tuple[str | None, str]:
+    from torch import nn
+
+    act = next((m for m in site.modules if m is not None), None)
+    if act is not None:
+        if type(act) is not nn.ReLU:
+            return f"the activation that runs is {type(act).__name__}, not nn.ReLU", ""
+        return None, f"nn.ReLU(inplace={act.inplace})"
+    if any(op.name in ("relu", "relu_") for ops in site.ops for op in ops):
+        return None, "functional relu"
+    return "no ReLU ran on the sum", ""
+
+
+RUNTIME = Runtime(
+    check=_runtime_check,
+    sequence=(
+        RuntimeStep("add", ops=frozenset({"add", "add_", "iadd"})),
+        RuntimeStep("relu", module_types=("torch.nn.modules.activation.ReLU",), ops=frozenset({"relu", "relu_"})),
+    ),
+    leaf_modules=("torch.nn.modules.activation.ReLU",),
+)
+
+RULE = Rule(
+    name="Add_ReLU",
+    kernel="adopter.kernels.add_relu",
+    doc=DOC,
+    dsl=DSL,
+    codemod=AddReLU(),
+    runtime=RUNTIME,
+    fixtures="Add_ReLU",
+    preconditions=(intermediates_unused("$sum"), _activation_is_relu),
+)
