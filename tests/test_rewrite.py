@@ -48,9 +48,10 @@ SCANNED = {
     "conv_batchnorm": {"Conv_BatchNorm"},
     "conv_batchnorm_branch": {"Conv_BatchNorm"},
     "conv_batchnorm_subclass": {"Conv_BatchNorm"},
-    "conv_batchnorm_activation": {"Conv_BatchNorm"},
+    "conv_batchnorm_activation": {"Conv_BatchNorm", "Add_ReLU"},
     "linear_batchnorm": {"Linear_BatchNorm"},
     "softmax": {"softmax"},
+    "add_relu": {"Add_ReLU", "Conv_BatchNorm"},
 }
 # attention fixtures: hand-built matches (rule, function, class)
 ATTENTION = {

@@ -63,6 +63,8 @@ def test_registry_names_match_table_1():
         "biased_GeLU", "Conv_BatchNorm", "Linear_BatchNorm", "fused_QKV",
         # the LLM rule pack (issue 12)
         "RMSNorm", "gated_MLP", "rotary_embedding", "linear_cross_entropy",
+        # residual blocks (issue 25)
+        "Add_ReLU",
     ]
     for r in all_rules():
         assert r.kernel.startswith("adopter.kernels.") and r.doc and r.variants
