@@ -209,6 +209,7 @@ def measure_nchw_1x1(batches: list[int], reps: int) -> dict:
     rows = []
     for batch in batches:
         sums = {"aten_relu": 0.0, "onednn_relu": 0.0, "aten": 0.0, "onednn": 0.0}
+        per_shape = []
         for cin, cout, shape in shapes:
             torch.manual_seed(cin + cout)
             x = torch.randn(batch, *shape)
@@ -227,11 +228,24 @@ def measure_nchw_1x1(batches: list[int], reps: int) -> dict:
                         c = time.process_time()
                         fns[k]()
                         times[k].append(time.process_time() - c)
+            medians = {k: statistics.median(times[k]) * 1e3 for k in fns}
             for k in sums:
-                sums[k] += statistics.median(times[k]) * 1e3
+                sums[k] += medians[k]
+            per_shape.append({"cin": cin, "cout": cout, "hw": shape[1] * shape[2],
+                              **{f"{k}_cpu_ms": round(v, 2) for k, v in medians.items()},
+                              "aten_over_onednn_relu": round(medians["aten_relu"] / medians["onednn_relu"], 3),
+                              "aten_over_onednn": round(medians["aten"] / medians["onednn"], 3)})
         row = {"batch": batch, **{f"{k}_cpu_ms_sum": round(v, 2) for k, v in sums.items()},
                "aten_over_onednn_relu": round(sums["aten_relu"] / sums["onednn_relu"], 3),
                "aten_over_onednn": round(sums["aten"] / sums["onednn"], 3)}
+        # by spatial extent: what NCHW_ONEDNN_MAX_HW_1X1 rests on
+        for name, keep in (("hw_at_most_196", lambda r: r["hw"] <= 196), ("hw_above_196", lambda r: r["hw"] > 196)):
+            part = [r for r in per_shape if keep(r)]
+            for k in ("relu", ""):
+                a = sum(r[f"aten{'_' + k if k else ''}_cpu_ms"] for r in part)
+                o = sum(r[f"onednn{'_' + k if k else ''}_cpu_ms"] for r in part)
+                row[f"{name}_aten_over_onednn{'_' + k if k else ''}"] = round(a / o, 3) if o else None
+        row["per_shape"] = per_shape
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {"shapes": [[cin, cout, list(shape)] for cin, cout, shape in shapes], "rows": rows}
@@ -241,7 +255,7 @@ _OP_KINDS = {
     "convolution": ("aten::mkldnn_convolution", "aten::_slow_conv2d_forward", "mkldnn::_convolution_pointwise"),
     "batch_norm": ("aten::native_batch_norm", "aten::_native_batch_norm_legit_no_training"),
     "relu": ("aten::clamp_min", "aten::relu", "aten::relu_", "aten::clamp_min_", "aten::threshold"),
-    "residual_add": ("aten::add_", "aten::add"),
+    "residual_add": ("aten::add_", "aten::add", "aten::_add_relu_", "aten::_add_relu"),
     "max_pool": ("aten::max_pool2d_with_indices",),
     "copies": ("aten::copy_",),
 }

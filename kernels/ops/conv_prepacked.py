@@ -17,7 +17,8 @@ gives, which user code relies on (``.view`` of a conv output needs it):
   (:data:`NCHW_WEIGHT_OVER_ACTIVATIONS`, ``_1X1``; measured per ResNet-50 layer, 1 thread:
   ``benchmarks/bench_conv_bn_inference.py --layers``);
 * contiguous input, a light weight, where oneDNN on the NCHW data itself beats aten
-  (``"onednn_contiguous"``: a 1x1 stride-1 conv from batch :data:`NCHW_ONEDNN_MIN_BATCH_1X1`, any
+  (``"onednn_contiguous"``: a 1x1 stride-1 conv from batch :data:`NCHW_ONEDNN_MIN_BATCH_1X1` over at
+  most :data:`NCHW_ONEDNN_MAX_HW_1X1` positions, any
   other conv when an activation is fused into it) -> ``_convolution_pointwise`` on the plain weight
   (oneDNN reorders that small weight per call, as aten's oneDNN conv does), NCHW out, no copies;
 * any other layout (a strided view, or a shape for which both layouts coincide) -> aten.
@@ -51,6 +52,11 @@ NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 = 6.0
 # 0.99 (from 16 aten runs oneDNN itself); without a ReLU 0.93, 0.96, 1.04, 1.03, 1.00
 # (benchmarks/results/conv_bn_inference.json, "nchw_1x1_batches").
 NCHW_ONEDNN_MIN_BATCH_1X1 = 4
+# ... and only up to this spatial extent (H * W). Over ResNet-50's 1x1 shapes at batch 4 and 8,
+# oneDNN on NCHW data at 14x14 and 7x7 ran 1.0-1.5x aten's speed, at 28x28 and 56x56 0.3-1.2x: the
+# 64->256 expansion at 56x56 ran 3.5x slower (4 calls of each ResNet-50 forward)
+# (benchmarks/results/conv_bn_inference.json, "nchw_1x1_batches": per_shape, hw_at_most_196...).
+NCHW_ONEDNN_MAX_HW_1X1 = 196
 # False: every conv runs aten's (benchmarks measure the lever with it off, on the same model)
 ENABLED = True
 # False: an activation handed to the kernel runs after the conv, not in its epilogue (likewise)
@@ -85,7 +91,8 @@ def prepack_layout(
         gemm = _gemm(weight, stride, dilation)
         if _weight_heavy(x, weight, padding, stride, dilation, gemm):
             layout = "contiguous"
-        elif (x.shape[0] >= NCHW_ONEDNN_MIN_BATCH_1X1 if gemm else attr != "none"):
+        elif (x.shape[0] >= NCHW_ONEDNN_MIN_BATCH_1X1 and x.shape[2] * x.shape[3] <= NCHW_ONEDNN_MAX_HW_1X1
+              if gemm else attr != "none"):
             layout = "onednn_contiguous"
         else:  # aten's own choice (its GEMM, or oneDNN) is as fast
             return ""
@@ -144,4 +151,4 @@ def conv_prepacked(
     return out.contiguous(memory_format=torch.channels_last)  # (already is: no copy)
 
 
-__all__ = ["ENABLED", "EPILOGUE", "NCHW_ONEDNN_MIN_BATCH_1X1", "NCHW_WEIGHT_OVER_ACTIVATIONS", "NCHW_WEIGHT_OVER_ACTIVATIONS_1X1", "conv_prepacked", "pack_conv_weight", "prepack_layout"]
+__all__ = ["ENABLED", "EPILOGUE", "NCHW_ONEDNN_MAX_HW_1X1", "NCHW_ONEDNN_MIN_BATCH_1X1", "NCHW_WEIGHT_OVER_ACTIVATIONS", "NCHW_WEIGHT_OVER_ACTIVATIONS_1X1", "conv_prepacked", "pack_conv_weight", "prepack_layout"]
