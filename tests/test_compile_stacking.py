@@ -175,7 +175,7 @@ def test_shipped_policy_as_shipped(kernel):
 
 
 def test_shipped_policy_names_known_kernels_with_reasons():
-    known = {"linear_gelu", "dropout_add_layer_norm", "qkv", "conv_bn", "linear_bn", *FUSED_IN_GRAPH}
+    known = {"linear_gelu", "dropout_add_layer_norm", "qkv", "conv_bn", "linear_bn", "add_relu", *FUSED_IN_GRAPH}
     for kernel, reason in policy.COMPILE_POLICY.items():
         assert kernel in known, kernel
         assert isinstance(reason, str) and reason.strip(), kernel
