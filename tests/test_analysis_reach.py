@@ -268,6 +268,7 @@ def test_optimize_torchvision_style_resnet(bottleneck):
     expected = sorted(
         [("Conv_BatchNorm", block, "forward")] * per_block
         + [("Conv_BatchNorm", "ResNet", "_make_layer"), ("Conv_BatchNorm", "ResNet", "forward")]
+        + [("Add_ReLU", block, "forward")]  # out += identity; out = self.relu(out)
     )
     assert _applied(report) == expected, report.summary()
     assert report.equivalence.equivalent

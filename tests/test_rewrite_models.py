@@ -122,7 +122,7 @@ def test_t5_model():
 def test_resnet_model():
     config = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_channels=3)
     original, rewritten, result = _rewrite_module("transformers.models.resnet.modeling_resnet", config)
-    assert _applied(result) == ["Conv_BatchNorm"]
+    assert _applied(result) == ["Add_ReLU", "Conv_BatchNorm"]  # (the bottleneck's residual add + ReLU)
     pixels = torch.randn(2, 3, 32, 32)
     _check_equivalent(
         original.ResNetModel, rewritten.ResNetModel, config,

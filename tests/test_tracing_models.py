@@ -167,6 +167,8 @@ def test_resnet_conv_batchnorm_confirmed():
     assert statuses(out) == [
         ("Conv_BatchNorm", "ResNetConvLayer", "confirmed"),
         ("Conv_BatchNorm", "ResNetShortCut", "confirmed"),
+        # the bottleneck's residual add + ReLU, a sequence of another rule no match given here covers
+        ("Add_ReLU", "ResNetBottleNeckLayer", "runtime-only"),
     ]
     assert "runs in 13 instances" in out[0].reason  # stem + 3 per bottleneck x 4 stages
     assert "runs in 3 instances" in out[1].reason  # stages 2-4 downsample
