@@ -214,6 +214,21 @@ def settle_activation_keys(ctx: MatchContext, texts: list[str], span, in_init: b
     return None
 
 
+def settle_activation_node(ctx: MatchContext, act_node: Layer | None, kernel: KernelActivations) -> str | None:
+    """A rule's precondition on its activation node: None (a plain match) when the node is not an
+    ``ACT2FN`` lookup (the pattern settled it: a module or function of the kernel's activation) or
+    its keys settle as ``kernel`` computes; the reason when they settle as none; ``conditional``
+    (``needs-config``) when the source does not settle it (an activation passed in from outside,
+    keys without one resolvable default): a trace settles it."""
+    if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
+        return None
+    texts, span, in_init, what = activation_key_lookup(ctx, act_node)
+    if texts is None:
+        ctx.conditional("needs-config", f"{kernel.name} only if the activation {what} passed in is one")
+        return None
+    return settle_activation_keys(ctx, texts, span, in_init, kernel, what)
+
+
 def activation_key_lookup(ctx: MatchContext, act_node: Layer) -> tuple[list[str] | None, Any, bool, str]:
     """Key expressions of an ``ACT2FN`` activation node: (texts, span, bound in __init__, what the
     conditions call it); texts None when the activation comes from outside the class (a trace must

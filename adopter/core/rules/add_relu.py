@@ -25,8 +25,7 @@ from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
 from adopter.core.rules._activation_keys import (
     ACT2FN,
     KernelActivations,
-    activation_key_lookup,
-    settle_activation_keys,
+    settle_activation_node,
 )
 from adopter.core.rules._common import intermediates_unused
 from adopter.core.structures import Match
@@ -65,13 +64,7 @@ def _activation_is_relu(ctx: MatchContext) -> str | None:
     """An activation looked up from a key must be a ReLU (settled from the configuration's
     defaults; conditional when the source leaves it open)."""
     act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
-    if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
-        return None
-    texts, span, in_init, what = activation_key_lookup(ctx, act_node)
-    if texts is None:
-        ctx.conditional("needs-config", f"ReLU only if the activation {what} passed in is one")
-        return None
-    return settle_activation_keys(ctx, texts, span, in_init, RELU_KERNEL, what)
+    return settle_activation_node(ctx, act_node, RELU_KERNEL)
 
 
 # ---------------------------------------------------------------- codemod

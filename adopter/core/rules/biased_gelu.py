@@ -27,7 +27,6 @@ from adopter.core.codemod.base import (
 )
 from adopter.core.codemod.context import FileContext, Skip, is_self_attr, stores
 from adopter.core.codemod.edits import Edit
-from adopter.core.dsl import Layer
 from adopter.core.match import MatchContext, local_type_names
 from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
 from adopter.core.rules._activation_keys import (
@@ -37,8 +36,7 @@ from adopter.core.rules._activation_keys import (
     GELU_KEYS_TEXT,
     GELU_MODULES,
     KernelActivations,
-    activation_key_lookup,
-    settle_activation_keys,
+    settle_activation_node,
 )
 from adopter.core.rules._common import LINEAR, const_text, intermediates_unused, kwarg
 from adopter.core.rules._config_defaults import (
@@ -136,13 +134,7 @@ def _activation_is_gelu(ctx: MatchContext) -> str | None:
     does not settle it (no resolvable default, defaults that differ, a choice between a GeLU and
     another constant, an activation passed in from outside): a trace settles it."""
     act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
-    if not isinstance(act_node, Layer) or act_node.type != ACT2FN:
-        return None
-    texts, span, in_init, what = activation_key_lookup(ctx, act_node)
-    if texts is None:
-        ctx.conditional("needs-config", f"GeLU only if the activation {what} passed in is one")
-        return None
-    return settle_activation_keys(ctx, texts, span, in_init, GELU_KERNEL, what)
+    return settle_activation_node(ctx, act_node, GELU_KERNEL)
 
 
 def _gelu_module_aliases(structures, source: str | None) -> dict[str, str]:

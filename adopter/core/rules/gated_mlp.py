@@ -59,8 +59,7 @@ from adopter.core.rules._activation_keys import (
     GELU_KEYS,
     GELU_MODULES,
     KernelActivations,
-    activation_key_lookup,
-    settle_activation_keys,
+    settle_activation_node,
 )
 from adopter.core.rules._common import LINEAR, intermediates_unused
 from adopter.core.structures import Match
@@ -313,14 +312,7 @@ def _activation_is_computed(ctx: MatchContext) -> str | None:
     """The activation looked up from a key is one the kernel computes (SiLU or a GeLU): plain
     match when every default of the key is such a key, not a match when none is, ``conditional``
     (``needs-config``) when the source does not settle it (a trace checks the instance)."""
-    act_node = _act_node(ctx.match)
-    if act_node is None or act_node.type != ACT2FN:
-        return None  # spelled as a SiLU/GeLU module or function: the pattern settled it
-    texts, span, in_init, what = activation_key_lookup(ctx, act_node)
-    if texts is None:
-        ctx.conditional("needs-config", f"SiLU/GeLU only if the activation {what} passed in is one")
-        return None
-    return settle_activation_keys(ctx, texts, span, in_init, KERNEL_ACTIVATIONS, what)
+    return settle_activation_node(ctx, _act_node(ctx.match), KERNEL_ACTIVATIONS)
 
 
 # ---------------------------------------------------------------- codemod
