@@ -9,12 +9,14 @@ The models are built as ``adopter verify`` builds them (``adopter/verification/r
 shipped ``microsoft/resnet-50`` config with random weights, the class optimized on the shrunk
 config, the optimized model built at full size with the original's weights (BatchNorm statistics
 first calibrated by a few train-mode passes, as any checkpoint has them). Single-threaded, no grad,
-224x224, batch 1 and 8, NCHW and channels-last inputs. Four variants run in one process,
+224x224, batch 1, 4 and 8, NCHW and channels-last inputs. Four variants run in one process,
 alternating (the order rotates every round): the original; the optimized model with aten's conv
 on the folded weights (``adopter.kernels.ops.conv_prepacked.ENABLED = False``); the optimized
 model with the ReLU after each conv run as its own op (``conv_prepacked.EPILOGUE = False``); the
 optimized model as shipped (oneDNN where that pays, folded weights packed once where that pays,
-the ReLU in the conv's epilogue). Per variant: median wall
+the ReLU in the conv's epilogue); at batch 4 and up with NCHW input, a fifth: the shipped model with
+every light 1x1 conv in oneDNN on the NCHW data whatever its spatial extent (``NCHW_ONEDNN_MAX_HW_1X1``
+lifted). Per variant: median wall
 and process CPU time of a forward, the median of the per-round ratios original/variant, and the
 peak CPU allocator memory of a forward (``peak_step_memory``); plus the bytes the kernels keep
 cached (folded and packed weights), and the largest difference of the outputs.
@@ -72,14 +74,18 @@ def build_models():
     return original, optimized, optimized_cls.adopter_report
 
 
-def _call(model, x, prepack: bool, epilogue: bool = True):
+def _call(model, x, prepack: bool, epilogue: bool = True, max_hw_1x1: int | None = None):
     from adopter.kernels.ops import conv_prepacked
 
+    shipped_max_hw = conv_prepacked.NCHW_ONEDNN_MAX_HW_1X1
     conv_prepacked.ENABLED, conv_prepacked.EPILOGUE = prepack, epilogue
+    if max_hw_1x1 is not None:
+        conv_prepacked.NCHW_ONEDNN_MAX_HW_1X1 = max_hw_1x1
     try:
         return model(pixel_values=x).pooler_output
     finally:
         conv_prepacked.ENABLED = conv_prepacked.EPILOGUE = True
+        conv_prepacked.NCHW_ONEDNN_MAX_HW_1X1 = shipped_max_hw
 
 
 def _cache_bytes() -> int:
@@ -103,6 +109,9 @@ def measure_models(rounds: int, batches: list[int]) -> list[dict]:
         "optimized_aten_conv": lambda x: _call(optimized, x, False),
         "optimized_relu_apart": lambda x: _call(optimized, x, True, epilogue=False),
         "optimized": lambda x: _call(optimized, x, True),
+        # NCHW only: every light 1x1 conv from batch 4 in oneDNN on the NCHW data, whatever its H x W
+        # (what NCHW_ONEDNN_MAX_HW_1X1 is measured against, in the model)
+        "optimized_nchw_1x1_any_hw": lambda x: _call(optimized, x, True, max_hw_1x1=1 << 30),
     }
     rows = []
     for batch in batches:
@@ -111,26 +120,27 @@ def measure_models(rounds: int, batches: list[int]) -> list[dict]:
             x = torch.randn(batch, 3, 224, 224)
             if layout == "channels_last":
                 x = x.contiguous(memory_format=torch.channels_last)
-            wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            names = VARIANTS + (("optimized_nchw_1x1_any_hw",) if layout == "contiguous" and batch >= 4 else ())
+            wall: dict[str, list[float]] = {v: [] for v in names}
+            cpu: dict[str, list[float]] = {v: [] for v in names}
             with torch.no_grad():
-                outputs = {name: run(x) for name, run in variants.items()}  # warm-up (and caches)
-                for name, run in variants.items():
-                    run(x)
+                outputs = {name: variants[name](x) for name in names}  # warm-up (and caches)
+                for name in names:
+                    variants[name](x)
                 n = rounds if batch == 1 else max(3, rounds // 3)
                 for r in range(n):
-                    order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+                    order = names[r % len(names):] + names[:r % len(names)]
                     for name in order:
                         t, c = time.perf_counter(), time.process_time()
                         variants[name](x)
                         wall[name].append(time.perf_counter() - t)
                         cpu[name].append(time.process_time() - c)
                 peaks = {}
-                for name, run in variants.items():
-                    peaks[name] = peak_step_memory(lambda run=run, x=x: run(x), torch.device("cpu"))[0]
+                for name in names:
+                    peaks[name] = peak_step_memory(lambda run=variants[name], x=x: run(x), torch.device("cpu"))[0]
             ref = outputs["original"]
             row = {"batch": batch, "input_layout": layout, "rounds": n, "variants": {}}
-            for name in VARIANTS:
+            for name in names:
                 out = outputs[name]
                 row["variants"][name] = {
                     "wall_ms_median": round(statistics.median(wall[name]) * 1e3, 2),
@@ -294,8 +304,8 @@ def measure_profile(batches: list[int]) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15, help="rounds at batch 1 (a third of them, at least 3, at batch 8)")
-    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--rounds", type=int, default=45, help="rounds at batch 1 (a third of them, at least 3, at larger batches)")
+    parser.add_argument("--batches", default="1,4,8")
     parser.add_argument("--layers", action="store_true", help="also time every ResNet-50 conv shape alone")
     parser.add_argument("--nchw-1x1", action="store_true", help="also time ResNet-50's 1x1 convs, aten vs oneDNN, by batch")
     parser.add_argument("--profile", action="store_true", help="also profile one forward of each model, per op kind")

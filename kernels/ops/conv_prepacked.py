@@ -48,14 +48,17 @@ NCHW_WEIGHT_OVER_ACTIVATIONS_1X1 = 6.0
 # copies, bias and activation in its epilogue) from this batch size. aten runs it as a GEMM at one
 # thread below batch 16 ("THNN is faster single-threaded"), then the fold's bias and the ReLU as
 # separate passes. Measured over ResNet-50's 1x1 stride-1 shapes, 1 thread, aten's conv + bias +
-# ReLU over oneDNN's with both in the epilogue, summed: batch 1 0.93, 2 1.01, 4 1.10, 8 1.09, 16
-# 0.99 (from 16 aten runs oneDNN itself); without a ReLU 0.93, 0.96, 1.04, 1.03, 1.00
+# ReLU over oneDNN's with both in the epilogue, summed: batch 1 0.85, 2 0.97, 4 1.09, 8 1.13, 16
+# 1.11 (from 16 aten runs oneDNN itself); without a ReLU 0.85, 0.94, 1.00, 1.07, 0.99
 # (benchmarks/results/conv_bn_inference.json, "nchw_1x1_batches").
 NCHW_ONEDNN_MIN_BATCH_1X1 = 4
-# ... and only up to this spatial extent (H * W). Over ResNet-50's 1x1 shapes at batch 4 and 8,
-# oneDNN on NCHW data at 14x14 and 7x7 ran 1.0-1.5x aten's speed, at 28x28 and 56x56 0.3-1.2x: the
-# 64->256 expansion at 56x56 ran 3.5x slower (4 calls of each ResNet-50 forward)
-# (benchmarks/results/conv_bn_inference.json, "nchw_1x1_batches": per_shape, hw_at_most_196...).
+# ... and only up to this spatial extent (H * W). Timed alone, oneDNN on NCHW data beats aten by
+# more at 14x14 and 7x7 than at 28x28 and 56x56 (batch 8: 1.18 against 1.09 with a ReLU, 1.20
+# against 0.99 without); in the model the larger extents lose outright: ResNet-50's NCHW forward at
+# batch 8 ran 1.05x the original's speed with the limit lifted against 1.12x with it, and 85
+# against 80 MiB peak (batch 4: 1.09 against 1.11; a second run, batch 8: 1.06 against 1.17)
+# (benchmarks/results/conv_bn_inference.json: "nchw_1x1_batches" hw_at_most_196 / hw_above_196;
+# "models" optimized_nchw_1x1_any_hw beside optimized).
 NCHW_ONEDNN_MAX_HW_1X1 = 196
 # False: every conv runs aten's (benchmarks measure the lever with it off, on the same model)
 ENABLED = True
