@@ -369,6 +369,17 @@ def test_format_report_mentions_rules_ratios_and_gate():
     assert "speed ratio" in text and "memory" in text and "PASS" in text
 
 
+def test_kernel_backends_are_said_to_come_from_the_step_that_ran():
+    from adopter.verification.run import attribute_kernel_calls
+
+    result = _result()
+    assert "of one training step:" in format_report(result)
+    result["benchmark"]["mode"] = "inference"
+    assert "of one inference forward:" in format_report(result)
+    assert attribute_kernel_calls([], [], mode="inference")["measured"].startswith("one inference forward")
+    assert attribute_kernel_calls([], [])["measured"].startswith("one training step")
+
+
 # ---------------------------------------------------------------- CLI
 
 

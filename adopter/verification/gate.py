@@ -387,8 +387,9 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     )
     applied = result.get("rules_applied", [])
     measured = has_backends(result) and bool(applied)
+    step = "inference forward" if (result.get("benchmark") or {}).get("mode") == "inference" else "training step"
     lines.append(
-        f"rules applied ({len(applied)})" + (", with the kernel backends of one training step" if measured else "") + ":"
+        f"rules applied ({len(applied)})" + (f", with the kernel backends of one {step}" if measured else "") + ":"
     )
     skipped = result.get("rules_skipped", [])
     width = max([18] + [len(r["rule"]) for r in applied + skipped])  # rule column

@@ -278,7 +278,8 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
             result["benchmark"] = bench_json(bench)
             if options.mode == "inference":
                 result["benchmark"]["sweep"] = [bench_json(b) for b in runs.values()]
-            result["kernel_calls"] = attribute_kernel_calls(result["rules_applied"], bench.kernel_calls, rules or ())
+            result["kernel_calls"] = attribute_kernel_calls(result["rules_applied"], bench.kernel_calls, rules or (),
+                                                            options.mode)
 
         record_benchmark()
         phases["benchmark"] = time.perf_counter() - t
@@ -365,7 +366,12 @@ def _ablation(options: VerifyOptions, optimized, inputs, bench, result: dict, ru
 
 # ---------------------------------------------------------------- what ran where
 
-MEASURED_STEP = "one training step of the optimized model, right after the timed rounds"
+
+def measured_step(mode: str) -> str:
+    """What the kernel calls of a result were counted over (``"measured"`` in its record)."""
+    step = "inference forward" if mode == "inference" else "training step"
+    return f"one {step} of the optimized model, right after the timed rounds"
+
 def portable_path(file: str) -> str:
     """``file`` relative to the longest ``sys.path`` entry holding it (else to the working
     directory, else absolute), with ``/``: ``transformers/models/bert/modeling_bert.py``."""
@@ -407,7 +413,7 @@ def summarize_calls(calls: Iterable) -> dict:
     return summary
 
 
-def attribute_kernel_calls(applied: list[dict], calls: Iterable, rules: Iterable = ()) -> dict:
+def attribute_kernel_calls(applied: list[dict], calls: Iterable, rules: Iterable = (), mode: str = "training") -> dict:
     """Give each applied rule entry (``rules_applied`` JSON) its ``path`` and ``kernel_calls``:
     the calls made from its site (same file by real path, function ``Class.function``) of its
     rule's kernel; when the rule's kernel name is not among them, the site's calls of kernels no
@@ -440,4 +446,4 @@ def attribute_kernel_calls(applied: list[dict], calls: Iterable, rules: Iterable
         record["file"] = portable_path(call.file)
         record["attributed"] = id(call) in attributed
         records.append(record)
-    return {"measured": MEASURED_STEP, "calls": records}
+    return {"measured": measured_step(mode), "calls": records}
