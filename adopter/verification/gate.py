@@ -121,6 +121,11 @@ def has_locations(result: dict) -> bool:
     return all("path" in r for r in result.get("rules_applied", []))
 
 
+def measured_step_name(mode: str | None) -> str:
+    """The step whose kernel calls a result records: one inference forward or one training step."""
+    return "inference forward" if mode == "inference" else "training step"
+
+
 def has_backends(result: dict) -> bool:
     """Whether ``result`` records, per applied rule, the kernel backends of its measured step."""
     return "kernel_calls" in result and all(r.get("kernel_calls") is not None for r in result.get("rules_applied", []))
@@ -387,7 +392,7 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     )
     applied = result.get("rules_applied", [])
     measured = has_backends(result) and bool(applied)
-    step = "inference forward" if (result.get("benchmark") or {}).get("mode") == "inference" else "training step"
+    step = measured_step_name((result.get("benchmark") or {}).get("mode"))
     lines.append(
         f"rules applied ({len(applied)})" + (f", with the kernel backends of one {step}" if measured else "") + ":"
     )

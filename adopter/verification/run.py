@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adopter.kernels.telemetry import site_function
-from adopter.verification.gate import RESULT_FORMAT, GateResult, evaluate_gate
+from adopter.verification.gate import RESULT_FORMAT, GateResult, evaluate_gate, measured_step_name
 
 
 @dataclass
@@ -369,8 +369,7 @@ def _ablation(options: VerifyOptions, optimized, inputs, bench, result: dict, ru
 
 def measured_step(mode: str) -> str:
     """What the kernel calls of a result were counted over (``"measured"`` in its record)."""
-    step = "inference forward" if mode == "inference" else "training step"
-    return f"one {step} of the optimized model, right after the timed rounds"
+    return f"one {measured_step_name(mode)} of the optimized model, right after the timed rounds"
 
 def portable_path(file: str) -> str:
     """``file`` relative to the longest ``sys.path`` entry holding it (else to the working
