@@ -108,6 +108,16 @@ _TRANSFORMERS_GELUS = {
 }
 
 
+@torch.compiler.assume_constant_result
+def defines_own_forward(cls: type, module_name: str) -> bool:
+    """Whether ``cls`` itself defines ``forward`` in ``module_name`` (not replaced, e.g. by a hub
+    kernel). Read from the class ``__dict__``, which dynamo cannot read while it traces (a
+    transformers compiled generate failed with "mapping proxy affected by dictionary mutation"):
+    under torch.compile the answer is taken once as a constant of the class."""
+    forward = cls.__dict__.get("forward")
+    return forward is not None and getattr(forward, "__module__", "") == module_name
+
+
 def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> tuple[str | None, str]:
     """``("none" | "tanh", "")`` when ``activation(h, *args, **kwargs)`` is a GeLU the fused kernel
     computes (its ``approximate``), else ``(None, why not)``."""
@@ -128,8 +138,7 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
     mode = _TRANSFORMERS_GELUS.get(cls.__name__)
     if mode is None or cls.__module__ != "transformers.activations":
         return None, f"activation is {cls.__name__}, not a GeLU the kernel computes"
-    forward = cls.__dict__.get("forward")
-    if forward is None or getattr(forward, "__module__", "") != "transformers.activations":
+    if not defines_own_forward(cls, "transformers.activations"):
         return None, f"{cls.__name__}.forward is replaced"
     if _has_hooks(activation):
         return None, f"{cls.__name__} has hooks"

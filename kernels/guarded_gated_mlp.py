@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .guarded import _context_reason, _fallback, _has_hooks, _plain, gelu_mode
+from .guarded import _context_reason, _fallback, _has_hooks, _plain, defines_own_forward, gelu_mode
 from .ops.gated_act import gated_act
 from .policy import policy_reason
 from .telemetry import record_backend
@@ -52,8 +52,7 @@ def _transformers_activation(activation: Any, class_name: str) -> str:
     cls = type(activation)
     if cls.__name__ != class_name or cls.__module__ != "transformers.activations":
         return f"activation is {cls.__name__}, not transformers' {class_name}"
-    forward = cls.__dict__.get("forward")
-    if forward is None or getattr(forward, "__module__", "") != "transformers.activations":
+    if not defines_own_forward(cls, "transformers.activations"):
         return f"{class_name}.forward is replaced"
     if _has_hooks(activation):
         return f"{class_name} has hooks"

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 OFF_ENV = "ADOPTER_KERNELS_OFF"
 
@@ -90,12 +91,31 @@ def kernels_off(*names: str) -> Iterator[None]:
         _LOCAL.off = previous
 
 
+def mode_reason() -> str:
+    """Why no kernel may run in the current execution mode ("" in plain eager autograd): the fused
+    paths implement forward and reverse-mode backward only. Under ``torch.jit.trace`` a kernel's
+    Python-side choices (a packed oneDNN weight, a cached fold) would be baked into the trace as
+    constants; under a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``...) and inside a
+    forward-AD ``dual_level`` the autograd Functions have no vmap/jvp rules and the oneDNN ops no
+    tangents. The original computation is what the user's code runs there, so it runs."""
+    if torch.jit.is_tracing():
+        return "torch.jit.trace: the trace records the original computation"
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return "a torch.func transform (grad/vmap/jvp) is active: the original computation runs under it"
+    if _forward_ad._current_level >= 0:
+        return "forward-mode AD (a dual level is entered): the original computation carries tangents"
+    return ""
+
+
 def policy_reason(kernel: str, *tensors: object) -> str:
     """Why ``kernel`` takes its original path regardless of its inputs' shapes ("" when it may
     fuse): torch.compile tracing a kernel inductor fuses better, a measured backend policy for the
     inputs' device, or a switch."""
     if torch.compiler.is_compiling():
         return COMPILE_POLICY.get(kernel, "")
+    mode = mode_reason()
+    if mode:
+        return mode
     if kernel in _switched_off():
         return f"switched off ({OFF_ENV} or kernels_off)"
     policy = BACKEND_POLICY.get(kernel)
@@ -109,4 +129,4 @@ def policy_reason(kernel: str, *tensors: object) -> str:
     return ""
 
 
-__all__ = ["BACKEND_POLICY", "COMPILE_POLICY", "OFF_ENV", "kernels_off", "policy_reason"]
+__all__ = ["BACKEND_POLICY", "COMPILE_POLICY", "OFF_ENV", "kernels_off", "mode_reason", "policy_reason"]
