@@ -53,6 +53,7 @@ VARIANTS = ("original", "optimized_aten_conv", "optimized_relu_apart", "optimize
 
 
 def build_models():
+    from adopter.kernels import freeze
     from adopter.tracing import build_model
 
     from adopter.optimizing.optimize import optimize, shrink_config
@@ -71,6 +72,9 @@ def build_models():
         optimized_cls = optimize(type(original), config=shrink_config(built.config), device="cpu")
     optimized = optimized_cls(copy.deepcopy(built.config)).eval()
     load_same_weights(original, optimized)
+    # as a deployment runs it (and as `adopter verify --mode inference` measures it): frozen, so the
+    # kernels keep the folded and packed weights between calls (kernels/frozen.py)
+    freeze(original), freeze(optimized)
     return original, optimized, optimized_cls.adopter_report
 
 

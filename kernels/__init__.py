@@ -24,6 +24,7 @@ if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2] if p.is
 from .backend import ENV_VAR as BACKEND_ENV_VAR
 from .backend import KernelBackendError, select_backend
 from .batch_norm import FusedConv2dBatchNorm2d, FusedLinearBatchNorm1d
+from .frozen import freeze, is_frozen, unfreeze
 from .guarded import conv_bn, dropout_add_layer_norm, gelu_mode, linear_bn, linear_gelu, qkv
 from .guarded_sequential import GuardedSequential
 from .layer_norm import FusedDropoutAddLayerNorm
@@ -81,7 +82,9 @@ __all__ = [
     "conv_bn",
     "count_kernel_calls",
     "dropout_add_layer_norm",
+    "freeze",
     "gelu_mode",
+    "is_frozen",
     "kernel_calls",
     "linear_bias_gelu",
     "linear_bn",
@@ -90,4 +93,5 @@ __all__ = [
     "reset_kernel_calls",
     "select_backend",
     "softmax",
+    "unfreeze",
 ]

@@ -6,9 +6,12 @@ import weakref
 import torch
 from torch import nn
 
+from .frozen import frozen_tensors, release_if_training
+from .guarded import _fold_pays_per_call
 from .ops.batch_norm_fold import fold_batch_norm
 from .ops.common import is_proxy
 from .ops.conv_prepacked import conv_prepacked, pack_conv_weight, prepack_layout
+from .policy import mode_reason
 from .state_dict_hooks import ParentKeyRemap, install_hooks, move_keys
 
 _BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
@@ -19,7 +22,7 @@ _PACK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _FoldsBatchNorm(ParentKeyRemap):
-    """Shared eval-mode folding (cached) and BN key mapping; the BN lives in child ``bn`` and its
+    """Shared eval-mode folding (kept between calls under ``freeze``) and BN key mapping; the BN lives in child ``bn`` and its
     keys appear in the parent's state dict as ``<bn_name>.<key>``, like the original sibling BN."""
 
     bn: nn.modules.batchnorm._BatchNorm
@@ -38,32 +41,49 @@ class _FoldsBatchNorm(ParentKeyRemap):
     def _can_fold(self) -> bool:
         bn = self.bn
         # BN uses batch statistics in training, and in eval when it tracks none
-        return not bn.training and bn.running_mean is not None and bn.running_var is not None
+        return (not bn.training and bn.running_mean is not None and bn.running_var is not None
+                # autocast runs the layer in low precision and the BatchNorm in float32: a fold would
+                # round the BN scale into the low-precision weight
+                and not torch.is_autocast_enabled(bn.running_mean.device.type))
 
     def _fold_inputs(self):
         bn = self.bn
         return (self.weight, self.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
 
-    def _folded(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fold_route(self, x: torch.Tensor) -> bool | None:
+        """How this call may fold: True to keep the fold between calls (under
+        :func:`adopter.kernels.freeze`'s promise), False to fold on this call (where that pays:
+        ``guarded._fold_pays_per_call``), None to run the two layers."""
+        if torch.compiler.is_compiling():
+            return False
+        if frozen_tensors((self, self.bn), self._fold_inputs()):
+            return True
+        return False if _fold_pays_per_call(self.weight, x) else None
+
+    def _folded(self, keep: bool) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
+        """The folded weight and bias, and the key they are kept under: kept between calls only
+        under :func:`adopter.kernels.freeze`'s promise (no version counter tells that a fused
+        optimizer step, a ``.data`` write or a train-mode BatchNorm changed a tensor:
+        ``kernels/frozen.py``); otherwise computed from the live tensors (key None), recorded by
+        autograd when a gradient can flow."""
         tensors = self._fold_inputs()
-        if any(is_proxy(t) for t in tensors):  # torch.fx symbolic tracing: record the fold itself
-            return fold_batch_norm(*tensors, self.bn.eps)
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-            # gradients flow through the fold; recompute every call (cheap next to the conv/matmul)
-            return fold_batch_norm(*tensors, self.bn.eps)
-        key = self._fold_state_key(tensors)
-        if key is None:  # inference tensors have no version counter: don't cache
+        key = self._fold_state_key(tensors) if keep else None
+        if key is None:
+            if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+                return fold_batch_norm(*tensors, self.bn.eps), None
             with torch.no_grad():
-                return fold_batch_norm(*tensors, self.bn.eps)
+                return fold_batch_norm(*tensors, self.bn.eps), None
         if key != self._fold_key or self._fold_cache is None:
-            with torch.no_grad(), torch.inference_mode(False):  # (usable outside inference mode too)
+            # (inference_mode(False) first: it switches grad mode on, no_grad then off again)
+            with torch.inference_mode(False), torch.no_grad():  # (usable outside inference mode too)
                 self._fold_cache = fold_batch_norm(*tensors, self.bn.eps)
             self._fold_key = key
-        return self._fold_cache
+        return self._fold_cache, key
 
     def _fold_state_key(self, tensors) -> tuple | None:
-        """What the fold depends on (identity, version and place of each tensor, and ``eps``);
-        None for inference tensors, which have no version counter."""
+        """Identity, version and place of each tensor the fold reads, and ``eps`` (a change of any
+        of them refolds even under the freeze promise); None for inference tensors, which have no
+        version counter."""
         try:
             return tuple(
                 None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
@@ -92,8 +112,8 @@ def _bn_name_ok(bn_name: str) -> str:
 class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
     """``BatchNorm2d(Conv2d(x))``. Keeps the conv's attribute name and parameters; the BN's
     parameters and buffers save/load as the parent's ``<bn_name>.*``. Training runs the two layers
-    (identical running-stat updates); eval runs one conv with the BN folded into the weights (cached
-    until a parameter or buffer changes)."""
+    (identical running-stat updates); eval runs one conv with the BN folded into the weights (folded
+    on each call, or kept between calls under :func:`adopter.kernels.freeze`)."""
 
     def __init__(
         self,
@@ -122,16 +142,20 @@ class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
                                                dtype=dtype), bn_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._can_fold():
+        # (fx records the two layers: the graph then follows gm.train()/gm.eval() as the original's)
+        route = None if is_proxy(x) or x.dim() != 4 or not self._can_fold() or mode_reason() else self._fold_route(x)
+        if route is None:
+            release_if_training(self, self.bn)
             return self.bn(self._conv_forward(x, self.weight, self.bias))
-        weight, bias = self._folded()
-        if not is_proxy(x):
-            out = self._packed_forward(x, weight, bias)
+        (weight, bias), key = self._folded(route)
+        if key is not None:
+            out = self._packed_forward(x, weight, bias, key)
             if out is not None:
                 return out
         return self._conv_forward(x, weight, bias)
 
-    def _packed_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor | None:
+    def _packed_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fold_key: tuple
+                        ) -> torch.Tensor | None:
         """The folded conv on a oneDNN weight packed once per fold state (CPU, float32, no
         gradient: ``kernels/ops/conv_prepacked.py``), or None where aten's conv runs."""
         tensors = self._fold_inputs()
@@ -141,13 +165,10 @@ class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
             return None
         if layout == "onednn_contiguous":  # (a light NCHW conv: oneDNN on the folded weight itself)
             return conv_prepacked(x, weight, bias, *geometry, layout)
-        key = self._fold_state_key(tensors)
-        if key is None:
-            return None
-        key = (key, tuple(x.shape[1:]), *(tuple(g) if isinstance(g, tuple) else g for g in geometry))
+        key = (fold_key, tuple(x.shape[1:]), *(tuple(g) if isinstance(g, tuple) else g for g in geometry))
         hit = _PACK_CACHE.get(self)
         if hit is None or hit[0] != key:
-            with torch.inference_mode(False):
+            with torch.inference_mode(False), torch.no_grad():
                 hit = _PACK_CACHE[self] = (key, pack_conv_weight(weight, *geometry, x.shape))
         return conv_prepacked(x, hit[1], bias, *geometry, layout)
 
@@ -176,7 +197,10 @@ class FusedLinearBatchNorm1d(_FoldsBatchNorm, nn.Linear):
                                                dtype=dtype), bn_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if is_proxy(x) or x.dim() != 2 or not self._can_fold():  # (rank unknown while fx traces)
+        route = (None if is_proxy(x) or x.dim() != 2 or not self._can_fold() or mode_reason()  # (rank unknown while fx traces)
+                 else self._fold_route(x))
+        if route is None:
+            release_if_training(self, self.bn)
             return self.bn(nn.functional.linear(x, self.weight, self.bias))
-        weight, bias = self._folded()
+        (weight, bias), _ = self._folded(route)
         return nn.functional.linear(x, weight, bias)

@@ -17,9 +17,10 @@ original source did (``norm(dropout(x) + residual)``). So a rewritten class comp
 original computed for every configuration and every instance, including instances the analysis
 never saw. Each call is counted in :mod:`adopter.kernels.telemetry` with its path, so a
 fallback is visible in reports. While ``torch.fx`` traces (Proxy inputs) the original
-computation is traced (the graph shows the user's modules and scripts), except a BatchNorm fold,
-which is traced as the fold's ops on the parameters, for the mode traced in: the traced module then
-computes what the eager one computes. Under TorchScript none of this is compiled: rewrites keep
+computation is traced (the graph shows the user's modules, follows their train/eval flags, and
+scripts). Derived weights (a folded BatchNorm, concatenated Q/K/V) are computed from the live
+parameters on every call, or kept between calls under :func:`adopter.kernels.freeze`'s promise
+(``kernels/frozen.py``). Under TorchScript none of this is compiled: rewrites keep
 the original statements in an ``if torch.jit.is_scripting():`` branch.
 """
 from __future__ import annotations
@@ -30,13 +31,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx import Proxy
 from torch.nn.modules import module as _module_mod
 
 from .backend import last_backend
+from .frozen import frozen_tensors, release_if_training
 from .ops import conv_prepacked as _conv_ops
 from .ops import finite
-from .ops.batch_norm_fold import fold_batch_norm, fold_with
+from .ops.batch_norm_fold import fold_batch_norm
 from .ops.bias_gelu import linear_bias_gelu
 from .ops.common import is_proxy
 from .ops.dropout_add_layer_norm import dropout_add_layer_norm as _dropout_add_layer_norm
@@ -236,20 +237,24 @@ def _tensor_key(tensors) -> tuple | None:
         return None
 
 
-def _cached(cache: weakref.WeakKeyDictionary, owner: nn.Module, tensors: tuple, build):
-    """``build()`` once per state of ``tensors`` when no gradient can flow (eval / no_grad)."""
+def _cached(cache: weakref.WeakKeyDictionary, owner: nn.Module, modules: tuple, tensors: tuple, build):
+    """``build()`` of ``tensors`` (parameters and buffers of ``modules``): kept between calls only
+    while the modules are under :func:`adopter.kernels.freeze`'s promise (no version counter can
+    tell that a tensor changed: ``kernels/frozen.py``), computed from the live tensors otherwise,
+    with autograd recording it when a gradient can flow."""
     if torch.compiler.is_compiling() or (
         torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     ):
         return build()
-    key = _tensor_key(tensors)
+    key = _tensor_key(tensors) if frozen_tensors(modules, tensors) else None
     if key is None:
         with torch.no_grad():
             return build()
     hit = cache.get(owner)
     if hit is not None and hit[0] == key:
         return hit[1]
-    with torch.no_grad():
+    # (inference_mode(False) first: it switches grad mode on, no_grad then off again)
+    with torch.inference_mode(False), torch.no_grad():
         value = build()
     cache[owner] = (key, value)
     return value
@@ -285,7 +290,7 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
         bias = None if biases[0] is None else torch.cat(biases)
         return torch.cat(weights), bias
 
-    weight, bias = _cached(_QKV_CACHE, query, weights + biases, concatenated)
+    weight, bias = _cached(_QKV_CACHE, query, layers, weights + biases, concatenated)
     out = F.linear(x, weight, bias).split([w.shape[0] for w in weights], dim=-1)
     record("qkv", "torch")
     return out[0], out[1], out[2]
@@ -307,28 +312,52 @@ def _fold_reason(bn: nn.Module, bn_type: type) -> str:
         return "BatchNorm in training mode (batch statistics)"
     if bn.running_mean is None or bn.running_var is None:
         return "BatchNorm tracks no running statistics"
+    if torch.is_autocast_enabled(bn.running_mean.device.type):
+        # autocast runs the conv in low precision and the BatchNorm in float32: a fold rounds the
+        # BN scale into the low-precision weight (gradients 5-10x less accurate than the original's)
+        return "autocast: the original runs the BatchNorm in float32 after a low-precision layer"
     return ""
 
 
-def _fold_cached(bn: nn.Module, tensors: tuple) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
+# Without the freeze promise a fold is computed on every call: it reads the layer's weight in
+# float64 a few times, the BatchNorm it saves reads and writes the output once. It pays only where
+# the weight is a small share of the output (benchmarks/bench_fold_per_call.py: ResNet-50's convs at
+# batch 1 ran 0.2-0.95x of the original with a per-call fold, a 64-channel 3x3 conv at 56x56 batch 8
+# (weight 2% of the output) 1.08x; results/fold_per_call.json).
+FOLD_PER_CALL_MAX_WEIGHT_SHARE = 0.05
+
+
+def _fold_pays_per_call(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether folding on this call costs less than the BatchNorm it saves: the weight at most
+    :data:`FOLD_PER_CALL_MAX_WEIGHT_SHARE` of the output (its size taken as the input's with the
+    layer's output features: a stride only makes the output smaller, and the rule stricter)."""
+    if x.dim() < 2 or x.shape[1] == 0:
+        return False
+    out_size = x.numel() // x.shape[1] * weight.shape[0]
+    return weight.numel() <= FOLD_PER_CALL_MAX_WEIGHT_SHARE * out_size
+
+
+def _fold_cached(bn: nn.Module, tensors: tuple, keep: bool) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
     """The fold of ``tensors`` (layer weight, bias, BN statistics and affine) and ``bn.eps``, and
-    the key it is cached under: computed once per state of them when no gradient can flow through
-    it; recomputed on every call (key None) when one can, while torch.compile traces, or for
-    inference tensors (no version counter to tell a change). A cached fold is built outside
-    inference mode, so it stays usable after it."""
-    if torch.compiler.is_compiling() or (
-        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    ):
-        return fold_batch_norm(*tensors, bn.eps), None
-    key = _tensor_key(tensors)
+    the key it is kept under. Kept between calls only when ``keep`` (the layer and the BatchNorm
+    under :func:`adopter.kernels.freeze`'s promise: ``kernels/frozen.py``; no version counter
+    tells that a fused optimizer step, a ``.data`` write or a train-mode BatchNorm changed a
+    tensor); otherwise computed from the live tensors (key None), recorded by autograd when a
+    gradient can flow. A kept fold is built outside inference mode, so it stays usable after it,
+    and without autograd."""
+    key = _tensor_key(tensors) if keep else None
     if key is None:
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            return fold_batch_norm(*tensors, bn.eps), None
         with torch.no_grad():
             return fold_batch_norm(*tensors, bn.eps), None
     key = (*key, bn.eps)
     hit = _FOLD_CACHE.get(bn)
     if hit is not None and hit[0] == key:
         return hit[1], key
-    with torch.no_grad(), torch.inference_mode(False):
+    # (inference_mode(False) first: it switches grad mode on, no_grad then off again; the other
+    # order recorded the fold's graph and kept a float64 copy of the weight alive with it)
+    with torch.inference_mode(False), torch.no_grad():
         value = fold_batch_norm(*tensors, bn.eps)
     _FOLD_CACHE[bn] = (key, value)
     return value, key
@@ -349,7 +378,7 @@ def _conv_prepacked(conv: nn.Module, bn: nn.Module, x: torch.Tensor, tensors: tu
     key = (fold_key, x.shape[1:], padding, stride, dilation, groups)
     hit = _PACK_CACHE.get(bn)
     if hit is None or hit[0] != key:
-        with torch.inference_mode(False):
+        with torch.inference_mode(False), torch.no_grad():
             hit = _PACK_CACHE[bn] = (key, _conv_ops.pack_conv_weight(weight, padding, stride, dilation, groups, x.shape))
     return _conv_ops.conv_prepacked(x, hit[1], bias, padding, stride, dilation, groups, layout, attr)
 
@@ -373,27 +402,25 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
                  prepacked=None, activation: Any = None) -> Any:
     """``activation(bn(layer(x)))`` (``bn(layer(x))`` when ``activation`` is None), or with no
     ``reason`` against it ``run(x, weight, bias)`` with the batch norm folded into the layer's
-    weights (fp64, cached until a parameter or buffer changes), then the activation;
+    weights (fp64; kept between calls under ``freeze``, else folded where that pays), then the activation;
     ``prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr)``, when given, the fold cached
     and its result not None, computes the same on a packed weight, with a ReLU activation applied
     inside when ``attr`` is ``"relu"``."""
+    if not reason and is_proxy(x):
+        # fx records the user's modules: the graph then follows gm.train()/gm.eval() as the original's
+        # does (a fold recorded for the mode traced in stayed folded after gm.train())
+        reason = "tracing: the graph records the original modules"
     if reason:
         _fallback(kernel, reason)
+        release_if_training(layer, bn)
         return _activated(bn(layer(x)), activation)
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
-    if is_proxy(x):
-        # fx: the fold is recorded as ops on the parameters (get_attr nodes), so the graph computes
-        # what this call computes eagerly, bit for bit, follows later changes of the weights, and
-        # scripts (plain aten ops); decided for the mode traced in, as fx decides every branch
-        # TorchScript types a module's bias and running statistics Optional[Tensor]: each read is
-        # unwrapped in the graph (torch.jit._unwrap_optional: identity in Python), so it scripts
-        proxies = tuple(None if t is None else x.tracer.create_proxy(
-            "call_function", torch.jit._unwrap_optional, (Proxy(x.tracer.create_arg(t), x.tracer),), {})
-            for t in tensors)
-        real = layer._parameters["weight"]  # (fx hands out parameters as proxies while it traces)
-        weight, bias = fold_with(*proxies, bn.eps, device_type=real.device.type, dtype=real.dtype, ndim=real.dim())
-        return _activated(run(x, weight, bias), activation)  # (the graph shows the user's activation)
-    (weight, bias), fold_key = _fold_cached(bn, tensors)
+    keep = not torch.compiler.is_compiling() and frozen_tensors((layer, bn), tensors)
+    if not keep and not _fold_pays_per_call(layer.weight, x):
+        _fallback(kernel, "weights not frozen (adopter.kernels.freeze): a fold on every call costs more than "
+                          "the BatchNorm it saves at this size")
+        return _activated(bn(layer(x)), activation)
+    (weight, bias), fold_key = _fold_cached(bn, tensors, keep)
     record(kernel, "torch")
     relu = epilogue_activation(activation) if activation is not None else ""
     attr = relu if _conv_ops.EPILOGUE else ""
@@ -433,6 +460,8 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = N
     in float32 without gradients, in oneDNN where that pays, on a weight packed once where that
     pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``)."""
     reason = _hooks_reason() or policy_reason("conv_bn", x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
+    if not reason and not is_proxy(x) and (not isinstance(x, torch.Tensor) or x.dim() != 4):
+        reason = "input is not a (batch, channels, height, width) tensor (BatchNorm2d raises on it)"
     return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked, activation)
 
 

@@ -169,11 +169,16 @@ def training_step_loss(outputs: Any) -> torch.Tensor:
 
 
 def make_inference_step(model: nn.Module, example_inputs: Any) -> Callable[[], None]:
-    """One forward in eval mode under ``torch.no_grad()`` (what serving runs); synchronizes on CUDA."""
+    """One forward in eval mode under ``torch.no_grad()`` of the model frozen as a deployment
+    freezes it (``adopter.kernels.freeze``, like ``torch.jit.freeze`` or inductor's freezing: the
+    weights are constants, so kernels keep what they derive from them between calls); synchronizes
+    on CUDA."""
+    from adopter.kernels import freeze
+
     param = next(iter(model.parameters()))
     device = param.device
     inputs = move_inputs(example_inputs, device)
-    model.eval()
+    freeze(model)
     cuda = device.type == "cuda"
 
     def step() -> None:

@@ -21,7 +21,6 @@ def fold_batch_norm(
     ``w' = w * g / sqrt(var + eps)`` and ``b' = (b - mean) * g / sqrt(var + eps) + beta``, computed in
     fp64 (then cast back): folding changes the rounding of every output, and deep stacks
     (ResNet-50 has 53 Conv+BN pairs) compound fp32 fold error past an fp32 equivalence tolerance.
-    It runs once per parameter change (cached by the module), so the cost is negligible.
     Differentiable.
     """
     return fold_with(weight, bias, running_mean, running_var, bn_weight, bn_bias, eps,

@@ -1,0 +1,100 @@
+"""``freeze(model)``: the user's promise that a model's parameters and buffers no longer change,
+under which kernels may keep what they derive from them (a BatchNorm folded into the conv before
+it, the fold packed for oneDNN, concatenated Q/K/V weights) from one call to the next.
+
+Without the promise every derived weight is computed from the live tensors on each call. Nothing
+in PyTorch can tell a cache that a tensor changed: ``torch.optim.AdamW(fused=True)`` steps,
+writes through ``.data`` (EMA updates, manual init), BatchNorm's running statistics in a
+train-mode forward and parametrizations recomputing into reused storage all leave ``_version``,
+``data_ptr`` and identity as they were (a cached fold then gave outputs off by 0.9 after one fused
+AdamW step). This is the contract of ``torch.jit.freeze`` and inductor's freezing: the model is put
+in eval mode and its parameters become constants (``requires_grad`` off).
+
+The promise is dropped, per module, as soon as it is seen broken: a kernel called on a module in
+training mode, with a parameter that requires grad, or with a parameter or buffer that is not the
+object frozen (``load_state_dict(assign=True)``, a re-registered parameter, ``.to()``).
+``unfreeze(model)`` drops it and gives the parameters their ``requires_grad`` back. A change the
+kernels cannot see (a ``.data`` write, a fused optimizer step on a frozen model) breaks the promise
+silently, as it does for ``torch.jit.freeze``: call ``unfreeze`` before changing weights.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, TypeVar
+
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["freeze", "frozen_tensors", "is_frozen", "release_if_training", "unfreeze"]
+
+M = TypeVar("M", bound=nn.Module)
+
+# module -> the ids of its own parameters and buffers when frozen (their objects must stay)
+_FROZEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# parameter -> requires_grad before freeze (unfreeze gives it back); keyed by identity (a tensor's
+# == is elementwise)
+_REQUIRES_GRAD = WeakIdKeyDictionary()
+
+
+def _own_tensors(module: nn.Module) -> dict[str, int]:
+    return {name: id(t) for name, t in (*module._parameters.items(), *module._buffers.items()) if t is not None}
+
+
+def freeze(model: M) -> M:
+    """Promise that ``model``'s parameters and buffers no longer change: eval mode, parameters
+    without ``requires_grad``, and kernels keep derived weights between calls. Returns ``model``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"freeze() takes an nn.Module, got {type(model).__name__}")
+    model.eval()
+    for p in model.parameters():
+        if p not in _REQUIRES_GRAD:
+            _REQUIRES_GRAD[p] = p.requires_grad
+        p.requires_grad_(False)
+    for module in model.modules():
+        _FROZEN[module] = _own_tensors(module)
+    return model
+
+
+def unfreeze(model: M) -> M:
+    """Drop :func:`freeze`'s promise for ``model`` and give its parameters their ``requires_grad``
+    back (the mode is left as it is). Returns ``model``."""
+    for module in model.modules():
+        _FROZEN.pop(module, None)
+    for p in model.parameters():
+        previous = _REQUIRES_GRAD.pop(p, None)
+        if previous is not None:
+            p.requires_grad_(previous)
+    return model
+
+
+def is_frozen(module: nn.Module) -> bool:
+    """Whether ``module`` is under :func:`freeze`'s promise (and it was not seen broken)."""
+    return module in _FROZEN
+
+
+def frozen_tensors(modules: tuple[nn.Module, ...], tensors: tuple[Any, ...]) -> bool:
+    """Whether derived weights of ``tensors`` (parameters and buffers of ``modules``) may be kept
+    between calls: every module frozen, none in training mode, its parameters and buffers the
+    objects frozen, and no tensor requiring grad. A module seen breaking the promise is dropped
+    from it (a later ``freeze`` renews it)."""
+    for module in modules:
+        recorded = _FROZEN.get(module)
+        if recorded is None:
+            return False
+        if module.training or _own_tensors(module) != recorded:
+            del _FROZEN[module]
+            return False
+    if any(t is not None and t.requires_grad for t in tensors):
+        for module in modules:
+            _FROZEN.pop(module, None)
+        return False
+    return True
+
+
+def release_if_training(*modules: nn.Module) -> None:
+    """Drop the promise of ``modules`` when one of them is in training mode: a kernel that takes
+    its original path because a BatchNorm trains calls this, since that forward moves the running
+    statistics without a version change a cache could see."""
+    if any(m.training for m in modules):
+        for module in modules:
+            _FROZEN.pop(module, None)
