@@ -321,10 +321,10 @@ def _fold_reason(bn: nn.Module, bn_type: type) -> str:
 
 # Without the freeze promise a fold is computed on every call: it reads the layer's weight in
 # float64 a few times, the BatchNorm it saves reads and writes the output once. It pays only where
-# the weight is a small share of the output (benchmarks/bench_fold_per_call.py: ResNet-50's convs at
-# batch 1 ran 0.2-0.95x of the original with a per-call fold, a 64-channel 3x3 conv at 56x56 batch 8
-# (weight 2% of the output) 1.08x; results/fold_per_call.json).
-FOLD_PER_CALL_MAX_WEIGHT_SHARE = 0.05
+# the weight is a tiny share of the output (benchmarks/bench_fold_per_call.py,
+# results/fold_per_call.json, one thread: shares 0.001 and 0.003 ran 1.08x and 1.47x of the
+# original, 0.012-0.02 ran 0.93-0.98x, and ResNet-50's deep convs at batch 1 (shares 5-12) 0.24-0.75x).
+FOLD_PER_CALL_MAX_WEIGHT_SHARE = 0.01
 
 
 def _fold_pays_per_call(weight: torch.Tensor, x: torch.Tensor) -> bool:

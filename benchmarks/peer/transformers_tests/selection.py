@@ -9,8 +9,9 @@ through transformers' ``ModelTesterMixin`` + our generation / export stand-ins.
   fp32 variant) and
   ``test_bc_torch_dtype`` (dtype arguments of ``from_pretrained``, the slowest common test).
 * ``ci``: ``CI_TESTS`` of each tester class: forward, save/load, attention and hidden-state
-  outputs, training, generation with and without the cache, ``torch.export``, a ``torch.compile`` training step, eager
-  vs SDPA.
+  outputs, training, generation with and without the cache, generation with a static cache and the
+  decoding forward compiled ``fullgraph=True``, ``torch.export``, a ``torch.compile`` training step,
+  eager vs SDPA.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CI_TESTS = (
     "test_past_key_values_next_token_matches_full_forward",
     "test_torch_export",
     "test_torch_compile_aot_eager_training",
+    "test_generate_compile_model_forward_fullgraph",
     "test_eager_matches_sdpa_inference_09_fp32_pad_left",
 )
 

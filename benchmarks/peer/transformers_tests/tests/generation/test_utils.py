@@ -6,8 +6,11 @@ testers of generative models to inherit it.
 These are our own generation tests, smaller than transformers' own: greedy, sampling and beam
 search shapes, greedy with and without the KV cache giving the same tokens and scores, one
 decoding step from ``past_key_values`` matching the full forward, and left padding (with
-position ids from the mask) leaving the last token's logits unchanged. What they check is what a
-rewrite of attention, rotary embeddings, norms or the LM head could break.
+position ids from the mask) leaving the last token's logits unchanged; and, as transformers' own
+``test_generate_compile_model_forward_fullgraph`` does, greedy decoding with a static cache and the
+decoding forward compiled by generate itself (``CompileConfig(fullgraph=True)``, on every device),
+giving the eager tokens and no graph break. What they check is what a rewrite of attention, rotary
+embeddings, norms or the LM head could break (a guard that dynamo cannot trace breaks the graph).
 """
 
 from __future__ import annotations
@@ -139,3 +142,19 @@ class GenerationTesterMixin:
                 plain = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits[:, -1]
                 padded = model(input_ids=padded_ids, attention_mask=mask, **extra_padded).logits[:, -1]
             torch.testing.assert_close(padded, plain, atol=1e-4, rtol=1e-4)
+
+    def test_generate_compile_model_forward_fullgraph(self):
+        from transformers import CompileConfig
+
+        for model_class in self._generative_classes():
+            config, model, inputs = self._generation_setup(model_class)
+            if not getattr(model, "_can_compile_fullgraph", False):
+                self.skipTest(f"{model_class.__name__} does not support a static cache")
+            kwargs = dict(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, cache_implementation="static")
+            eager = model.generate(**inputs, **kwargs)
+            compile_config = CompileConfig(fullgraph=True, dynamic=False)
+            compile_config._compile_all_devices = True  # (transformers' test sets it too: CPU compiles)
+            torch._dynamo.reset()
+            compiled = model.generate(**inputs, compile_config=compile_config, **kwargs)
+            self.assertTrue(hasattr(model, "_compiled_call"), "generate did not compile the decoding forward")
+            self.assertTrue(torch.equal(eager, compiled))
