@@ -63,7 +63,7 @@ def _plain(module: Any, base: type, *methods: str) -> str:
     if not isinstance(module, base):
         return f"{type(module).__name__} is not a {base.__name__}"
     cls = type(module)
-    for name in ("forward", *methods):
+    for name in ("forward", "__call__", *methods):  # (a __call__ of its own may skip forward)
         if getattr(cls, name) is not getattr(base, name):
             return f"{cls.__name__} overrides {name}"
     own = vars(module)

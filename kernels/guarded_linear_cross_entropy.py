@@ -7,10 +7,13 @@ The rewritten source::
     if labels is not None:
         loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
 
-becomes one call that receives the user's head module, the hidden states, the loss function and
-the loss call's arguments other than the logits, verbatim::
+becomes one call that receives the user's head module, the hidden states, the loss function (read
+only when the labels are not None, as the source read it: transformers' ``loss_function`` property
+logs a warning per read for a model without a ``loss_type``) and the loss call's arguments other
+than the logits, verbatim::
 
-    logits, loss = linear_cross_entropy(self.lm_head, hidden_states, self.loss_function, labels=labels, ...)
+    logits, loss = linear_cross_entropy(self.lm_head, hidden_states,
+                                        self.loss_function if labels is not None else None, labels=labels, ...)
 
 It computes the loss chunk by chunk without ever materializing the ``(tokens x vocab)`` logits
 (:mod:`adopter.kernels.ops.linear_cross_entropy`) when, at run time, all of this holds:
@@ -256,8 +259,9 @@ def _fused_reason(head: Any, hidden_states: Any) -> str:
         return "nothing requires grad"
     if not hidden_states.is_floating_point() or hidden_states.shape[-1:] != (head.in_features,):
         return "hidden states do not fit the head"
-    if hidden_states.dtype != head.weight.dtype and not torch.is_autocast_enabled(hidden_states.device.type):
-        return "hidden states and head weight differ in dtype (outside autocast)"
+    if _compute_dtype(hidden_states, head.weight, head.bias) is None:
+        # (autocast casts no float64: a float64 head takes float64 hidden states under it too)
+        return "F.linear would refuse these dtypes: hidden states, head weight and bias differ (after autocast)"
     if any(p.device != hidden_states.device for p in params):
         return "head parameters and hidden states on different devices"
     return ""
@@ -295,7 +299,8 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
                          **loss_kwargs: Any) -> tuple[Any, Any]:
     """``(logits, loss)`` of ``logits = head(hidden_states)`` and ``loss = None if labels is None else
     loss_function(logits, *loss_args, **loss_kwargs)`` (logits by keyword when ``loss_args`` is
-    empty, as the source spelled it); ``labels`` is the loss call's second argument. Fused (see the
+    empty, as the source spelled it); ``labels`` is the loss call's second argument (``loss_function``
+    is not called without them: the rewrite passes None then). Fused (see the
     module doc): ``(None, loss)`` without the logits ever existing."""
     labels = _labels_of(loss_args, loss_kwargs)
     if labels is None:
@@ -501,12 +506,14 @@ def lm_head_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, *lo
     if reason:
         _fallback(KERNEL, reason)
         return _original_cross_entropy(head, hidden_states, loss_fn, loss_args, loss_kwargs, *layout)
-    loss_sum, count = linear_cross_entropy_sum(h, head.weight, head.bias, target, ignore_index=bound["ignore_index"])
+    loss_sum, count = linear_cross_entropy_sum(h, head.weight, head.bias, target, ignore_index=bound["ignore_index"],
+                                               upcast=upcast)
     loss = loss_sum / count if bound["reduction"] == "mean" else loss_sum
     # the dtype the source's cross entropy returns: fp32 for .float() logits or under autocast (its
-    # fp32 policy), otherwise the logits' (fp32 arithmetic here either way)
+    # fp32 policy; float64 logits stay float64), otherwise the logits' (fp32 arithmetic here for
+    # half logits, fp64 for float64 ones)
     if not upcast and not torch.is_autocast_enabled(h.device.type):
-        dtype = _compute_dtype(h, head.weight)
+        dtype = _compute_dtype(h, head.weight, head.bias)
         if dtype != loss.dtype:
             loss = loss.to(dtype)
     record_backend(KERNEL)

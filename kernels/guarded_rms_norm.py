@@ -69,8 +69,23 @@ def _reason(x: Any, weight: Any, eps: Any, form: RMSNormForm, dim: Any = -1) -> 
     return ""
 
 
+def _saves_input(x: torch.Tensor, form: RMSNormForm) -> bool:
+    """Whether the source's autograd graph keeps ``x`` itself for the backward (so that changing it
+    in place before the backward is an error there too): it does when ``x`` requires grad and is
+    an operand of a product, which it is in float32 (``x.to(torch.float32)`` is ``x``) and in T5's
+    ``x * rstd``. A half input is normalized as ``x.float()``, a copy, and an input that requires
+    no grad is saved by no op of the source."""
+    return x.requires_grad and (x.dtype == torch.float32 or form.cast_to_half_weight)
+
+
 def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float, form: RMSNormForm) -> torch.Tensor:
     """The fused kernel: triton (CUDA, a row that fits one block) or :class:`RMSNormFunction`."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and not _saves_input(x, form):
+        # The kernels keep x for the backward; where the source keeps a copy of it (or nothing),
+        # x may be updated in place before the backward (a residual stream's ``add_``): they get a
+        # copy as well, in x's own dtype (no larger than what the source keeps instead). Made here, under
+        # autograd, the copy stays in x's graph, which a double backward differentiates through.
+        x = x.clone()
     backend = select_backend(
         KERNEL, (x, weight), has_triton=lambda: triton_dtype_ok(x, weight) and row_block(x.shape[-1]) > 0,
     )
@@ -96,7 +111,9 @@ def rms_norm(
     """The RMSNorm form the keywords name, applied to ``x`` over ``dim``, fused when that is its
     last dimension (module doc)."""
     form = RMSNormForm(offset, weight_before_cast, weight_fp32, cast_to_half_weight, upcast)
-    reason = _reason(x, weight, eps, form, dim) or policy_reason(KERNEL, x)
+    # the mode and policy first: under torch.jit.trace the checks' shape tests would be recorded
+    # (and warned about) in a trace of the original computation
+    reason = policy_reason(KERNEL, x) or _reason(x, weight, eps, form, dim)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return rms_norm_reference(x, weight, eps, form, dim)

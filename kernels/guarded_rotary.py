@@ -240,7 +240,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     module doc hold, else exactly that expression."""
     if isinstance(rotate_half, torch.Tensor) or is_proxy(rotate_half):
         rotated = rotate_half
-        reason = _why_not_fused_given(x, cos, sin, rotated) or policy_reason(KERNEL, x)
+        reason = policy_reason(KERNEL, x) or _why_not_fused_given(x, cos, sin, rotated)
         if reason:
             record(KERNEL, ORIGINAL, reason)
             return (x * cos) + (rotated * sin)
@@ -248,7 +248,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         record(KERNEL, "torch")
         return out
     rotation = rotate_half_reference if rotate_half is None else rotate_half
-    reason = _why_not_fused(x, cos, sin, rotation) or policy_reason(KERNEL, x)
+    # the mode and policy first: their answer needs no probe of the rotation (user code), and under
+    # torch.jit.trace or a torch.func transform the checks would be recorded or warned about
+    reason = policy_reason(KERNEL, x) or _why_not_fused(x, cos, sin, rotation)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return (x * cos) + (rotation(x) * sin)
@@ -264,8 +266,8 @@ def rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        rotate_every_two: Callable) -> torch.Tensor:
     """``x * cos + rotate_every_two(x) * sin`` (pairs at even/odd positions); fused when the checks
     of the module doc hold, else exactly that expression."""
-    reason = (_tensor_checks(x, cos, sin) or _rotation_checks(rotate_every_two, INTERLEAVED, x.dim())
-              or policy_reason(KERNEL, x))
+    reason = (policy_reason(KERNEL, x) or _tensor_checks(x, cos, sin)
+              or _rotation_checks(rotate_every_two, INTERLEAVED, x.dim()))
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return (x * cos) + (rotate_every_two(x) * sin)
@@ -316,10 +318,11 @@ def rotary_pairs(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: tor
     the checks of the module doc hold for ``(x1, x2)`` rotated by ``(cos, sin)`` or, the
     computation being symmetric, for ``(cos, sin)`` rotated by ``(x1, x2)``; else exactly that
     expression."""
-    reason = _pair_checks(x1, x2, cos, sin, join)
-    if reason and reason != "tracing" and not _pair_checks(cos, sin, x1, x2, join):
-        x1, x2, cos, sin, reason = cos, sin, x1, x2, ""
-    reason = reason or policy_reason(KERNEL, x1)
+    reason = policy_reason(KERNEL, x1)
+    if not reason:
+        reason = _pair_checks(x1, x2, cos, sin, join)
+        if reason and reason != "tracing" and not _pair_checks(cos, sin, x1, x2, join):
+            x1, x2, cos, sin, reason = cos, sin, x1, x2, ""
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return _pairs_original(x1, x2, cos, sin, join)
@@ -361,10 +364,11 @@ def rotary_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     """``torch.view_as_real(x * freqs_cis)`` (``x``, ``freqs_cis`` complex: the pairs of the last
     dimension of the real tensor ``x`` views, rotated by the angles of ``freqs_cis``); in real
     numbers when the checks of the module doc hold, else exactly that expression."""
-    reason = _complex_checks(x, freqs_cis)
-    if reason and reason != "tracing" and not _complex_checks(freqs_cis, x):
-        x, freqs_cis, reason = freqs_cis, x, ""  # freqs_cis * x in the source: the product commutes
-    reason = reason or policy_reason(KERNEL, x)
+    reason = policy_reason(KERNEL, x)
+    if not reason:
+        reason = _complex_checks(x, freqs_cis)
+        if reason and reason != "tracing" and not _complex_checks(freqs_cis, x):
+            x, freqs_cis, reason = freqs_cis, x, ""  # freqs_cis * x in the source: the product commutes
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return torch.view_as_real(x * freqs_cis)

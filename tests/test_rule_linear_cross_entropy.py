@@ -78,10 +78,12 @@ def test_rewrite_of_fixture_sites():
     new = python_view(result.new_text)
     assert "from adopter.kernels import linear_cross_entropy" in new
     assert new.count(f"# {NOTE}") == 4  # the diff says where logits are not returned
-    assert "self.lm_head, hidden_states, self.loss_function, labels=labels, vocab_size=self.config.vocab_size, " \
+    # self.loss_function read only with labels, as the source reads it
+    read = "self.loss_function if labels is not None else None"
+    assert f"self.lm_head, hidden_states, {read}, labels=labels, vocab_size=self.config.vocab_size, " \
            "**kwargs" in new
-    assert "self.lm_head, hidden_states[:, slice_indices, :], self.loss_function, labels=labels" in new
-    assert "self.lm_head, hidden_states, self.loss_function, labels, self.vocab_size, **kwargs" in new
+    assert f"self.lm_head, hidden_states[:, slice_indices, :], {read}, labels=labels" in new
+    assert f"self.lm_head, hidden_states, {read}, labels, self.vocab_size, **kwargs" in new
     assert "self.lm_head(" not in new and "loss = None" not in new
     assert "output = (logits, hidden_states)" in new  # the packed return stays
     compile(new, "positive.py", "exec")

@@ -76,17 +76,27 @@ def outside_tracing():
 def rotary_function(rotate, name: str, doc: str) -> type:
     """An autograd Function applying the rotary embedding with ``rotate(x, cos, sin, transpose)``
     (the torch or the triton implementation): backward is the transposed rotation of the
-    gradient, from ``cos``/``sin`` alone (``x`` is not saved; cos/sin are constants)."""
+    gradient, from ``cos``/``sin`` alone (``x`` is not saved; cos/sin are constants).
+    ``apply(x, cos, sin, transpose=False)``: the transposed rotation itself is what a double
+    backward runs (see ``backward``)."""
     import torch
 
-    def forward(ctx, x, cos, sin):
+    def forward(ctx, x, cos, sin, transpose=False):
         ctx.save_for_backward(cos, sin)
-        return rotate(x, cos, sin, transpose=False)
+        ctx.transpose = transpose
+        return rotate(x, cos, sin, transpose=transpose)
 
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
-        dx = rotate(grad, cos, sin, transpose=True) if ctx.needs_input_grad[0] else None
-        return dx, None, None
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        if torch.is_grad_enabled():
+            # create_graph (double backward): the backward is linear in the gradient, so it is this
+            # Function transposed, whose own backward is the rotation again (rotate writes into
+            # fresh tensors with ``out=``/in-place ops, which autograd cannot differentiate)
+            return function.apply(grad, cos, sin, not ctx.transpose), None, None, None
+        return rotate(grad, cos, sin, transpose=not ctx.transpose), None, None, None
 
-    return type(name, (torch.autograd.Function,), {
+    function = type(name, (torch.autograd.Function,), {
         "__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return function

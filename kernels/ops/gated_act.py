@@ -8,7 +8,7 @@ also writes the product into the activation's buffer instead of allocating a sec
 
 The torch path runs the very ops eager runs, in the same order (``act(g)``, then ``* u``; in the
 backward ``grad * u`` then the activation's own ``silu_backward``/``gelu_backward``), so it is
-bitwise equal to eager, and it stays differentiable (double backward works as in eager). On CUDA a
+bitwise equal to eager; a double backward differentiates eager's expression itself. On CUDA a
 triton kernel computes forward and backward in one pass each (``triton_gated_act.py``).
 """
 from __future__ import annotations
@@ -56,6 +56,12 @@ class GatedActFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         g, u = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph (double backward): aten's silu_backward has no derivative; eager's own
+            # ``act(g) * u``, differentiated by autograd here, takes its differentiable formulas
+            wanted = [t for t, want in zip((g, u), ctx.needs_input_grad) if want]
+            grads = iter(torch.autograd.grad(apply_activation(g, ctx.activation) * u, wanted, grad, create_graph=True))
+            return tuple(next(grads) if want else None for want in ctx.needs_input_grad[:2]) + (None,)
         dg = du = None
         if ctx.needs_input_grad[1]:
             du = grad * apply_activation(g, ctx.activation)  # act(g) recomputed, not stored

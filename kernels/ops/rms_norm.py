@@ -20,7 +20,8 @@ litgpt's ``x_normed * (1 + self.weight)`` is it with ``offset=1.0`` (the sum in 
 
 :func:`rms_norm_reference` is each form written out exactly as the source writes it (what a
 guarded call runs when the kernel may not). :class:`RMSNormFunction` computes the same values
-but keeps only the input (alive anyway: the caller's residual stream) and one float32 ``rstd``
+but keeps only the input (alive anyway: the caller's residual stream; a copy in its dtype where the
+source's graph would not keep it, see ``guarded_rms_norm.rms_norm_fused``) and one float32 ``rstd``
 per row for the backward, which recomputes ``n`` from them; the eager code keeps the float32
 copy, the normalized tensor and its cast for autograd. Under ``torch.compile`` it is traced like
 any autograd Function (the fused normalization is the aten op, one node of the graph).

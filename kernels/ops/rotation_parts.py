@@ -54,6 +54,12 @@ def _pair_function(name: str, rotate_pairs, doc: str) -> type:
             g1, g2 = grad[..., 0], grad[..., 1]
         else:
             g1, g2 = _halves(grad, grad.shape[-1] // 2)
+        if torch.is_grad_enabled():
+            # create_graph (double backward): the transposed rotation in ops autograd differentiates
+            # (rotate_pairs writes into the outputs it is given)
+            dx1 = g1 * cos + g2 * sin if ctx.needs_input_grad[0] else None
+            dx2 = g2 * cos - g1 * sin if ctx.needs_input_grad[1] else None
+            return dx1, dx2, None, None, None
         dx1 = torch.empty(g1.shape, dtype=grad.dtype, device=grad.device)
         dx2 = torch.empty(g2.shape, dtype=grad.dtype, device=grad.device)
         rotate_pairs(g1, g2, cos, sin, dx1, dx2, True)

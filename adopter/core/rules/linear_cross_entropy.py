@@ -8,10 +8,12 @@ Rewrite (the codemod below), forward only — ``__init__``, the head module and 
     if labels is not None:
         loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
  => logits, loss = linear_cross_entropy(  # adopter: logits is None when training with labels ...
-        self.lm_head, hidden_states, self.loss_function, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+        self.lm_head, hidden_states, self.loss_function if labels is not None else None, labels=labels,
+        vocab_size=self.config.vocab_size, **kwargs
     )
 
-The loss call's arguments other than the logits are handed over verbatim. ``adopter.kernels.linear_cross_entropy``
+The loss call's arguments other than the logits are handed over verbatim; the loss function is read
+only when the labels are not None, where the source read it. ``adopter.kernels.linear_cross_entropy``
 decides at run time (see ``kernels/guarded_linear_cross_entropy.py``): training with labels, a plain
 ``nn.Linear`` head and transformers' ``ForCausalLMLoss`` run fused and return ``(None, loss)``;
 anything else (eval, no labels, another loss function, ``ADOPTER_KEEP_LOGITS=1``) runs the original
@@ -1602,7 +1604,11 @@ class LinearCrossEntropy(Codemod):
         rest += [f"{k.arg}={arg_text(ctx, k.value)}" if k.arg else f"**{arg_text(ctx, k.value)}"
                  for k in call.keywords if k.arg != "logits"]
         spec, kernel = kernel_name(ctx, KERNEL)
-        args = ", ".join([head, hidden, arg_text(ctx, call.func)] + rest)
+        # the source reads ``self.loss_function`` under ``if labels is not None`` only (transformers'
+        # property logs a warning per read where the model has no loss_type, and torch.compile breaks
+        # the graph on that logging): read exactly then, the kernel never calls it without labels
+        loss_function = f"{arg_text(ctx, call.func)} if {site.labels} is not None else None"
+        args = ", ".join([head, hidden, loss_function] + rest)
         text = f"{site.logits}, {site.loss_stmt.targets[0].id} = {kernel}(  # {NOTE}\n    {args}\n)"
         statements = [site.head_stmt, *site.loss_none, site.guard]
         forward = ForwardEdit(
