@@ -95,6 +95,8 @@ def release_if_training(*modules: nn.Module) -> None:
     """Drop the promise of ``modules`` when one of them is in training mode: a kernel that takes
     its original path because a BatchNorm trains calls this, since that forward moves the running
     statistics without a version change a cache could see."""
-    if any(m.training for m in modules):
-        for module in modules:
-            _FROZEN.pop(module, None)
+    for m in modules:
+        if m.training:
+            for module in modules:
+                _FROZEN.pop(module, None)
+            return

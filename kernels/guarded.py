@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.modules import module as _module_mod
 
 from .backend import last_backend
-from .frozen import frozen_tensors, release_if_training
+from .frozen import frozen_tensors, is_frozen, release_if_training
 from .ops import conv_prepacked as _conv_ops
 from .ops import finite
 from .ops.batch_norm_fold import fold_batch_norm
@@ -309,7 +309,7 @@ def _fold_reason(bn: nn.Module, bn_type: type) -> str:
     if why:
         return why
     if bn.training:
-        return "BatchNorm in training mode (batch statistics)"
+        return _TRAINING
     if bn.running_mean is None or bn.running_var is None:
         return "BatchNorm tracks no running statistics"
     if torch.is_autocast_enabled(bn.running_mean.device.type):
@@ -416,9 +416,8 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         return _activated(bn(layer(x)), activation)
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
     keep = not torch.compiler.is_compiling() and frozen_tensors((layer, bn), tensors)
-    if not keep and not _fold_pays_per_call(layer.weight, x):
-        _fallback(kernel, "weights not frozen (adopter.kernels.freeze): a fold on every call costs more than "
-                          "the BatchNorm it saves at this size")
+    if not keep and not _fold_pays_per_call(layer.weight, x):  # (frozen when the cheap test ran, no longer)
+        _fallback(kernel, _NOT_PAID)
         return _activated(bn(layer(x)), activation)
     (weight, bias), fold_key = _fold_cached(bn, tensors, keep)
     record(kernel, "torch")
@@ -454,11 +453,40 @@ def _fold_finite(bn: nn.Module, fold_key: tuple, weight: torch.Tensor, bias: tor
     return hit[1]
 
 
+_TRAINING = "BatchNorm in training mode (batch statistics)"
+_NOT_PAID = ("weights not frozen (adopter.kernels.freeze): a fold on every call costs more than the BatchNorm it "
+             "saves at this size")
+
+
+def _fold_may_pay(layer: nn.Module, bn: nn.Module, x: Any) -> bool:
+    """The cheap first test of a fold (a few attribute reads: at the small shapes where the fold
+    does not pay, the guard must cost next to nothing): False when the BatchNorm trains, or when the
+    weights are not frozen and a fold on this call would cost more than it saves (also for a
+    non-tensor input: fx's proxies then record the original modules)."""
+    if bn.training:
+        return False
+    if is_frozen(layer) and is_frozen(bn):
+        return True
+    return isinstance(x, torch.Tensor) and _fold_pays_per_call(layer.weight, x)
+
+
+def _unpaid(kernel: str, layer: nn.Module, bn: nn.Module, x: Any, activation: Any = None) -> Any:
+    """The original layers, when :func:`_fold_may_pay` says no."""
+    if bn.training:
+        _fallback(kernel, _TRAINING)
+        release_if_training(layer, bn)
+    else:
+        _fallback(kernel, _NOT_PAID)
+    return _activated(bn(layer(x)), activation)
+
+
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = None) -> Any:
     """``bn(conv(x))``, or ``activation(bn(conv(x)))`` when the source applies one to it; an
     eval-mode BatchNorm with running statistics is folded into the conv's weights: one conv (on CPU
     in float32 without gradients, in oneDNN where that pays, on a weight packed once where that
     pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``)."""
+    if not _fold_may_pay(conv, bn, x):
+        return _unpaid("conv_bn", conv, bn, x, activation)
     reason = _hooks_reason() or policy_reason("conv_bn", x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
     if not reason and not is_proxy(x) and (not isinstance(x, torch.Tensor) or x.dim() != 4):
         reason = "input is not a (batch, channels, height, width) tensor (BatchNorm2d raises on it)"
@@ -468,6 +496,8 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = N
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     """``bn(linear(x))`` for ``(batch, features)`` input; an eval-mode BatchNorm1d with running
     statistics is folded into the Linear: one matmul."""
+    if not _fold_may_pay(linear, bn, x):
+        return _unpaid("linear_bn", linear, bn, x)
     reason = _hooks_reason() or policy_reason("linear_bn", x) or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
     if not reason and (is_proxy(x) or x.dim() != 2):  # (fx: the rank is unknown while tracing)
         reason = f"input of rank {x.dim()} (folding needs (batch, features))"
