@@ -158,6 +158,15 @@ def ensure_venv(venv: Path, packages: list[str]) -> Path:
     if not python.exists():
         log(f"creating {venv.relative_to(ROOT)}")
         _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], what="python -m venv")
+        if sys.prefix != sys.base_prefix:
+            # run from a virtual environment: --system-site-packages reaches the base interpreter's
+            # packages, not this environment's torch and adopter; a .pth file adds them after its own
+            # (through site.addsitedir, so their own .pth files, the editable adopter's, are read too)
+            import site
+            purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                what="venv site-packages").stdout.strip())
+            (purelib / "_adopter_parent_env.pth").write_text(
+                "".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))
     probe = ("import importlib.metadata as m, json, sys\n"
              "def v(n):\n"
              "    try: return m.version(n)\n"

@@ -50,24 +50,25 @@ class _FoldsBatchNorm(ParentKeyRemap):
         bn = self.bn
         return (self.weight, self.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
 
-    def _fold_route(self, x: torch.Tensor) -> bool | None:
-        """How this call may fold: True to keep the fold between calls (under
-        :func:`adopter.kernels.freeze`'s promise), False to fold on this call (where that pays:
+    def _fold_route(self, x: torch.Tensor) -> tuple[int, ...] | None:
+        """How this call may fold: the freeze tokens to keep the fold between calls under (under
+        :func:`adopter.kernels.freeze`'s promise), ``()`` to fold on this call (where that pays:
         ``guarded._fold_pays_per_call``), None to run the two layers."""
         if torch.compiler.is_compiling():
-            return False
-        if frozen_tensors((self, self.bn), self._fold_inputs()):
-            return True
-        return False if _fold_pays_per_call(self.weight, x) else None
+            return ()
+        tokens = frozen_tensors((self, self.bn), self._fold_inputs())
+        if tokens:
+            return tokens
+        return () if _fold_pays_per_call(self.weight, x) else None
 
-    def _folded(self, keep: bool) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
+    def _folded(self, keep: tuple[int, ...]) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
         """The folded weight and bias, and the key they are kept under: kept between calls only
         under :func:`adopter.kernels.freeze`'s promise (no version counter tells that a fused
         optimizer step, a ``.data`` write or a train-mode BatchNorm changed a tensor:
         ``kernels/frozen.py``); otherwise computed from the live tensors (key None), recorded by
         autograd when a gradient can flow."""
         tensors = self._fold_inputs()
-        key = self._fold_state_key(tensors) if keep else None
+        key = self._fold_state_key(tensors, keep) if keep else None
         if key is None:
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
                 return fold_batch_norm(*tensors, self.bn.eps), None
@@ -80,12 +81,13 @@ class _FoldsBatchNorm(ParentKeyRemap):
             self._fold_key = key
         return self._fold_cache, key
 
-    def _fold_state_key(self, tensors) -> tuple | None:
-        """Identity, version and place of each tensor the fold reads, and ``eps`` (a change of any
-        of them refolds even under the freeze promise); None for inference tensors, which have no
-        version counter."""
+    def _fold_state_key(self, tensors, freeze_tokens: tuple[int, ...]) -> tuple | None:
+        """The freeze promise the fold is kept under (a later ``freeze`` refolds), identity,
+        version and place of each tensor the fold reads, and ``eps`` (a change of any of them
+        refolds even under the promise); None for inference tensors, which have no version
+        counter."""
         try:
-            return tuple(
+            return (freeze_tokens,) + tuple(
                 None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
                 for t in tensors
             ) + (self.bn.eps,)

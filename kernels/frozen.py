@@ -19,18 +19,22 @@ silently, as it does for ``torch.jit.freeze``: call ``unfreeze`` before changing
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, TypeVar
 
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["freeze", "frozen_tensors", "is_frozen", "release_if_training", "unfreeze"]
+__all__ = ["freeze", "frozen_tensors", "is_frozen", "release", "release_if_training", "unfreeze"]
 
 M = TypeVar("M", bound=nn.Module)
 
-# module -> the ids of its own parameters and buffers when frozen (their objects must stay)
+# module -> (the freeze call's token, the ids of its own parameters and buffers when frozen: their
+# objects must stay). A fresh token per freeze() call: what was kept under an earlier promise
+# (freeze, unfreeze, train, freeze again) is never served under a later one.
 _FROZEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TOKENS = itertools.count(1)
 # parameter -> requires_grad before freeze (unfreeze gives it back); keyed by identity (a tensor's
 # == is elementwise)
 _REQUIRES_GRAD = WeakIdKeyDictionary()
@@ -50,8 +54,9 @@ def freeze(model: M) -> M:
         if p not in _REQUIRES_GRAD:
             _REQUIRES_GRAD[p] = p.requires_grad
         p.requires_grad_(False)
+    token = next(_TOKENS)
     for module in model.modules():
-        _FROZEN[module] = _own_tensors(module)
+        _FROZEN[module] = (token, _own_tensors(module))
     return model
 
 
@@ -72,23 +77,26 @@ def is_frozen(module: nn.Module) -> bool:
     return module in _FROZEN
 
 
-def frozen_tensors(modules: tuple[nn.Module, ...], tensors: tuple[Any, ...]) -> bool:
-    """Whether derived weights of ``tensors`` (parameters and buffers of ``modules``) may be kept
-    between calls: every module frozen, none in training mode, its parameters and buffers the
-    objects frozen, and no tensor requiring grad. A module seen breaking the promise is dropped
-    from it (a later ``freeze`` renews it)."""
+def frozen_tensors(modules: tuple[nn.Module, ...], tensors: tuple[Any, ...]) -> tuple[int, ...]:
+    """The freeze tokens of ``modules`` when derived weights of ``tensors`` (their parameters and
+    buffers) may be kept between calls, else ``()``: every module frozen, none in training mode,
+    its parameters and buffers the objects frozen, and no tensor requiring grad. A cache keys what
+    it keeps on the tokens (a later ``freeze`` gives new ones). A module seen breaking the promise
+    is dropped from it (a later ``freeze`` renews it)."""
+    tokens = []
     for module in modules:
         recorded = _FROZEN.get(module)
         if recorded is None:
-            return False
-        if module.training or _own_tensors(module) != recorded:
+            return ()
+        if module.training or _own_tensors(module) != recorded[1]:
             del _FROZEN[module]
-            return False
+            return ()
+        tokens.append(recorded[0])
     if any(t is not None and t.requires_grad for t in tensors):
         for module in modules:
             _FROZEN.pop(module, None)
-        return False
-    return True
+        return ()
+    return tuple(tokens)
 
 
 def release_if_training(*modules: nn.Module) -> None:
@@ -100,3 +108,10 @@ def release_if_training(*modules: nn.Module) -> None:
             for module in modules:
                 _FROZEN.pop(module, None)
             return
+
+
+def release(*modules: nn.Module) -> None:
+    """Drop the promise of ``modules``: a kernel that sees it broken in a way ``frozen_tensors``
+    does not check (a parametrization put on a layer: its weight is computed on every access)."""
+    for module in modules:
+        _FROZEN.pop(module, None)

@@ -25,6 +25,7 @@ the original statements in an ``if torch.jit.is_scripting():`` branch.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -34,7 +35,7 @@ from torch import nn
 from torch.nn.modules import module as _module_mod
 
 from .backend import last_backend
-from .frozen import frozen_tensors, is_frozen, release_if_training
+from .frozen import frozen_tensors, is_frozen, release, release_if_training
 from .ops import conv_prepacked as _conv_ops
 from .ops import finite
 from .ops.batch_norm_fold import fold_batch_norm
@@ -66,6 +67,10 @@ def _plain(module: Any, base: type, *methods: str) -> str:
     for name in ("forward", "__call__", *methods):  # (a __call__ of its own may skip forward)
         if getattr(cls, name) is not getattr(base, name):
             return f"{cls.__name__} overrides {name}"
+    if _is_parametrized(module):
+        # (the guard would compute the weight again: spectral_norm in training steps its power
+        # iteration once more, a parametrization's hooks fire twice)
+        return f"this {cls.__name__} has a parametrized tensor"
     own = vars(module)
     for name in ("forward", *methods):
         if name in own:  # (set on the instance: accelerate's offload hooks wrap ``module.forward`` so)
@@ -73,6 +78,11 @@ def _plain(module: Any, base: type, *methods: str) -> str:
     if _has_hooks(module):
         return f"{cls.__name__} has hooks"
     return ""
+
+
+def _is_parametrized(module: Any) -> bool:
+    # (torch.nn.utils.parametrize.is_parametrized without its import)
+    return isinstance(getattr(module, "parametrizations", None), nn.ModuleDict)
 
 
 def _has_hooks(module: Any) -> bool:
@@ -109,7 +119,6 @@ _TRANSFORMERS_GELUS = {
 }
 
 
-@torch.compiler.assume_constant_result
 def defines_own_forward(cls: type, module_name: str) -> bool:
     """Whether ``cls`` itself defines ``forward`` in ``module_name`` (not replaced, e.g. by a hub
     kernel). Read from the class ``__dict__``, which dynamo cannot read while it traces (a
@@ -119,14 +128,19 @@ def defines_own_forward(cls: type, module_name: str) -> bool:
     return forward is not None and getattr(forward, "__module__", "") == module_name
 
 
+# what torch.compiler.assume_constant_result sets, without the import of torch._dynamo it makes
+# (importing adopter.kernels stays light: tests/test_kernels_torch.py)
+defines_own_forward._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> tuple[str | None, str]:
     """``("none" | "tanh", "")`` when ``activation(h, *args, **kwargs)`` is a GeLU the fused kernel
     computes (its ``approximate``), else ``(None, why not)``."""
     kwargs = kwargs or {}
     if activation is F.gelu:
-        if len(args) > 1 or set(kwargs) - {"approximate"} or (args and kwargs):
+        if args or set(kwargs) - {"approximate"}:  # (approximate is keyword-only: F.gelu raises)
             return None, "F.gelu with unexpected arguments"
-        mode = args[0] if args else kwargs.get("approximate", "none")
+        mode = kwargs.get("approximate", "none")
         return (mode, "") if mode in ("none", "tanh") else (None, f"F.gelu(approximate={mode!r})")
     if args or kwargs:
         return None, f"{type(activation).__name__} called with extra arguments"
@@ -230,9 +244,12 @@ def dropout_add_layer_norm(
 _QKV_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _tensor_key(tensors) -> tuple | None:
+def _tensor_key(tensors, freeze_tokens: tuple[int, ...]) -> tuple | None:
+    """What a derived weight of ``tensors`` is kept under: the freeze promise it was built under
+    (``frozen_tensors``' tokens) and each tensor's identity, version and place."""
     try:
-        return tuple(None if t is None else (id(t), t._version, t.data_ptr(), t.dtype, t.device) for t in tensors)
+        return (freeze_tokens, *(None if t is None else (id(t), t._version, t.data_ptr(), t.dtype, t.device)
+                                 for t in tensors))
     except RuntimeError:  # inference tensors have no version counter
         return None
 
@@ -246,7 +263,8 @@ def _cached(cache: weakref.WeakKeyDictionary, owner: nn.Module, modules: tuple, 
         torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     ):
         return build()
-    key = _tensor_key(tensors) if frozen_tensors(modules, tensors) else None
+    tokens = frozen_tensors(modules, tensors)
+    key = _tensor_key(tensors, tokens) if tokens else None
     if key is None:
         with torch.no_grad():
             return build()
@@ -337,15 +355,15 @@ def _fold_pays_per_call(weight: torch.Tensor, x: torch.Tensor) -> bool:
     return weight.numel() <= FOLD_PER_CALL_MAX_WEIGHT_SHARE * out_size
 
 
-def _fold_cached(bn: nn.Module, tensors: tuple, keep: bool) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
+def _fold_cached(bn: nn.Module, tensors: tuple, keep: tuple[int, ...]) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple | None]:
     """The fold of ``tensors`` (layer weight, bias, BN statistics and affine) and ``bn.eps``, and
-    the key it is kept under. Kept between calls only when ``keep`` (the layer and the BatchNorm
-    under :func:`adopter.kernels.freeze`'s promise: ``kernels/frozen.py``; no version counter
+    the key it is kept under. Kept between calls only when ``keep`` (the freeze tokens of the layer
+    and the BatchNorm under :func:`adopter.kernels.freeze`'s promise: ``kernels/frozen.py``; no version counter
     tells that a fused optimizer step, a ``.data`` write or a train-mode BatchNorm changed a
     tensor); otherwise computed from the live tensors (key None), recorded by autograd when a
     gradient can flow. A kept fold is built outside inference mode, so it stays usable after it,
     and without autograd."""
-    key = _tensor_key(tensors) if keep else None
+    key = _tensor_key(tensors, keep) if keep else None
     if key is None:
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             return fold_batch_norm(*tensors, bn.eps), None
@@ -415,7 +433,11 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         release_if_training(layer, bn)
         return _activated(bn(layer(x)), activation)
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
-    keep = not torch.compiler.is_compiling() and frozen_tensors((layer, bn), tensors)
+    if any(t is not None and (t.shape != (layer.weight.shape[0],) or t.dtype != layer.weight.dtype) for t in tensors[2:]):
+        # (the original raises: BatchNorm's statistics of another width, or in another dtype)
+        _fallback(kernel, "BatchNorm of another width or dtype than the layer's output")
+        return _activated(bn(layer(x)), activation)
+    keep = () if torch.compiler.is_compiling() else frozen_tensors((layer, bn), tensors)
     if not keep and not _fold_pays_per_call(layer.weight, x):  # (frozen when the cheap test ran, no longer)
         _fallback(kernel, _NOT_PAID)
         return _activated(bn(layer(x)), activation)
@@ -434,12 +456,14 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         out = run(x, weight, bias)
     elif attr:
         activation = None  # (applied in the conv's epilogue)
-    if finite_in:
-        finite.mark(out)
-    result = _activated(out, activation)
-    if finite_in and relu and result is not out:
-        finite.mark(result)  # (the ReLU of finite values)
-    return result
+    # a conv of finite data can overflow: its output is read (a few percent of the conv) before a
+    # later kernel is told it is finite (ops/finite.py)
+    if finite_in and finite.check(out):
+        result = _activated(out, activation)
+        if relu and result is not out:
+            finite.mark(result, finite.bound(out) or math.inf)  # (the ReLU of finite values)
+        return result
+    return _activated(out, activation)
 
 
 _FINITE_FOLD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -463,9 +487,11 @@ def _fold_may_pay(layer: nn.Module, bn: nn.Module, x: Any) -> bool:
     does not pay, the guard must cost next to nothing): False when the BatchNorm trains, or when the
     weights are not frozen and a fold on this call would cost more than it saves (also for a
     non-tensor input: fx's proxies then record the original modules)."""
-    if bn.training:
-        return False
-    if is_frozen(layer) and is_frozen(bn):
+    if bn.training or _is_parametrized(layer) or _is_parametrized(bn):
+        return False  # (a parametrized weight: the guard would compute it twice, see _plain)
+    if not torch.compiler.is_compiling() and is_frozen(layer) and is_frozen(bn):
+        # (not while dynamo traces: the lookup in frozen.py's weak dictionary made dynamo guard on
+        # its keys; a compiled call folds per call where that pays, see _folded_call)
         return True
     return isinstance(x, torch.Tensor) and _fold_pays_per_call(layer.weight, x)
 
@@ -475,6 +501,9 @@ def _unpaid(kernel: str, layer: nn.Module, bn: nn.Module, x: Any, activation: An
     if bn.training:
         _fallback(kernel, _TRAINING)
         release_if_training(layer, bn)
+    elif _is_parametrized(layer) or _is_parametrized(bn):
+        _fallback(kernel, "a parametrized weight (the guard would compute it again)")
+        release(layer, bn)  # (no weight of theirs is a frozen tensor any more)
     else:
         _fallback(kernel, _NOT_PAID)
     return _activated(bn(layer(x)), activation)

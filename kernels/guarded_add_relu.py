@@ -5,8 +5,12 @@ two tensors, writes their sum, reads it again and writes its ReLU (into a fresh 
 ReLU is in place). aten's ``_add_relu`` computes both in one pass; in place it writes no new
 tensor either. It differs from ``relu(x + residual)`` in one thing: a NaN becomes 0 (``torch.relu``
 keeps it). So the fused path runs only where both operands are *known* finite
-(:mod:`adopter.kernels.ops.finite`: computed by a kernel from finite data, unchanged since); it
-never reads them to find out, which would cost what the fusion saves.
+(:mod:`adopter.kernels.ops.finite`: checked by a kernel, unchanged since), and the sum of two finite
+tensors has no NaN; it never reads them to find out, which would cost what the fusion saves. The sum
+can overflow, though, where ``_add_relu`` clamps it to the largest float (``relu`` gives ``inf``):
+the bounds on the operands' magnitudes recorded with them must show it cannot (the result is then
+recorded with their sum as its bound). An operand recorded without a bound costs one read: of the
+result out of place (a clamped element sends the call to the original ops), of the operand in place.
 
 The rewrite passes what the source did: ``out = add_relu(self.relu, out, identity, in_place=True)``
 for ``out += identity; out = self.relu(out)``, ``in_place=False`` for ``self.relu(out + identity)``.
@@ -66,16 +70,36 @@ def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> 
         reason = "the sum is read elsewhere (x is referenced or viewed)"
     if not reason and not (finite.known(x) and finite.known(residual)):
         reason = "operands not known finite (a NaN would become 0)"
+    if not reason:
+        # aten's _add_relu clamps a sum that overflows to the largest float (relu(x + residual) is inf
+        # there): the operands' bounds must show it cannot, or (out of place) the result is read
+        top = torch.finfo(x.dtype).max
+        total = finite.bound(x) + finite.bound(residual)
+        if in_place and not total <= top:  # (in place the operands are gone afterwards: read them first)
+            total = finite.magnitude(x) + finite.magnitude(residual)
+            if not total <= top:
+                reason = "the sum could overflow (aten's _add_relu would clamp it to the largest float)"
     if reason:
         _fallback("add_relu", reason)
-        if in_place:
-            x += residual
-            return activation(x)
-        return activation(x + residual)
+        return _original(activation, x, residual, in_place)
     out = torch._add_relu_(x, residual) if in_place else torch._add_relu(x, residual)
-    finite.mark(out)
+    if total <= top:
+        finite.mark(out, total * (1 + torch.finfo(x.dtype).eps))  # (|relu(x + r)| <= |x| + |r|, rounded)
+    else:  # an operand recorded without a bound: no element of the result reached the clamp?
+        peak = float(out.amax()) if out.numel() else 0.0
+        if not peak < top:
+            _fallback("add_relu", "the sum overflowed (aten's _add_relu clamped it to the largest float)")
+            return _original(activation, x, residual, in_place)
+        finite.mark(out, peak)
     record("add_relu", "torch")
     return out
+
+
+def _original(activation: Any, x: Any, residual: Any, in_place: bool) -> Any:
+    if in_place:
+        x += residual
+        return activation(x)
+    return activation(x + residual)
 
 
 def _operands_reason(x: Any, residual: Any) -> str:

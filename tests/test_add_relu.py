@@ -20,7 +20,7 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from adopter.kernels import add_relu, conv_bn, count_kernel_calls
+from adopter.kernels import add_relu, conv_bn, count_kernel_calls, freeze
 from adopter.kernels.ops import finite
 from adopter.kernels.policy import kernels_off
 from test_conv_bn_activation import (  # (the activation zoo, conv + BN pairs, routes)
@@ -76,10 +76,10 @@ def _known_pair(layout="contiguous", dtype=torch.float32, provenance="check"):
         assert finite.check(x) and finite.check(r)
         return x, r
     c = SHAPE[1]
-    conv1, bn1 = _pair(nn.Conv2d(c, c, 3, padding=1), seed=3)
-    conv2, bn2 = _pair(nn.Conv2d(c, c, 1), seed=4)
+    conv1, bn1 = _pair(nn.Conv2d(c, c, 3, padding=1), seed=3, frozen=False)
+    conv2, bn2 = _pair(nn.Conv2d(c, c, 1), seed=4, frozen=False)
     for m in (conv1, bn1, conv2, bn2):
-        m.to(dtype)
+        freeze(m.to(dtype))  # (frozen after .to(): new buffers are not the tensors frozen)
     r = _tensor(layout, dtype, seed=5)
     with torch.no_grad():
         y = conv_bn(conv2, bn2, conv_bn(conv1, bn1, r, nn.ReLU()))

@@ -2,14 +2,15 @@
 rewrites the same scan finds), rewritten in memory by the real scan + rewrite and loaded next to the
 original: the rewritten classes compute what the originals compute in eval (eager, TorchScript, fx)
 and in training (outputs and gradients), keep a NaN input's NaNs, and in eval with a channels-last
-input the residual blocks' ``add_relu`` runs fused (their operands come from ``conv_bn``)."""
+input the residual blocks' ``add_relu`` runs fused (their operands come from the frozen model's
+``conv_bn``: only a fold kept under ``adopter.kernels.freeze`` records its output finite)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import torch
-from adopter.kernels import count_kernel_calls
+from adopter.kernels import count_kernel_calls, freeze
 from adopter.kernels.ops import finite
 from adopter.rewrite import rewrite_source
 from test_conv_bn_activation import _assert_same, _randomize_bn  # (before vs after, rewritten fixture classes)
@@ -54,7 +55,9 @@ def _fresh_provenance():
     finite.forget()
 
 
-def _models(fixture_modules, name: str) -> tuple[nn.Module, nn.Module]:
+def _models(fixture_modules, name: str, *, frozen: bool = True) -> tuple[nn.Module, nn.Module]:
+    """The original and the rewritten ``name`` with the same state, in eval; the rewritten one
+    under ``freeze`` unless ``frozen`` is False."""
     original_module, rewritten_module = fixture_modules
     torch.manual_seed(0)
     before = CLASSES[name](original_module)
@@ -64,7 +67,7 @@ def _models(fixture_modules, name: str) -> tuple[nn.Module, nn.Module]:
     after = CLASSES[name](rewritten_module)
     assert type(after) is not type(before)
     after.load_state_dict(before.state_dict())
-    return before.eval(), after.eval()
+    return before.eval(), freeze(after) if frozen else after.eval()
 
 
 def _input(batch: int, layout: str, *, seed: int = 3) -> torch.Tensor:
@@ -116,6 +119,19 @@ def test_eval_channels_last_residual_blocks_fuse(fixture_modules):
             assert calls == [("torch", "")], (name, calls)
         else:  # (a plain conv's output is not known finite: never read to find out)
             assert calls == [("original", "operands not known finite (a NaN would become 0)")], (name, calls)
+
+
+def test_eval_without_freeze_marks_nothing_finite(fixture_modules):
+    # not frozen: conv_bn keeps no fold and records nothing finite, so add_relu takes the original ops
+    for name in sorted(HAS_BN):
+        before, after = _models(fixture_modules, name, frozen=False)
+        x = _input(2, "channels_last")
+        with torch.no_grad():
+            want = before(x.clone())
+            with count_kernel_calls() as counted:
+                got = after(x)
+        _assert_same(got, want)
+        assert _add_relu_calls(counted, name) == [("original", "operands not known finite (a NaN would become 0)")]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
@@ -176,7 +192,7 @@ def test_fx_symbolic_trace(fixture_modules, name):
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_training_outputs_and_gradients(fixture_modules, name):
-    before, after = _models(fixture_modules, name)
+    before, after = _models(fixture_modules, name, frozen=False)
     before.train(), after.train()
     x = _input(4, "channels_last", seed=5)
     xb, xa = x.clone().requires_grad_(), x.clone().requires_grad_()

@@ -3,7 +3,11 @@ is ``activation(bn(conv(x)))`` in aten's layout for every activation, layout, ba
 plain ReLU runs in the oneDNN conv's epilogue (no separate relu op) and any other activation is
 called; the route ``prepack_layout`` picks; the fallbacks (training, gradients, inference mode, a
 channels-last model); the rewritten fixture classes behave as the originals (eager, TorchScript, fx,
-training); ``GuardedSequential(conv, bn, relu)``."""
+training); ``GuardedSequential(conv, bn, relu)``.
+
+The fused routes (a fold kept between calls, packed weights, the ReLU epilogue) are taken only under
+``adopter.kernels.freeze``: the pairs and models here are frozen unless the test trains or takes
+gradients of the parameters (then they are not, and fold per call or run the layers)."""
 from __future__ import annotations
 
 import copy
@@ -13,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from adopter.kernels import conv_bn, guarded
+from adopter.kernels import conv_bn, freeze, guarded, unfreeze
 from adopter.kernels.guarded_sequential import GuardedSequential
 from adopter.kernels.ops import conv_prepacked
+from adopter.kernels.telemetry import count_kernel_calls
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
@@ -34,10 +39,14 @@ def _randomize_bn(bn: nn.BatchNorm2d) -> None:
         bn.bias.normal_()
 
 
-def _pair(conv: nn.Conv2d, *, seed: int = 0) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
+def _pair(conv: nn.Conv2d, *, seed: int = 0, frozen: bool = True) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
+    """``conv`` and a BatchNorm2d with random statistics, in eval mode; under ``freeze`` unless
+    ``frozen`` is False."""
     torch.manual_seed(seed)
     bn = nn.BatchNorm2d(conv.out_channels, eps=1e-3)
     _randomize_bn(bn)
+    if frozen:
+        return freeze(conv), freeze(bn)
     return conv.eval(), bn.eval()
 
 
@@ -346,7 +355,7 @@ def _forward_backward_against_reference(conv, bn, act, x):
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("act_name", ["ReLU-inplace", "F.relu", "SiLU", "ReLU-hooked"])
 def test_training_mode_matches_outputs_and_gradients(layout, act_name):
-    conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1))
+    conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1), frozen=False)
     conv.train(), bn.train()
     act = ACTIVATIONS[act_name]()
     got, ref_bn = _forward_backward_against_reference(conv, bn, act, _input(4, layout))
@@ -360,9 +369,16 @@ def test_training_mode_matches_outputs_and_gradients(layout, act_name):
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("act_name", ["ReLU", "ReLU-inplace", "SiLU"])
 def test_eval_with_input_gradient_matches(layout, act_name):
-    conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1))
-    got, _ = _forward_backward_against_reference(conv, bn, ACTIVATIONS[act_name](), _input(2, layout))
-    assert got.requires_grad
+    # not frozen, parameters requiring grad: a light conv on a large input folds on each call
+    # (differentiably), a heavy one runs the two layers
+    for conv, size in ((nn.Conv2d(16, 24, 1), 32), (nn.Conv2d(16, 24, 3, padding=1), 6)):
+        conv, bn = _pair(conv, frozen=False)
+        x = _input(2, layout, size=size)
+        assert guarded._fold_pays_per_call(conv.weight, x) == (size == 32)
+        with count_kernel_calls() as calls:
+            got, _ = _forward_backward_against_reference(conv, bn, ACTIVATIONS[act_name](), x)
+        assert got.requires_grad
+        assert [c.fused for c in calls.calls if c.kernel == "conv_bn"] == [size == 32]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
@@ -389,7 +405,7 @@ def test_channels_last_model(input_layout):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(16, 24, 3, padding=1), nn.BatchNorm2d(24), nn.ReLU(inplace=True))
     _randomize_bn(model[1])
-    model.eval().to(memory_format=torch.channels_last)
+    freeze(model.to(memory_format=torch.channels_last))
     x = _input(2, input_layout)
     for act in (model[2], nn.SiLU()):
         want = _reference(model[0], model[1], x, act)
@@ -441,6 +457,12 @@ def _modules(name: str) -> tuple[nn.Module, nn.Module]:
     return before.eval(), after.eval()
 
 
+def _frozen_modules(name: str) -> tuple[nn.Module, nn.Module]:
+    """:func:`_modules` with the rewritten module under ``freeze`` (its folds kept between calls)."""
+    before, after = _modules(name)
+    return before, freeze(after)
+
+
 def _assert_same(got, want):
     got = got if isinstance(got, tuple) else (got,)
     want = want if isinstance(want, tuple) else (want,)
@@ -457,7 +479,7 @@ def _inputs():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_rewritten_module_matches_the_original_in_eval(name):
-    before, after = _modules(name)
+    before, after = _frozen_modules(name)
     for x in _inputs():
         with torch.no_grad():
             want = before(x.clone())
@@ -480,7 +502,7 @@ def test_rewritten_module_scripts(name):
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_rewritten_module_fx_traces(name):
-    before, after = _modules(name)
+    before, after = _frozen_modules(name)
     traced = torch.fx.symbolic_trace(after)
     targets = {node.target for node in traced.graph.nodes if node.op == "call_module"}
     for act in MODULES[name][1]:
@@ -488,8 +510,10 @@ def test_rewritten_module_fx_traces(name):
     if name == "Functional":
         assert any(node.op == "call_function" and node.target in (F.relu, torch.relu)
                    for node in traced.graph.nodes), traced.code
-    assert not any(t.startswith(("conv", "bn")) for t in targets if isinstance(t, str)), "the fold is traced as ops"
-    assert "mkldnn" not in traced.code
+    # fx records the original modules, not the fold's ops (the graph then follows traced.train())
+    convs_bns = {n for n, m in after.named_modules() if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))}
+    assert convs_bns and convs_bns <= targets, (convs_bns, targets)
+    assert "mkldnn" not in traced.code and "fold_batch_norm" not in traced.code
     for x in _inputs()[:2]:
         with torch.no_grad():
             _assert_same(traced(x.clone()), before(x.clone()))
@@ -500,6 +524,16 @@ def test_rewritten_module_fx_traces(name):
                 bn.running_var.mul_(2.0)
         x = _inputs()[0]
         _assert_same(traced(x.clone()), before(x.clone()))
+    # ... and a later switch to training mode (batch statistics, running stats updated alike)
+    unfreeze(after)
+    before.train(), traced.train()
+    x = _inputs()[2]
+    with torch.no_grad():
+        _assert_same(traced(x.clone()), before(x.clone()))
+    traced_state, before_state = traced.state_dict(), before.state_dict()
+    assert traced_state.keys() == before_state.keys()
+    for key, want in before_state.items():
+        torch.testing.assert_close(traced_state[key], want, msg=key)  # running stats updated alike
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -527,7 +561,7 @@ def test_rewritten_module_matches_the_original_in_training(name):
 
 
 def test_bottleneck_relu_runs_in_the_epilogue():
-    before, after = _modules("TorchvisionBottleneck")
+    before, after = _frozen_modules("TorchvisionBottleneck")
     x = _input(2, "channels_last", channels=C, size=8)
     with torch.no_grad():
         after(x)
@@ -556,7 +590,7 @@ def _sequentials(act: nn.Module, *, conv=None):
     _randomize_bn(bn)
     children = (conv, bn, act)
     plain = nn.Sequential(*copy.deepcopy(children)).eval()
-    guarded_seq = GuardedSequential(*children).eval()
+    guarded_seq = freeze(GuardedSequential(*children))
     return plain, guarded_seq
 
 
@@ -603,13 +637,15 @@ def test_guarded_sequential_longer_chains_and_training():
         if isinstance(child, nn.BatchNorm2d):
             _randomize_bn(child)
     plain = nn.Sequential(*copy.deepcopy(children)).eval()
-    seq = GuardedSequential(*children).eval()
+    seq = freeze(GuardedSequential(*children))
     assert list(seq.state_dict()) == list(plain.state_dict())
     for x in (_input(4, "contiguous"), _input(2, "channels_last")):
         with torch.no_grad():
             want, got = plain(x), seq(x)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert got.stride() == want.stride()
+    assert all(seq[i] in guarded._FOLD_CACHE for i in (1, 4, 7)), "the pairs ran through conv_bn"
+    unfreeze(seq)
     plain.train(), seq.train()
     x = _input(4, "channels_last")
     xp, xs = x.clone().requires_grad_(), x.clone().requires_grad_()

@@ -3,19 +3,24 @@ the folded conv, run on a oneDNN weight packed once where that pays
 (``kernels/ops/conv_prepacked.py``), computes what ``bn(conv(x))`` computes, in the layout it gives,
 for every conv geometry; anything the packed path does not cover runs aten's conv on the folded
 weights; a change of any weight, buffer or ``eps`` is seen; inference mode and inference tensors
-work; fx, dynamo and torch.export see aten's conv."""
+work; fx, dynamo and torch.export see aten's conv.
+
+Folds and packed weights are kept between calls only under ``adopter.kernels.freeze`` (the user's
+promise that the weights no longer change): the pairs here are frozen unless a test says otherwise."""
 from __future__ import annotations
 
 import pytest
 import torch
-from adopter.kernels import FusedConv2dBatchNorm2d, batch_norm, conv_bn, guarded
+from adopter.kernels import FusedConv2dBatchNorm2d, batch_norm, conv_bn, freeze, guarded, is_frozen
 from adopter.kernels.ops import conv_prepacked
 from torch import nn
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
 
 
-def _pair(conv: nn.Conv2d, *, seed: int = 0) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
+def _pair(conv: nn.Conv2d, *, seed: int = 0, frozen: bool = True) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
+    """``conv`` and a BatchNorm2d with random statistics, in eval mode; under ``freeze`` unless
+    ``frozen`` is False."""
     torch.manual_seed(seed)
     bn = nn.BatchNorm2d(conv.out_channels, eps=1e-3, dtype=conv.weight.dtype)
     with torch.no_grad():
@@ -23,6 +28,8 @@ def _pair(conv: nn.Conv2d, *, seed: int = 0) -> tuple[nn.Conv2d, nn.BatchNorm2d]
         bn.running_var.uniform_(0.5, 2.0)
         bn.weight.normal_()
         bn.bias.normal_()
+    if frozen:
+        return freeze(conv), freeze(bn)
     return conv.eval(), bn.eval()
 
 
@@ -114,7 +121,7 @@ def test_switched_off_and_autocast_run_aten():
 
 
 def test_gradients_run_aten_and_flow():
-    conv, bn = _pair(nn.Conv2d(64, 48, 3))
+    conv, bn = _pair(nn.Conv2d(64, 48, 3), frozen=False)
     x = torch.randn(1, 64, 5, 5, requires_grad=True)
     guarded._PACK_CACHE.pop(bn, None)
     out = conv_bn(conv, bn, x)  # grad enabled, parameters require grad: the differentiable fold
@@ -156,11 +163,34 @@ def test_a_change_of_any_weight_buffer_or_eps_is_seen(layout):
     again()
     bn.eps = 0.5
     again()
+    assert is_frozen(conv) and is_frozen(bn), "in-place changes under no_grad refold; they keep the promise"
     conv.weight = nn.Parameter(torch.randn_like(conv.weight))  # a new tensor (a load that replaces it)
     again()
+    assert not is_frozen(conv), "a parameter that is not the object frozen drops the promise"
     bn.train()  # batch statistics: no folding at all
     with torch.no_grad():
         torch.testing.assert_close(conv_bn(conv, bn, x), nn.BatchNorm2d.forward(bn, conv(x)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_without_freeze_nothing_is_kept_or_packed(layout):
+    # weight-heavy pairs (the per-call fold would cost more than the BatchNorm): the two layers run
+    conv, bn = _pair(nn.Conv2d(64, 48, 3), frozen=False)
+    x = torch.randn(1, 64, 5, 5)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    guarded._FOLD_CACHE.pop(bn, None)
+    _check(conv, bn, x, packed=False)
+    assert bn not in guarded._FOLD_CACHE
+    # after freeze the same call packs; a train-mode call drops the promise and packs nothing again
+    freeze(conv), freeze(bn)
+    _check(conv, bn, x, packed=True)
+    bn.train()
+    with torch.no_grad():
+        conv_bn(conv, bn, x)
+    bn.eval()
+    assert not is_frozen(bn)
+    _check(conv, bn, x, packed=False)
 
 
 def test_inference_mode():
@@ -218,6 +248,8 @@ def test_fx_dynamo_and_export_see_aten_conv():
         assert block.bn in guarded._PACK_CACHE
         traced = torch.fx.symbolic_trace(block)
         assert "mkldnn" not in traced.code
+        # fx records the original modules (the graph follows traced.train() as the original does)
+        assert [n.target for n in traced.graph.nodes if n.op == "call_module"] == ["conv", "bn"]
         torch.testing.assert_close(traced(x), eager, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(torch.jit.script(traced)(x), eager, rtol=1e-4, atol=1e-4)
         torch._dynamo.reset()
@@ -238,6 +270,7 @@ def test_module_form_packs_too():
         module.bias.copy_(conv.bias)
         module.bn.load_state_dict(bn.state_dict())
     module.bn.eps = bn.eps
+    freeze(module)
     for x in (torch.randn(1, 64, 5, 5), torch.randn(2, 64, 5, 5).contiguous(memory_format=torch.channels_last)):
         with torch.no_grad():
             want = bn(conv(x))

@@ -217,31 +217,54 @@ def test_qkv_matches_three_linears_and_caches_only_without_grad(qkv_fused_on_cpu
     assert _calls(calls, "qkv") == {"original": 1}
 
 
+def _reasons(calls, kernel: str) -> list[str]:
+    return sorted(c.reason for c in calls.calls if c.kernel == kernel and not c.fused)
+
+
 def test_conv_bn_folds_in_eval_only_and_accepts_conv_subclasses():
     torch.manual_seed(0)
     conv, bn = ConvWithoutOwnForward(4), nn.BatchNorm2d(4)
     with torch.no_grad():
         bn.running_mean.uniform_(-1, 1)
         bn.running_var.uniform_(0.5, 2)
-    x = torch.randn(2, 4, 7, 7)
+    small, large = torch.randn(2, 4, 7, 7), torch.randn(2, 4, 32, 32)
+    # not frozen, the fold runs per call only where the weight is a small share of the output
+    assert kernels.guarded._fold_pays_per_call(conv.weight, large)
+    assert not kernels.guarded._fold_pays_per_call(conv.weight, small)
     with count_kernel_calls() as calls:
-        train = kernels.conv_bn(conv, bn.train(), x)
+        train = kernels.conv_bn(conv, bn.train(), small)
         bn.eval()
-        evald = kernels.conv_bn(conv, bn, x)
-    torch.testing.assert_close(evald, bn(conv(x)), atol=1e-5, rtol=1e-5)
-    assert train.shape == evald.shape
-    assert _calls(calls, "conv_bn") == {"original": 1, "torch": 1}
+        evald = kernels.conv_bn(conv, bn, large)
+        unfrozen_small = kernels.conv_bn(conv, bn, small)
+        kernels.freeze(conv), kernels.freeze(bn)
+        frozen_small = kernels.conv_bn(conv, bn, small)
+    with torch.no_grad():
+        torch.testing.assert_close(evald, bn(conv(large)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(unfrozen_small, bn(conv(small)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(frozen_small, bn(conv(small)), atol=1e-5, rtol=1e-5)
+    assert train.shape == small.shape
+    assert _calls(calls, "conv_bn") == {"original": 2, "torch": 2}
+    training, not_frozen = _reasons(calls, "conv_bn")
+    assert training.startswith("BatchNorm in training mode") and not_frozen.startswith("weights not frozen")
 
 
 def test_linear_bn_folds_2d_inputs_in_eval():
     lin, bn = nn.Linear(5, 3), nn.BatchNorm1d(3).eval()
-    x = torch.randn(4, 5)
+    x, large = torch.randn(4, 5), torch.randn(512, 5)
     with count_kernel_calls() as calls:
+        out_large = kernels.linear_bn(lin, bn, large)  # folded on this call (15 weights, 1536 outputs)
+        out_unfrozen = kernels.linear_bn(lin, bn, x)  # a fold per call would cost more: the layers
+        kernels.freeze(lin), kernels.freeze(bn)
         out = kernels.linear_bn(lin, bn, x)
         seq = kernels.linear_bn(lin, bn, torch.randn(4, 3, 5).transpose(1, 2).transpose(1, 2))
-    torch.testing.assert_close(out, bn(lin(x)), atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(out, bn(lin(x)), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out_unfrozen, bn(lin(x)), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out_large, bn(lin(large)), atol=1e-6, rtol=1e-5)
     assert seq.shape == (4, 3, 3)
-    assert _calls(calls, "linear_bn") == {"torch": 1, "original": 1}
+    assert _calls(calls, "linear_bn") == {"torch": 2, "original": 2}
+    rank, not_frozen = _reasons(calls, "linear_bn")
+    assert rank.startswith("input of rank 3") and not_frozen.startswith("weights not frozen")
 
 
 # ---------------------------------------------------------------- optimize() on BERT

@@ -361,7 +361,7 @@ def test_batch_norm_fusion_training_then_eval(cls, shape, kw):
 
 def test_batch_norm_fold_cache_is_refreshed_when_parameters_change():
     orig, fused = _pair(ConvBN)
-    orig.eval(), fused.eval()
+    orig.eval(), kernels.freeze(fused)  # (a fold is kept between calls only under freeze)
     x = torch.randn(2, 4, 8, 8)
     with torch.no_grad():
         fused(x)

@@ -32,7 +32,8 @@ def dropout_add_layer_norm_torch(x, residual, normalized_shape, weight, bias, ep
     In place only when the sum keeps dropout's dtype and shape: a float32 residual added to a half
     ``x`` (autocast) gives a float32 sum, as ``dropout(x) + residual`` does. ``prenorm``: returns
     ``(sum, layer_norm(sum))``."""
-    if training and p > 0.0 and x.shape == residual.shape and x.dtype == residual.dtype:
+    # (an empty x: F.dropout returns x itself, which the in-place add would write)
+    if training and p > 0.0 and x.numel() and x.shape == residual.shape and x.dtype == residual.dtype:
         h = F.dropout(x, p, True).add_(residual)  # dropout's backward needs its mask, not its output
     else:
         h = F.dropout(x, p, training) + residual  # in eval dropout returns x itself: no in-place

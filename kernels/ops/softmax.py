@@ -1,11 +1,18 @@
-"""Functional softmax: a triton row kernel for last-dim rows on CUDA, ``F.softmax`` otherwise."""
+"""Functional softmax: a triton row kernel for last-dim rows on CUDA, ``F.softmax`` otherwise.
+
+``F.softmax`` itself runs whatever the kernel would not compute as it does: a 0-dim or empty input,
+a ``dim`` that is not an int in range (torch raises, or picks the legacy implicit dim for None), and
+under ``torch.jit.trace``, a ``torch.func`` transform or a forward-AD dual level
+(:func:`~adopter.kernels.policy.mode_reason`: the triton Function has no vmap or jvp rule).
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from ..backend import autocast_to_fp32, requested_backend, select_backend, triton_dtype_ok
-from ..telemetry import record
+from ..policy import mode_reason
+from ..telemetry import ORIGINAL, record
 from .common import fx_leaf, row_block
 
 
@@ -16,10 +23,15 @@ def _traced_softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | Non
 @fx_leaf(traced=_traced_softmax)
 def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``."""
-    if input.dim() == 0:
+    n = input.dim()
+    if n == 0 or type(dim) is not int or not -n <= dim < n or input.numel() == 0:
         record("softmax", "torch")
         return F.softmax(input, dim, dtype=dtype)
-    dim = dim % input.dim()
+    reason = "" if torch.compiler.is_compiling() else mode_reason()  # (dynamo traces F.softmax or the Function)
+    if reason:
+        record("softmax", ORIGINAL, reason)
+        return F.softmax(input, dim, dtype=dtype)
+    dim = dim % n
     last = dim == input.dim() - 1
 
     def triton_fits() -> bool:

@@ -32,8 +32,8 @@ def _softmax_bwd(DY, Y, DX, N, BLOCK_N: tl.constexpr):
 
 
 class SoftmaxFunction(torch.autograd.Function):
-    """Softmax over the last dimension of a tensor, output in ``out_dtype`` (the fused cast of
-    ``F.softmax(x, dtype=...)``)."""
+    """Softmax over the last dimension of a non-empty tensor, output in ``out_dtype`` (the fused
+    cast of ``F.softmax(x, dtype=...)``)."""
 
     @staticmethod
     def forward(ctx, x, out_dtype):
@@ -43,14 +43,22 @@ class SoftmaxFunction(torch.autograd.Function):
         block = row_block(n, 4)
         if x2.numel():
             _softmax_fwd[(x2.shape[0],)](x2, y, n, BLOCK_N=block, num_warps=row_num_warps(block))
-        ctx.save_for_backward(y)
+        out = y.view(x.shape)
+        # the output itself is saved (not ``y``): in a double backward it carries this node, so the
+        # gradient's dependence on x through y is differentiated
+        ctx.save_for_backward(out)
         ctx.x_dtype = x.dtype
-        return y.view(x.shape)
+        return out
 
     @staticmethod
     def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        n = y.shape[-1]
+        (out,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph (double backward): the same formula in torch ops, which record a graph
+            y, g = out.float(), dy.float()
+            return (y * (g - (g * y).sum(-1, keepdim=True))).to(ctx.x_dtype), None
+        n = out.shape[-1]
+        y = out.reshape(-1, n)
         dy2 = dy.reshape(-1, n).contiguous()
         dx = torch.empty(y.shape, dtype=ctx.x_dtype, device=y.device)
         block = row_block(n, 4)

@@ -11,7 +11,8 @@ The eager core between the two matmuls of a match is interpreted statement by st
     o = torch.matmul(s, v)                                   output
 
 and replaced by one call ``o = attention(q, k, v, mask=m, bias=b, dropout_p=(P if T else 0.0),
-scale=c)``. An ``if m is not None:`` around the mask add is absorbed (the kernel takes
+scale=c, additive=True)`` (``additive``: ``m`` and ``b`` are added as the source adds them, whatever
+their dtype). An ``if m is not None:`` around the mask add is absorbed (the kernel takes
 ``mask=None``). When the probabilities are read after the core (returned as attention
 weights), the call passes ``need_weights=True`` and binds them. Anything else inside the
 region (head masks, causal ``torch.where``, position-bias slicing) skips the match.
@@ -141,6 +142,8 @@ class _AttentionCodemod(Codemod):
         if core.dropout:
             kwargs.append(f"dropout_p={core.dropout}")
         kwargs.append(f"scale={core.scale or '1.0'}")
+        # the masks are what the source added to the scores (a bool one adds 1.0): not keep-masks
+        kwargs.append("additive=True")
         if need_weights:
             kwargs.append("need_weights=True")
         call = f"{local}({arg_text(ctx, core.q)}, {arg_text(ctx, core.k)}, {arg_text(ctx, core.v)}, {', '.join(kwargs)})"
