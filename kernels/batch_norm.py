@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .frozen import frozen_tensors, release_if_training
-from .guarded import _fold_pays_per_call
+from .guarded import _fold_pays_per_call, _fold_range, fold_output_bound
 from .ops.batch_norm_fold import fold_batch_norm
 from .ops.common import is_proxy
 from .ops.conv_prepacked import conv_prepacked, pack_conv_weight, prepack_layout
@@ -55,7 +55,7 @@ class _FoldsBatchNorm(ParentKeyRemap):
         :func:`adopter.kernels.freeze`'s promise), ``()`` to fold on this call (where that pays:
         ``guarded._fold_pays_per_call``), None to run the two layers."""
         if torch.compiler.is_compiling():
-            return ()
+            return None  # (the range guard reads the input's magnitude; the compiler fuses the BatchNorm)
         tokens = frozen_tensors((self, self.bn), self._fold_inputs())
         if tokens:
             return tokens
@@ -150,6 +150,9 @@ class FusedConv2dBatchNorm2d(_FoldsBatchNorm, nn.Conv2d):
             release_if_training(self, self.bn)
             return self.bn(self._conv_forward(x, self.weight, self.bias))
         (weight, bias), key = self._folded(route)
+        if fold_output_bound(x, _fold_range(self, key, self._fold_inputs(), self.bn.eps)) is None:
+            # (NaN/inf in, or values that could overflow: they would land elsewhere than the original's)
+            return self.bn(self._conv_forward(x, self.weight, self.bias))
         if key is not None:
             out = self._packed_forward(x, weight, bias, key)
             if out is not None:
@@ -204,5 +207,7 @@ class FusedLinearBatchNorm1d(_FoldsBatchNorm, nn.Linear):
         if route is None:
             release_if_training(self, self.bn)
             return self.bn(nn.functional.linear(x, self.weight, self.bias))
-        (weight, bias), _ = self._folded(route)
+        (weight, bias), key = self._folded(route)
+        if fold_output_bound(x, _fold_range(self, key, self._fold_inputs(), self.bn.eps)) is None:
+            return self.bn(nn.functional.linear(x, self.weight, self.bias))
         return nn.functional.linear(x, weight, bias)

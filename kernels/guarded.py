@@ -38,7 +38,7 @@ from .backend import last_backend
 from .frozen import frozen_tensors, is_frozen, release, release_if_training
 from .ops import conv_prepacked as _conv_ops
 from .ops import finite
-from .ops.batch_norm_fold import fold_batch_norm
+from .ops.batch_norm_fold import fold_batch_norm, fold_range
 from .ops.bias_gelu import linear_bias_gelu
 from .ops.common import is_proxy
 from .ops.dropout_add_layer_norm import dropout_add_layer_norm as _dropout_add_layer_norm
@@ -342,7 +342,12 @@ def _fold_reason(bn: nn.Module, bn_type: type) -> str:
 # the weight is a tiny share of the output (benchmarks/bench_fold_per_call.py,
 # results/fold_per_call.json, one thread: shares 0.001 and 0.003 ran 1.08x and 1.47x of the
 # original, 0.012-0.02 ran 0.93-0.98x, and ResNet-50's deep convs at batch 1 (shares 5-12) 0.24-0.75x).
-FOLD_PER_CALL_MAX_WEIGHT_SHARE = 0.01
+# Off by default (0): a fold rounds differently from the two layers, and the same unfrozen model
+# traced by fx (which records the original layers, so that gm.train() follows) or scripted then
+# differs from its eager run by more than the libraries' own tests allow (timm's
+# test_model_forward_fx, visformer: 3e-3 against 1e-5). Under freeze() the fold is kept and pays
+# everywhere; 0.01 switches the per-call fold on where it pays.
+FOLD_PER_CALL_MAX_WEIGHT_SHARE = 0.0
 
 
 def _fold_pays_per_call(weight: torch.Tensor, x: torch.Tensor) -> bool:
@@ -437,46 +442,73 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         # (the original raises: BatchNorm's statistics of another width, or in another dtype)
         _fallback(kernel, "BatchNorm of another width or dtype than the layer's output")
         return _activated(bn(layer(x)), activation)
-    keep = () if torch.compiler.is_compiling() else frozen_tensors((layer, bn), tensors)
+    compiling = torch.compiler.is_compiling()
+    keep = () if compiling else frozen_tensors((layer, bn), tensors)
     if not keep and not _fold_pays_per_call(layer.weight, x):  # (frozen when the cheap test ran, no longer)
         _fallback(kernel, _NOT_PAID)
         return _activated(bn(layer(x)), activation)
     (weight, bias), fold_key = _fold_cached(bn, tensors, keep)
+    # (while dynamo traces, the range guard's read of the input's magnitude cannot be traced: the
+    # shipped COMPILE_POLICY runs the original layers there; one who lifts it accepts a fold whose
+    # overflows may land elsewhere)
+    out_bound = math.inf if compiling else fold_output_bound(x, _fold_range(bn, fold_key, tensors, bn.eps))
+    if out_bound is None:
+        _fallback(kernel, _OUT_OF_RANGE)
+        return _activated(bn(layer(x)), activation)
     record(kernel, "torch")
     relu = epilogue_activation(activation) if activation is not None else ""
-    attr = relu if _conv_ops.EPILOGUE else ""
     if fold_key is None:  # (an uncached fold: gradients, compiling, inference tensors; nothing to pack once)
         return _activated(run(x, weight, bias), activation)
-    # oneDNN's ReLU gives 0 for a NaN, torch.relu keeps it: fused only for finite data (ops/finite.py)
-    finite_in = _fold_finite(bn, fold_key, weight, bias) and (finite.check(x) if attr else finite.known(x))
-    if not finite_in:
-        attr = ""
+    # the input and the fold are finite, and no value on the way can overflow (fold_output_bound): the
+    # output is finite, and oneDNN's ReLU (0 for a NaN, where torch.relu keeps it) may run in the
+    # conv's epilogue
+    attr = relu if _conv_ops.EPILOGUE else ""
     out = prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr or "none") if prepacked is not None else None
     if out is None:
         out = run(x, weight, bias)
     elif attr:
         activation = None  # (applied in the conv's epilogue)
-    # a conv of finite data can overflow: its output is read (a few percent of the conv) before a
-    # later kernel is told it is finite (ops/finite.py)
-    if finite_in and finite.check(out):
-        result = _activated(out, activation)
-        if relu and result is not out:
-            finite.mark(result, finite.bound(out) or math.inf)  # (the ReLU of finite values)
-        return result
-    return _activated(out, activation)
+    finite.mark(out, out_bound)
+    result = _activated(out, activation)
+    if relu and result is not out:
+        finite.mark(result, out_bound)  # (the ReLU of finite values)
+    return result
 
 
-_FINITE_FOLD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# BatchNorm -> (fold key, fold_range of it): read once per fold state kept under freeze
+_FOLD_RANGE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _fold_finite(bn: nn.Module, fold_key: tuple, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether the folded weight and bias are finite (read once per fold state)."""
-    hit = _FINITE_FOLD.get(bn)
+def _fold_range(owner: nn.Module, fold_key: tuple | None, tensors: tuple, eps: float) -> tuple[float, float]:
+    """``ops.batch_norm_fold.fold_range`` of ``tensors``: kept with a fold kept under freeze
+    (``fold_key``), else computed on this call (a read of the weight, as the fold is)."""
+    if fold_key is None:
+        return fold_range(*tensors, eps)
+    hit = _FOLD_RANGE.get(owner)
     if hit is None or hit[0] != fold_key:
-        hit = _FINITE_FOLD[bn] = (fold_key, finite.check(weight) and (bias is None or finite.check(bias)))
+        hit = _FOLD_RANGE[owner] = (fold_key, fold_range(*tensors, eps))
     return hit[1]
 
 
+# a sum of products within this share of the dtype's largest value cannot overflow in any order
+# (aten and oneDNN accumulate in different orders; rounding grows a bound by far less than 16x)
+_RANGE_SHARE = 1 / 16
+
+
+def fold_output_bound(x: torch.Tensor, pq: tuple[float, float]) -> float | None:
+    """A bound on every value of ``BN(layer(x))`` and of the folded layer (``fold_range``'s ``(P,
+    Q)``) when ``x`` is finite and that bound stays far below the dtype's largest: the two then
+    differ in rounding only, never in where an inf or a NaN lands; else None. Reads ``x`` once
+    unless a kernel recorded its bound."""
+    p, q = pq
+    if not (x.is_floating_point() and math.isfinite(p) and math.isfinite(q)):
+        return None
+    bound = finite.magnitude(x) * p + q  # (NaN when x is not finite: the test below fails)
+    return bound if bound < torch.finfo(x.dtype).max * _RANGE_SHARE else None
+
+
+_OUT_OF_RANGE = ("values where the folded layer could overflow, or NaN/inf, which would land elsewhere than in "
+                 "the original's (ops/batch_norm_fold.fold_range)")
 _TRAINING = "BatchNorm in training mode (batch statistics)"
 _NOT_PAID = ("weights not frozen (adopter.kernels.freeze): a fold on every call costs more than the BatchNorm it "
              "saves at this size")

@@ -20,7 +20,7 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from adopter.kernels import add_relu, conv_bn, count_kernel_calls, freeze
+from adopter.kernels import add_relu, conv_bn, count_kernel_calls, freeze, guarded
 from adopter.kernels.ops import finite
 from adopter.kernels.policy import kernels_off
 from test_conv_bn_activation import (  # (the activation zoo, conv + BN pairs, routes)
@@ -684,7 +684,7 @@ def test_conv_bn_epilogue_without_the_finite_guard_would_lose_the_nan(layout, mo
     conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1))
     x = _nonfinite_input(4, layout, NAN)
     want = _reference(conv, bn, x, nn.ReLU())
-    monkeypatch.setattr(finite, "check", lambda t: True)
+    monkeypatch.setattr(guarded, "fold_output_bound", lambda x, pq: 1.0)  # (the guard says: in range)
     with torch.no_grad():
         got = conv_bn(conv, bn, x, nn.ReLU())
     assert int(got.isnan().sum()) < int(want.isnan().sum())
@@ -717,11 +717,9 @@ def test_conv_bn_records_what_it_computed_from_finite_data(layout):
     conv, bn = _pair(nn.Conv2d(16, 24, 3, padding=1))
     x = _input(2, layout)
     with torch.no_grad():
-        unknown_in = conv_bn(conv, bn, x)  # (no ReLU: x is not read to find out)
-        assert not finite.known(unknown_in) and not finite.known(x)
-        out = conv_bn(conv, bn, x, nn.ReLU())
-        assert finite.known(x) and finite.known(out)
-        assert finite.known(conv_bn(conv, bn, x)), "from a known input"
+        out = conv_bn(conv, bn, x)  # (the range guard reads x once: recorded with its bound)
+        assert finite.known(x) and finite.known(out) and finite.bound(out) < float("inf")
+        assert finite.known(conv_bn(conv, bn, x, nn.ReLU())), "from a known input"
         x_nan = _nonfinite_input(2, layout, NAN)
         assert not finite.known(conv_bn(conv, bn, x_nan, nn.ReLU()))
     bn.train()

@@ -20,6 +20,16 @@ from adopter.core.rules import all_rules
 from adopter.core.scan import scan_source
 
 
+@pytest.fixture(autouse=True)
+def _fold_at_every_size(monkeypatch):
+    # these small models check where the rewrite reaches and that the fused sites compute the
+    # original's values; whether an unfrozen fold pays at their sizes is another question (at these
+    # shapes it does not: guarded.FOLD_PER_CALL_MAX_WEIGHT_SHARE sends them to the original layers)
+    from adopter.kernels import guarded
+
+    monkeypatch.setattr(guarded, "FOLD_PER_CALL_MAX_WEIGHT_SHARE", float("inf"))
+
+
 def _scan(src: str, filename: str = "/tmp/reach_case.py"):
     src = textwrap.dedent(src)
     r = scan_source(src, filename, all_rules())

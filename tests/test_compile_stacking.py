@@ -14,7 +14,7 @@ import types
 
 import pytest
 import torch
-from adopter.kernels import backend, conv_bn, linear_bn, policy
+from adopter.kernels import backend, conv_bn, guarded, linear_bn, policy
 from adopter.kernels.guarded_gated_mlp import gated_mlp
 from adopter.kernels.guarded_linear_cross_entropy import KEEP_LOGITS_ENV, LogitsNotComputedWarning, linear_cross_entropy
 from adopter.kernels.guarded_rms_norm import rms_norm
@@ -31,6 +31,8 @@ def _fresh_dynamo(monkeypatch):
     monkeypatch.delenv(backend.ENV_VAR, raising=False)
     monkeypatch.delenv(KEEP_LOGITS_ENV, raising=False)
     monkeypatch.delenv(policy.OFF_ENV, raising=False)
+    # (the fold at these small shapes: whether it pays unfrozen is guarded.py's size rule, not this file's)
+    monkeypatch.setattr(guarded, "FOLD_PER_CALL_MAX_WEIGHT_SHARE", float("inf"))
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

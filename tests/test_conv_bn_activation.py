@@ -31,6 +31,12 @@ RELU_OPS = {"aten::relu", "aten::relu_", "aten::clamp_min", "aten::clamp_min_", 
 POINTWISE = "mkldnn::_convolution_pointwise"
 
 
+@pytest.fixture(autouse=True)
+def _per_call_fold_on(monkeypatch):
+    # the per-call fold as a user switches it on (off by default: guarded.FOLD_PER_CALL_MAX_WEIGHT_SHARE)
+    monkeypatch.setattr(guarded, "FOLD_PER_CALL_MAX_WEIGHT_SHARE", 0.01)
+
+
 def _randomize_bn(bn: nn.BatchNorm2d) -> None:
     with torch.no_grad():
         bn.running_mean.normal_()

@@ -15,6 +15,12 @@ from adopter import kernels
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.fixture(autouse=True)
+def _per_call_fold_on(monkeypatch):
+    # the per-call fold as a user switches it on (off by default: guarded.FOLD_PER_CALL_MAX_WEIGHT_SHARE)
+    monkeypatch.setattr(kernels.guarded, "FOLD_PER_CALL_MAX_WEIGHT_SHARE", 0.01)
+
+
 def _calls(calls, kernel: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in calls.calls:

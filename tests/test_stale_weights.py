@@ -58,6 +58,12 @@ LR = 0.05  # one fused AdamW step moves every weight by about this much: a stale
 # ---------------------------------------------------------------- the five folding forms
 
 
+@pytest.fixture(autouse=True)
+def _per_call_fold_on(monkeypatch):
+    # the per-call fold as a user switches it on (off by default: guarded.FOLD_PER_CALL_MAX_WEIGHT_SHARE)
+    monkeypatch.setattr(guarded, "FOLD_PER_CALL_MAX_WEIGHT_SHARE", 0.01)
+
+
 class ConvBN(nn.Module):
     def __init__(self, cin: int, cout: int):
         super().__init__()
