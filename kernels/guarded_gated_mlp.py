@@ -75,6 +75,25 @@ def _silu_call(activation: Any, args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+def _activation_in_place(activation: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``activation(g, *args, **kwargs)`` modifies ``g`` in place: ``F.silu(g, True)`` /
+    ``F.silu(g, inplace=True)``, an ``nn.SiLU(inplace=True)`` (any truthy ``inplace``, as torch reads it)."""
+    if activation is F.silu:
+        return bool(args[0] if args else kwargs.get("inplace", False))
+    if isinstance(activation, nn.SiLU):
+        return bool(getattr(activation, "inplace", False))
+    return False
+
+
+def _packed_in_place_reason(activation: Any, args: tuple, kwargs: dict) -> str:
+    """Why the packed form must run as written: an in-place activation of a half of ``split``/``chunk``
+    (views of one multi-output op) raises in eager while autograd records ("Output 0 of Split is a view
+    and is being modified inplace"); the kernel, which never writes ``g``, would return instead."""
+    if _activation_in_place(activation, args, kwargs) and torch.is_grad_enabled():
+        return "in-place activation of a split/chunk half with grad mode on (the original raises)"
+    return ""
+
+
 def gated_activation(activation: Any, args: tuple = (), kwargs: dict | None = None) -> tuple[str | None, str]:
     """``(name, "")`` with ``name`` one of ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` when
     ``activation(g, *args, **kwargs)`` computes that function, else ``(None, why not)``."""
@@ -268,6 +287,8 @@ def gated_mlp_packed(gate_up: nn.Module, down: nn.Module, act: Any, x: torch.Ten
         reason = _halves_reason(gate_up, x, chunks, split, dim)
     if not reason:
         activation, reason = gated_activation(act, act_args, act_kwargs)
+    if not reason:
+        reason = _packed_in_place_reason(act, act_args, act_kwargs)
     if reason:
         _fallback(KERNEL, reason)
         g, u = _split(gate_up(x), chunks, split, dim, gate)

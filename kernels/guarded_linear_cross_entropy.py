@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 import os
 import sys
 import threading
@@ -289,10 +290,39 @@ def _loss_inputs(head: nn.Linear, hidden_states: torch.Tensor, args: dict) -> tu
     tokens = hidden_states.numel() // hidden_states.shape[-1]
     if shift_labels.numel() != tokens:
         return None, f"{shift_labels.numel()} labels for {tokens} hidden states"
-    n_items = args.get("num_items_in_batch")
-    if n_items is not None and not (isinstance(n_items, (int, float, torch.Tensor)) and not isinstance(n_items, bool)):
-        return None, "num_items_in_batch is not a number or tensor"
+    reason = _items_reason(args.get("num_items_in_batch"))
+    if reason:
+        return None, reason
     return shift_labels.to(device=hidden_states.device, dtype=torch.int64), ""
+
+
+def _items_reason(n_items: Any) -> str:
+    """"" when the loss may be divided by ``num_items_in_batch`` after the fused sum: None, or a
+    count that is provably positive and finite. Divided by 0 (a batch whose labels are all ignored),
+    inf or NaN, the loss's gradient reaches the logits as inf/NaN, and the original's log-softmax
+    backward spreads it otherwise than the fused sum's gradients scaled in its backward: that runs
+    as written. A python number is compared (no device work); a tensor's value is read — free on
+    the CPU, one device-to-host sync per call on an accelerator (transformers' Trainer passes a
+    device tensor; the original path instead materializes the tokens x vocab logits). Under
+    torch.compile a tensor's value cannot be read without a graph break: the original runs."""
+    if n_items is None:
+        return ""
+    if isinstance(n_items, bool) or not isinstance(n_items, (int, float, torch.Tensor)):
+        return "num_items_in_batch is not a number or tensor"
+    if not isinstance(n_items, torch.Tensor):
+        if 0 < n_items < math.inf:  # False for nan
+            return ""
+        return f"num_items_in_batch={n_items!r} is not positive and finite (the loss divides by it)"
+    if torch.compiler.is_compiling():
+        return "num_items_in_batch is a tensor under torch.compile (its value cannot be checked without a graph break)"
+    if (n_items.is_complex() or n_items.dtype is torch.bool or n_items.numel() == 0
+            or n_items.device.type == "meta"):
+        return "num_items_in_batch is not a real, non-empty count tensor"
+    try:
+        positive = bool(((n_items > 0) & (n_items < math.inf)).all())
+    except RuntimeError:  # e.g. a functorch-batched tensor: its value cannot be read here
+        return "num_items_in_batch's value cannot be read here"
+    return "" if positive else "num_items_in_batch is not positive and finite (the loss divides by it)"
 
 
 def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any, *loss_args: Any,

@@ -205,6 +205,22 @@ def _rotation_checks(fn: Any, layout: str, ndim: int) -> str:
     return ""
 
 
+def _autocast_reason(x: Any) -> str:
+    """Why the original must run under autocast: for ``x``'s device type it raises ("Unexpected
+    floating ScalarType in at::autocast::prioritize") in ``torch.cat``/``torch.stack`` (the
+    rotation's join) of a half-precision ``x`` other than autocast's dtype (float16 under CPU
+    autocast's bfloat16, bfloat16 under CUDA's float16); the kernel joins nothing, it would return."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype in (torch.float32, torch.float64):
+        return ""
+    device = x.device.type
+    try:
+        if not torch.is_autocast_enabled(device) or x.dtype == torch.get_autocast_dtype(device):
+            return ""
+    except RuntimeError:  # a device type autocast does not know (meta): no autocast there
+        return ""
+    return f"{x.dtype} under {device} autocast to {torch.get_autocast_dtype(device)} (the original's join raises)"
+
+
 # ---------------------------------------------------------------- x * cos + rotate_half(x) * sin
 
 
@@ -250,7 +266,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     rotation = rotate_half_reference if rotate_half is None else rotate_half
     # the mode and policy first: their answer needs no probe of the rotation (user code), and under
     # torch.jit.trace or a torch.func transform the checks would be recorded or warned about
-    reason = policy_reason(KERNEL, x) or _why_not_fused(x, cos, sin, rotation)
+    reason = policy_reason(KERNEL, x) or _why_not_fused(x, cos, sin, rotation) or _autocast_reason(x)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return (x * cos) + (rotation(x) * sin)
@@ -267,7 +283,7 @@ def rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     """``x * cos + rotate_every_two(x) * sin`` (pairs at even/odd positions); fused when the checks
     of the module doc hold, else exactly that expression."""
     reason = (policy_reason(KERNEL, x) or _tensor_checks(x, cos, sin)
-              or _rotation_checks(rotate_every_two, INTERLEAVED, x.dim()))
+              or _rotation_checks(rotate_every_two, INTERLEAVED, x.dim()) or _autocast_reason(x))
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return (x * cos) + (rotate_every_two(x) * sin)
@@ -323,6 +339,8 @@ def rotary_pairs(x1: torch.Tensor, x2: torch.Tensor, cos: torch.Tensor, sin: tor
         reason = _pair_checks(x1, x2, cos, sin, join)
         if reason and reason != "tracing" and not _pair_checks(cos, sin, x1, x2, join):
             x1, x2, cos, sin, reason = cos, sin, x1, x2, ""
+        # (the join's operands are products of same-dtype tensors: x1's dtype, the pairs' swapped or not)
+        reason = reason or _autocast_reason(x1)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return _pairs_original(x1, x2, cos, sin, join)

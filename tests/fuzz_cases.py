@@ -2608,9 +2608,9 @@ FAST_PINNED = [
     "dropout_add_layer_norm|eager/grad/data_mul|s100185",        # dropout_empty_inplace (fixed)
     "gated_mlp|eager/grad/once|s104257",                         # parametrization_reads (fixed; spectral_norm u/v)
     "lm_head_cross_entropy|eager/grad/adamw_fused|s100335",      # parametrization_reads (fixed; the LM head)
-    "linear_cross_entropy|eager/grad/adamw_fused|s101318",       # lce_zero_items
-    "gated_mlp_packed|eager/grad/adamw_fused|s103301",           # original_raises (in-place SiLU on a split view)
-    "rotary_pairs|eager/autocast_grad/once|s102366",             # autocast_cat
+    "linear_cross_entropy|eager/grad/adamw_fused|s101318",       # lce_zero_items (fixed: the original path)
+    "gated_mlp_packed|eager/grad/adamw_fused|s103301",           # original_raises (fixed; in-place SiLU on a split view)
+    "rotary_pairs|eager/autocast_grad/once|s102366",             # autocast_cat (fixed)
     "attention|eager/autocast/once|s100195",                     # attention_autocast_dtype
     "attention|eager/jvp/once|s101193",                          # fully_masked_rows
     "attention|eager/no_grad/requires_grad_off|s102208",         # nonfinite_inputs

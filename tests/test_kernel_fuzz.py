@@ -41,16 +41,9 @@ ISSUE_KERNELS = {
 # case id -> the kernel bug it shows (a key of fuzz_cases.BUGS, which says what it is), from running this
 # tier (``python benchmarks/fuzz_kernels.py --fast`` prints these entries for the cases that fail)
 KNOWN_BUGS: dict[str, str] = {
-    "fused_linear_bn_module|eager/func_grad/once|s89": "overflow_regime",
     "attention|eager/no_grad/load_assign|s204": "overflow_regime",
-    "conv_bn_add_relu|eager/no_grad/global_hook|s1241": "overflow_regime",
-    "linear_cross_entropy|eager/double/once|s2292": "lce_zero_items",
     "linear_cross_entropy|eager/grad/adamw_fused|s2318": "overflow_regime",
-    "linear_cross_entropy|eager/grad/adamw_foreach|s2319": "lce_zero_items",
     "rms_norm|compile_aot_eager/grad/once|s0": "overflow_regime",
-    "linear_cross_entropy|eager/grad/adamw_fused|s101318": "lce_zero_items",
-    "gated_mlp_packed|eager/grad/adamw_fused|s103301": "original_raises",
-    "rotary_pairs|eager/autocast_grad/once|s102366": "autocast_cat",
     "attention|eager/jvp/once|s101193": "fully_masked_rows",
 }
 

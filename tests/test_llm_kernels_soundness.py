@@ -626,3 +626,111 @@ def test_rewritten_gpt2_decoding_step_compiles_to_one_graph():
     finally:
         torch._dynamo.reset()
     torch.testing.assert_close(got, want)
+
+
+# ---------------------------------------------------------------- where the original divides by zero, raises
+
+
+def _items_loss_and_grads(n_items: Any, fused: bool, ignore_all: bool = False):
+    site, (h,) = _site("linear_cross_entropy")
+    if ignore_all:
+        site.labels.fill_(-100)
+    site.use_original = not fused
+    if fused:
+        loss = linear_cross_entropy(site.head, h, ForCausalLMLoss, labels=site.labels, vocab_size=VOCAB,
+                                    num_items_in_batch=n_items)[1]
+    else:
+        loss = ForCausalLMLoss(site.head(h), site.labels, VOCAB, num_items_in_batch=n_items)
+    loss.backward()
+    return [loss.detach(), h.grad, site.head.weight.grad, site.head.bias.grad]
+
+
+@pytest.mark.parametrize("n_items", [0, 0.0, -3, float("nan"), float("inf"), torch.tensor(0), torch.tensor(0.0),
+                                     torch.tensor([0.0]), torch.tensor(float("nan")), torch.tensor(-2)],
+                         ids=lambda v: f"{type(v).__name__}({v.tolist() if torch.is_tensor(v) else v})")
+@pytest.mark.parametrize("ignore_all", [False, True], ids=["counted", "all_ignored"])
+def test_fused_loss_over_zero_or_non_finite_items_is_the_originals(n_items, ignore_all):
+    """``num_items_in_batch`` 0 (a batch whose labels are all ignored), negative or not finite: the
+    loss's gradient reaches the logits as inf/nan, which the original's log-softmax backward spreads
+    otherwise than the fused sum's scaled gradients: the original runs, nan where it has nan."""
+    with count_kernel_calls() as calls:
+        got = _items_loss_and_grads(n_items, fused=True, ignore_all=ignore_all)
+    assert not _fused_calls("linear_cross_entropy", calls)
+    _close(got, _items_loss_and_grads(n_items, fused=False, ignore_all=ignore_all), f"num_items_in_batch={n_items}")
+
+
+@pytest.mark.parametrize("n_items", [7, 7.5, torch.tensor(7), torch.tensor([7.0])], ids=str)
+def test_fused_loss_over_a_positive_item_count_stays_fused(n_items):
+    with count_kernel_calls() as calls:
+        got = _items_loss_and_grads(n_items, fused=True)
+    assert _fused_calls("linear_cross_entropy", calls)
+    _close(got, _items_loss_and_grads(n_items, fused=False), f"num_items_in_batch={n_items}")
+
+
+def _packed_in_place(s, x, fused: bool, act, *act_args, **act_kwargs):
+    if fused:
+        return gated_mlp_packed(s.gate_up, s.down, act, x, *act_args, chunks=2, dim=-1, **act_kwargs)
+    g, u = s.gate_up(x).chunk(2, dim=-1)
+    return s.down(act(g, *act_args, **act_kwargs) * u)
+
+
+IN_PLACE_SILUS = {
+    "F.silu(inplace=True)": (F.silu, (), {"inplace": True}),
+    "F.silu(g, True)": (F.silu, (True,), {}),
+    "nn.SiLU(inplace=True)": (nn.SiLU(inplace=True), (), {}),
+}
+
+
+@pytest.mark.parametrize("act", sorted(IN_PLACE_SILUS))
+def test_packed_in_place_silu_raises_as_the_original(act):
+    """``F.silu(g, inplace=True)`` of a half of ``chunk``: the original raises while autograd records
+    ("Output 0 of Split is a view and is being modified inplace"); the kernel never writes ``g`` and
+    used to return."""
+    fn, args, kwargs = IN_PLACE_SILUS[act]
+    site, (x,) = _site("gated_mlp_packed")
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        _packed_in_place(site, x, False, fn, *args, **kwargs)
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        _packed_in_place(site, x, True, fn, *args, **kwargs)
+    # without grad mode, nothing raises: the kernel runs and computes what the original computes
+    with torch.no_grad(), count_kernel_calls() as calls:
+        got = _packed_in_place(site, x, True, fn, *args, **kwargs)
+    assert _fused_calls("gated_mlp", calls)
+    with torch.no_grad():
+        want = _packed_in_place(site, x, False, fn, *args, **kwargs)
+    _close([got], [want], act)
+
+
+def _rotary_call(name: str, dtype: torch.dtype):
+    site, (x,) = _site(name)
+    site.to(dtype)
+    for key in ("cos", "sin"):
+        setattr(site, key, getattr(site, key).to(dtype))
+    return site, x.detach().to(dtype).requires_grad_()
+
+
+@pytest.mark.parametrize("name", ["rotary", "rotary_inline", "rotary_interleaved", "rotary_pairs_stack",
+                                  "rotary_pairs_cat"])
+@pytest.mark.parametrize("dtype, autocast_dtype", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)],
+                         ids=["fp16_in_bf16", "bf16_in_fp16"])
+def test_rotary_under_autocast_of_another_half_dtype_raises_as_the_original(name, dtype, autocast_dtype):
+    """CPU autocast to one half dtype, tensors of the other: the original's ``torch.cat``/``torch.stack``
+    raises ("Unexpected floating ScalarType in at::autocast::prioritize"); the kernel joins nothing
+    and used to return."""
+    site, x = _rotary_call(name, dtype)
+    for use_original in (True, False):
+        site.use_original = use_original
+        with torch.autocast("cpu", dtype=autocast_dtype), pytest.raises(RuntimeError, match="prioritize"):
+            site(x)
+
+
+@pytest.mark.parametrize("name", ["rotary", "rotary_pairs_cat"])
+def test_rotary_under_autocast_of_its_own_dtype_stays_fused(name):
+    site, x = _rotary_call(name, torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), count_kernel_calls() as calls:
+        got = site(x)
+    assert _fused_calls("rotary", calls)
+    site.use_original = True
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = site(x)
+    _close([got], [want], name, atol=1e-2, rtol=1e-2)
