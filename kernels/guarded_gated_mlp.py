@@ -108,7 +108,18 @@ def gated_activation(activation: Any, args: tuple = (), kwargs: dict | None = No
         if not gelu_like:
             why = f"activation is {getattr(activation, '__name__', type(activation).__name__)}, not a SiLU or GeLU"
         return None, why
+    cls = type(activation)
+    if cls.__module__ == "transformers.activations" and cls.__name__ in _WRITTEN_OUT_GELUS:
+        return None, f"{cls.__name__} writes the tanh formula out (its x**3 overflows where aten's GeLU does not)"
     return ("gelu_tanh" if mode == "tanh" else "gelu"), ""
+
+
+# transformers' GeLU classes whose ``forward`` writes the tanh formula out in torch ops
+# (``torch.pow``, ``torch.tanh``): the same function as the fused GeLU up to rounding, but where
+# ``x**3`` overflows their gradient has NaN (``0 * inf``) that aten's ``gelu_backward`` has not.
+# Running their ops inside the kernel (with autograd in its backward) ran 1.3-1.8x slower than the
+# original expression: the original runs.
+_WRITTEN_OUT_GELUS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")
 
 
 # The cast layers' forwards, by what they compute: ``cast`` casts the weight to the input's dtype;

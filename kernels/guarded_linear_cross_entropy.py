@@ -64,7 +64,8 @@ from torch import nn
 
 from .backend import _constant_under_compile
 from .guarded import _context_reason, _fallback, _plain
-from .ops.linear_cross_entropy import _compute_dtype, linear_cross_entropy_sum
+from .ops import finite
+from .ops.linear_cross_entropy import _compute_dtype, chunk_rows, linear_cross_entropy_sum
 from .policy import policy_reason
 from .telemetry import calling_frame, record_backend, source_file
 
@@ -241,6 +242,93 @@ def _original(head: nn.Module, hidden_states: Any, loss_function: Any, labels: A
     return logits, loss_function(logits=logits, **loss_kwargs)
 
 
+# ---------------------------------------------------------------- the range guard
+
+# per weight tensor: (weak reference, version counter, (max row L2 norm, max |w|)) — a read of the
+# head's weight once per optimizer step (its version changes), small next to the loss's matmuls
+_WEIGHT_NORMS: dict[int, tuple[weakref.ReferenceType, int, tuple[float, float]]] = {}
+_RANGE_SHARE = 1 / 16
+
+
+def _row_norm_and_max(t: torch.Tensor) -> tuple[float, float]:
+    """``(max over rows of the L2 norm, max |t|)`` of a (..., k) tensor: NaN or inf when an element
+    is not finite."""
+    if t.numel() == 0:
+        return 0.0, 0.0
+    t = t.detach()
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+    norms = torch.linalg.vector_norm(t, 2, dim=-1, dtype=acc)
+    if bool(norms.isnan().any()):  # (amax drops no NaN, but be explicit: a NaN fails every test)
+        return math.nan, math.nan
+    peak = float(t.abs().amax())
+    return float(norms.amax()) * (1 + 2**-20), peak
+
+
+def _weight_norms(w: torch.Tensor) -> tuple[float, float]:
+    entry = _WEIGHT_NORMS.get(id(w))
+    try:
+        version = w._version
+    except RuntimeError:  # an inference tensor: no version counter, read every time
+        return _row_norm_and_max(w)
+    if entry is not None and entry[0]() is w and entry[1] == version:
+        return entry[2]
+    found = _row_norm_and_max(w)
+    if len(_WEIGHT_NORMS) >= 64:
+        _WEIGHT_NORMS.clear()
+    _WEIGHT_NORMS[id(w)] = (weakref.ref(w), version, found)
+    return found
+
+
+def _range_reason(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> str:
+    """"" when bounds show that no value the fused loss computes — logits, the softmax's gradient
+    rows times the weight (grad_h), the hidden states summed over the rows (grad_w, per chunk and in
+    all), the bias gradient — can come near the largest value of its dtype (1/16 of it), so that the
+    fused and the original computation differ in rounding only, never in where an inf or a NaN
+    lands (a NaN or inf in ``h``, ``weight`` or ``bias`` fails too); otherwise why not. By
+    Cauchy-Schwarz ``|h_i . w_j + b_j| <= max_i |h_i| * max_j |w_j| + max |b|``; each gradient row
+    ``softmax - onehot`` has an L1 norm at most 2, each of its entries at most 1. Reads ``h`` once
+    and the weight once per version. Not under torch.compile (no host read there: the compiled
+    call is taken as it is)."""
+    if torch.compiler.is_compiling():
+        return ""
+    dtype = _compute_dtype(h, weight, bias)
+    if dtype is None:
+        return ""  # (refused by _fused_reason already)
+    chunk = chunk_rows(rows, weight.shape[0])
+    limit = torch.finfo(dtype).max * _RANGE_SHARE
+
+    def fits(h_row, h_max, w_row, w_max, b_max):
+        checks = (
+            (h_row * w_row + b_max, limit),                                    # the logits
+            (2 * w_max, min(limit, torch.finfo(h.dtype).max * _RANGE_SHARE)),  # grad_h
+            (min(rows, chunk) * h_max, limit),                                 # grad_w, one chunk's matmul
+            (rows * h_max, torch.finfo(weight.dtype).max * _RANGE_SHARE),      # grad_w, summed
+            (float(rows), torch.finfo(bias.dtype).max * _RANGE_SHARE if bias is not None else math.inf),
+            # squares of the hidden states (fuzz case linear_cross_entropy|eager/grad/adamw_fused|s2318:
+            # at |h| ~ sqrt(max) the original has NaN gradients the fused loss has not; not analysed)
+            (h_max * h_max, limit),
+        )
+        return all(value <= bound for value, bound in checks)  # (False for NaN)
+
+    # first a bound on each whole tensor's elements (one BLAS pass each, recorded per tensor version
+    # by ops/finite: ample for float32/float64 heads), then, when that is too coarse, rows'
+    h_all = finite.magnitude(h) if h.dtype in (torch.float32, torch.float64) else math.nan
+    w_all = finite.magnitude(weight) if weight.dtype in (torch.float32, torch.float64) else math.nan
+    b_all = (finite.magnitude(bias) if bias.dtype in (torch.float32, torch.float64) else math.nan) \
+        if bias is not None else 0.0
+    # (finite.magnitude bounds each element: a row's L2 norm is within sqrt(its length) of that)
+    root_k = math.sqrt(h.shape[-1])
+    if fits(h_all * root_k, h_all, w_all * root_k, w_all, b_all):
+        return ""
+    h_row, h_max = _row_norm_and_max(h)
+    w_row, w_max = _weight_norms(weight)
+    b_max = _row_norm_and_max(bias)[1] if bias is not None else 0.0
+    if fits(h_row, h_max, w_row, w_max, b_max):
+        return ""
+    return ("values where the logits or their gradients could overflow, or NaN/inf, which would land elsewhere "
+            "than in the original's")
+
+
 def _fused_reason(head: Any, hidden_states: Any) -> str:
     if _logits_wanted():
         return f"logits kept ({KEEP_LOGITS_ENV} or keep_logits())"
@@ -342,6 +430,8 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
         bound, reason = _bind(loss_args, loss_kwargs)
     if not reason:
         targets, reason = _loss_inputs(head, hidden_states, bound)
+    if not reason:
+        reason = _range_reason(hidden_states, head.weight, head.bias, hidden_states.numel() // hidden_states.shape[-1])
     if reason:
         _fallback(KERNEL, reason)
         return _original(head, hidden_states, loss_function, labels, loss_args, loss_kwargs)
@@ -533,6 +623,8 @@ def lm_head_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, *lo
             reason = f"target of shape {tuple(target.shape)} for {tokens} logits rows"
         elif target.device != h.device:
             reason = "target and hidden states on different devices"
+        else:
+            reason = _range_reason(h, head.weight, head.bias, tokens)
     if reason:
         _fallback(KERNEL, reason)
         return _original_cross_entropy(head, hidden_states, loss_fn, loss_args, loss_kwargs, *layout)

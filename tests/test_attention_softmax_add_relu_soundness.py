@@ -74,7 +74,9 @@ def t5_original(q, k, v, position_bias, p=0.0, training=False):
 
 
 def t5_rewritten(q, k, v, position_bias, p=0.0, training=False):
-    return attention(q, k, v, mask=position_bias, dropout_p=(p if training else 0.0), scale=1.0, additive=True)
+    """The call the rewrite emits for it (``scores.float()``: the softmax in float32)."""
+    return attention(q, k, v, mask=position_bias, dropout_p=(p if training else 0.0), scale=1.0, additive=True,
+                     softmax_dtype=torch.float32)
 
 
 def _qkv(shape=(2, 3, 6, 8), dtype=torch.float32, kv_shape=None, grad=False, seed=0):
@@ -399,12 +401,11 @@ def test_t5_position_bias_with_its_gradient(dtype):
     want = t5_original(q, k, v, bias)
     got = t5_rewritten(q, k, v, bias)
     # T5's source rounds its softmax to float32 (``scores.float()``), also for float64 scores; the
-    # rewrite cannot tell (the cast is not passed on) and keeps float64: equal within float32 rounding
-    tol = torch.float32 if dtype == torch.float64 else dtype
-    assert_same(got, want, tol)
+    # rewrite passes that on (``softmax_dtype``): float64 computes as the source does
+    assert_same(got, want)
     g = torch.randn_like(want)
     for a, b in zip(torch.autograd.grad(got, (q, k, v, bias), g), torch.autograd.grad(want, (q, k, v, bias), g)):
-        assert_same(a, b, tol)
+        assert_same(a, b, dtype)
 
 
 def test_cpu_autocast_gives_the_original_dtypes():
@@ -502,7 +503,7 @@ def test_double_backward_as_the_original(case):
         return firsts, torch.autograd.grad(sum((t * t).sum() for t in firsts), inputs)
 
     for a, b in zip(sum(second(new), ()), sum(second(old), ())):
-        assert_same(a, b, torch.float32 if case == "t5 bias" else None)  # (T5's float32 softmax)
+        assert_same(a, b)
 
 
 def test_gradcheck_and_gradgradcheck():
@@ -811,3 +812,276 @@ def test_vmap_over_add_relu_in_eval_mode(_fresh_provenance, frozen):
         plain = block.original(x.flatten(0, 1)).unflatten(0, (3, 2))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- regressions (fuzzer cases)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fill", ["min", -1e4])
+def test_half_row_masked_by_a_finite_mask_takes_the_eager_ops(dtype, fill):
+    # attention|eager/grad/train_call|s105031: every key of a row masked by finfo.min (plus a bias):
+    # the eager ops' softmax is over the rounding of scores + mask in the half dtype, SDPA's in float32
+    q, k, v = _qkv(dtype=dtype, seed=4)
+    mask = torch.zeros(2, 1, 6, 6, dtype=dtype)
+    mask[0, 0, 2, :] = torch.finfo(dtype).min if fill == "min" else fill
+    bias = torch.randn(1, 3, 6, 6).to(dtype)
+    for additive in (True, False):
+        with count_kernel_calls() as counted:
+            got = attention(q, k, v, mask=mask, bias=bias, scale=1.0, additive=additive)
+        assert [c.backend for c in counted.calls if c.kernel == "attention"] == ["original"]
+        want = attention(q, k, v, mask=mask, bias=bias, scale=1.0, additive=additive, need_weights=True)[0]
+        assert torch.equal(got, want)
+
+
+def test_a_padding_mask_in_half_precision_keeps_the_fused_path():
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    with count_kernel_calls() as counted:
+        attention(q, k, v, mask=_padding(torch.bfloat16))
+    assert [c.backend for c in counted.calls if c.kernel == "attention"] != ["original"]
+
+
+def test_jit_trace_backward_in_bfloat16():
+    # attention|jit_trace/grad/add_hooks|s300309: TorchScript's autodiff gave softmax(dtype=float32)'s
+    # gradient in float32, which the bfloat16 q @ k^T backward rejected
+    q, k, v = _qkv(dtype=torch.bfloat16, grad=True)
+    mask = _padding(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(lambda q, k, v: attention(q, k, v, mask=mask), (q, k, v), check_trace=False)
+        for _ in range(3):  # (the profiling executor differentiates from the second run on)
+            out = traced(q, k, v)
+            grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    want = torch.autograd.grad(attention(q, k, v, mask=mask, need_weights=True)[0].float().sum(), (q, k, v))
+    for g, w in zip(grads, want):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g, w, **TOL[torch.bfloat16])
+
+
+def test_float64_is_softmaxed_in_float64_even_where_float32_overflows():
+    # attention|eager/jvp/once|s101193, |eager/no_grad/load_state_dict|s101203, |compile_inductor/...|s300310:
+    # float64 scores beyond float32's range (large values); the fuzzer's original casts them to float32
+    # (softmax(scores.float()): inf, NaN rows), BERT's written-out ops and this kernel keep float64
+    q, k, v = _qkv(dtype=torch.float64)
+    q, k = q * 1e150, k * 1e150  # (scores ~1e300: finite in float64, inf in float32)
+    keep = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[..., 0] = True
+    keep[0, 0, 3] = False  # a fully masked row: NaN on both
+    mask = torch.zeros((), dtype=torch.float64).masked_fill(~keep, -INF)
+    want, want_w = bert_original(q, k, v, mask)
+    assert (q @ k.transpose(-1, -2)).float().isinf().any()
+    assert want[0, :, 3].isnan().all() and not want[1].isnan().any()
+    assert_same(bert_rewritten(q, k, v, mask), want)
+    assert_same(attention(q, k, v, mask=keep), want)
+    assert_same(attention(q, k, v, mask=keep, need_weights=True)[1], want_w)
+
+
+# ---------------------------------------------------------------- a softmax the source upcasts to float32
+
+UPCAST_SOURCES = {
+    # T5: softmax(scores.float()).type_as(scores)
+    "t5": '''
+import torch
+from torch import nn
+
+
+def forward(module, query, key, value, mask, dropout=0.0):
+    scores = torch.matmul(query, key.transpose(3, 2))
+    scores += mask
+    attn_weights = nn.functional.softmax(scores.float(), dim=-1).type_as(scores)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output, None
+''',
+    # llama: softmax(w, dtype=torch.float32).to(query.dtype), the weights returned
+    "llama": '''
+import torch
+from torch import nn
+
+
+def forward(module, query, key, value, mask, dropout=0.0):
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * 0.5
+    if mask is not None:
+        attn_weights = attn_weights + mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output, attn_weights
+''',
+    # a cast statement (.to(th.float32)) of the masked scores; torch imported as th only (the rewrite's
+    # TorchScript guard imports torch)
+    "to_float32": '''
+import torch as th
+import torch.nn.functional as F
+
+
+def forward(module, query, key, value, mask, dropout=0.0):
+    scores = query @ key.transpose(-1, -2)
+    scores = scores + mask
+    scores = scores.to(th.float32)
+    probs = F.softmax(scores, dim=-1)
+    probs = probs.to(query.dtype)
+    out = probs @ value
+    return out, None
+''',
+}
+
+
+def _rewritten_upcast(name):
+    import types
+
+    from adopter.rewrite import rewrite_source
+    from test_rewrite import matmul_match
+
+    source = UPCAST_SOURCES[name]
+    result = rewrite_source(source, [matmul_match(source, "T5Attention", "forward")], filename=f"{name}.py")
+    assert [o.applied for o in result.outcomes] == [True], result.outcomes
+    assert "softmax_dtype=torch.float32" in result.new_text
+    modules = []
+    for text in (source, result.new_text):
+        module = types.ModuleType(f"upcast_{name}")
+        exec(compile(text, f"{name}.py", "exec"), module.__dict__)
+        modules.append(module.forward)
+    return modules
+
+
+def _overflowing(dtype):
+    """float64 q/k whose batch-0 scores (~1e39) are beyond float32's range, a finfo.min mask (float32's
+    -inf) with a fully masked row in batch 1: in float32 inf/-inf, NaN rows; finite in float64."""
+    q, k, v = _qkv(dtype=dtype, seed=2)
+    big = 1e20 if dtype == torch.float64 else 1.0
+    q, k = q.clone(), k.clone()
+    q[0] *= big
+    k[0] *= big
+    mask = torch.zeros(2, 1, 6, 6, dtype=dtype)
+    mask[1, 0, :, 4:] = torch.finfo(dtype).min
+    if dtype == torch.float64:
+        mask[1, 0, 2, :] = torch.finfo(dtype).min
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("name", sorted(UPCAST_SOURCES))
+def test_float64_source_with_a_float32_softmax_keeps_it(name):
+    # attention|eager/jvp/once|s101193 and its kin: the source computes the softmax of float64 scores in
+    # float32 (NaN rows where they overflow or a finfo.min mask becomes -inf); the rewrite does too
+    original, rewritten = _rewritten_upcast(name)
+    module = nn.Module().eval()
+    q, k, v, mask = _overflowing(torch.float64)
+    assert (q @ k.transpose(-1, -2)).float().isinf().any()
+    want = original(module, q, k, v, mask)
+    with count_kernel_calls() as counted:
+        got = rewritten(module, q, k, v, mask)
+    assert [c.backend for c in counted.calls if c.kernel == "attention"] == ["original"]
+    assert want[0].isnan().any() and not want[0].isnan().all()
+    assert not want[0][1, :, 3].isnan().any()  # (batch 1, a partly masked row: finite)
+    for a, b in zip(got, want):
+        if b is None:
+            assert a is None
+            continue
+        assert_same(a, b)
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())  # (the same ops: the same numbers)
+    # where the kernel computes the softmax in float64 itself, those rows are finite
+    assert not attention(q, k, v, mask=mask, scale=1.0, additive=True).isnan().all(-1).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(UPCAST_SOURCES))
+def test_float32_and_half_sources_with_a_float32_softmax_stay_fused(name, dtype):
+    original, rewritten = _rewritten_upcast(name)
+    module = nn.Module().eval()
+    q, k, v, mask = _overflowing(dtype)
+    want = original(module, q, k, v, mask)
+    with count_kernel_calls() as counted:
+        got = rewritten(module, q, k, v, mask)
+    backends = [c.backend for c in counted.calls if c.kernel == "attention"]
+    assert backends and "original" not in backends, backends
+    assert_same(got[0], want[0])
+
+
+def test_softmax_dtype_float32_on_float32_inputs_is_the_fused_path():
+    q, k, v = _qkv()
+    with count_kernel_calls() as counted:
+        got = attention(q, k, v, mask=_padding(), additive=True, softmax_dtype=torch.float32)
+    assert [c.backend for c in counted.calls if c.kernel == "attention"] not in ([], ["original"])
+    assert_same(got, attention(q, k, v, mask=_padding(), additive=True))
+
+
+@pytest.mark.parametrize("additive", [True, False])
+def test_softmax_dtype_float32_on_float64_inputs_as_written(additive):
+    # (the API too: weights, dropout under one seed, gradients; the weights cast back to float64)
+    q, k, v = _qkv(dtype=torch.float64, grad=True)
+    bias = torch.randn(1, 3, 6, 6, dtype=torch.float64)
+    scores = q @ k.transpose(-1, -2) * 0.3 + bias
+    want_w = F.softmax(scores.float(), dim=-1).to(torch.float64)
+    out, weights = attention(q, k, v, bias=bias, scale=0.3, additive=additive, need_weights=True,
+                             softmax_dtype=torch.float32)
+    assert weights.dtype == torch.float64 and torch.equal(weights, want_w)
+    assert torch.equal(out, want_w @ v)
+    torch.manual_seed(5)
+    dropped = attention(q, k, v, bias=bias, scale=0.3, dropout_p=0.2, additive=additive, softmax_dtype=torch.float32)
+    torch.manual_seed(5)
+    assert torch.equal(dropped, F.dropout(want_w, 0.2, training=True) @ v)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want_w @ v, (q, k, v), g)):
+        assert torch.equal(a, b)
+
+
+def test_codemod_passes_softmax_dtype_only_for_a_float32_softmax():
+    from adopter.rewrite import rewrite_source
+    from test_rewrite import matmul_match
+
+    def rewrite(body):
+        source = "import torch\n\n\ndef forward(q, k, v, mask):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+        result = rewrite_source(source, [matmul_match(source, "T5Attention", "forward")], filename="m.py")
+        return result.outcomes[0], result.new_text
+
+    plain = """
+        s = torch.matmul(q, k.transpose(-1, -2))
+        s = s + mask
+        p = torch.softmax(s, dim=-1){cast}
+        o = torch.matmul(p, v)
+        return o
+    """
+    for cast in ("", ".to(q.dtype)", ".type_as(s)"):
+        outcome, text = rewrite(plain.format(cast=cast))
+        assert outcome.applied and "softmax_dtype" not in text, outcome.reason
+    for upcast in ("torch.softmax(s, dim=-1, dtype=torch.float32)", "torch.softmax(s, -1, torch.float)",
+                    "s.softmax(-1, dtype=torch.float32)", "torch.softmax(s.float(), dim=-1)",
+                    "torch.softmax(s.half().float(), dim=-1)", "torch.softmax(s.to(torch.float32), dim=-1)"):
+        outcome, text = rewrite(plain.replace("torch.softmax(s, dim=-1)", upcast).format(cast=".to(q.dtype)"))
+        assert outcome.applied and "softmax_dtype=torch.float32" in text, (upcast, outcome.reason)
+    # the last cast before the softmax decides: a round trip back is no float32 softmax
+    outcome, text = rewrite(plain.replace("torch.softmax(s, dim=-1)", "torch.softmax(s.float().type_as(q), dim=-1)")
+                            .format(cast=""))
+    assert outcome.applied and "softmax_dtype" not in text, outcome.reason
+    # scores cast to float32 and then a mask added: its dtype decides the softmax's (float64 promotes back)
+    outcome, _ = rewrite("""
+        s = torch.matmul(q, k.transpose(-1, -2))
+        s = s.float()
+        s = s + mask
+        p = torch.softmax(s, dim=-1).to(q.dtype)
+        o = torch.matmul(p, v)
+        return o
+    """)
+    assert not outcome.applied and "cast to float32" in outcome.reason
+    # a local `torch` is not the module the call would name
+    outcome, _ = rewrite("""
+        torch = q.new_empty(0)
+        s = q @ k.transpose(-1, -2)
+        s = s + mask
+        p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+        o = p @ v
+        return o
+    """)
+    assert not outcome.applied and "`torch` is a local name" in outcome.reason
+    # an augmented update of the probabilities is no mask or scale of the scores
+    for update in ("p += mask", "p *= 2.0"):
+        outcome, _ = rewrite(f"""
+            s = torch.matmul(q, k.transpose(-1, -2))
+            p = torch.softmax(s, dim=-1)
+            {update}
+            o = torch.matmul(p, v)
+            return o
+        """)
+        assert not outcome.applied and "after softmax" in outcome.reason, (update, outcome.reason)
+    assert not outcome.applied

@@ -41,10 +41,7 @@ ISSUE_KERNELS = {
 # case id -> the kernel bug it shows (a key of fuzz_cases.BUGS, which says what it is), from running this
 # tier (``python benchmarks/fuzz_kernels.py --fast`` prints these entries for the cases that fail)
 KNOWN_BUGS: dict[str, str] = {
-    "attention|eager/no_grad/load_assign|s204": "overflow_regime",
-    "linear_cross_entropy|eager/grad/adamw_fused|s2318": "overflow_regime",
     "rms_norm|compile_aot_eager/grad/once|s0": "overflow_regime",
-    "attention|eager/jvp/once|s101193": "fully_masked_rows",
 }
 
 CASES = fc.fast_cases(seeds_per_mode=3)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,19 +343,54 @@ def test_rms_norm_input_updated_in_place_before_backward_as_the_original(form, d
 # ---------------------------------------------------------------- the fused loss: nan and inf logits
 
 
-def _loss_and_grads(name: str, spoil: Callable[[Site, torch.Tensor], None], fused: bool, dtype=torch.float32):
+def _loss_and_grads(name: str, spoil: Callable[[Site, torch.Tensor], None], fused: bool, dtype=torch.float32,
+                    guarded: bool = False):
+    """The loss and gradients of the site; ``fused``: through the kernel, its range guard lifted
+    (the fused computation itself must place NaN/inf as the original does: under torch.compile no
+    guard reads the data) unless ``guarded`` (then the guard decides; either path must match)."""
+    from adopter.kernels import guarded_linear_cross_entropy as lce
+
     site, (h,) = _site(name)
     site.to(dtype)
     h = h.detach().to(dtype)
     spoil(site, h)
     h.requires_grad_()
     site.use_original = not fused
-    with count_kernel_calls() as calls:
-        loss = site(h)
-    if fused:
+    range_reason = lce._range_reason
+    if fused and not guarded:
+        lce._range_reason = lambda *args: ""
+    try:
+        with count_kernel_calls() as calls:
+            loss = site(h)
+    finally:
+        lce._range_reason = range_reason
+    if fused and not guarded:
         assert _fused_calls("linear_cross_entropy", calls), "the fused path did not run"
     loss.backward()
     return [loss.detach(), h.grad, site.head.weight.grad, site.head.bias.grad]
+
+
+@pytest.mark.parametrize("name", ["lm_head_cross_entropy", "linear_cross_entropy"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, 3e38])
+def test_fused_loss_range_guard_takes_the_original_for_non_finite_or_huge_hidden_states(name, value):
+    """Eager calls read a bound of the hidden states and the head (ops/finite, one pass): NaN, inf or
+    values whose logits or gradients could overflow run the original computation, which matches."""
+    def spoil(site, h):
+        with torch.no_grad():
+            h[0, 1, 2] = value
+
+    site, (h,) = _site(name)
+    h = h.detach().clone()
+    spoil(site, h)
+    h.requires_grad_()
+    with count_kernel_calls() as calls:
+        site(h)
+    assert not _fused_calls("linear_cross_entropy", calls)
+    got = _loss_and_grads(name, spoil, fused=True, guarded=True)
+    want = _loss_and_grads(name, spoil, fused=False)
+    for g, w in zip(got, want):
+        if w is not None:
+            assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.isinf(), w.isinf())
 
 
 # the hidden-state rows the loss ignores / counts: lm_head_cross_entropy's targets are the labels

@@ -227,7 +227,7 @@ FUSED_ACTIVATIONS = {
     "ACT2FN[swish]": (lambda: _act2fn("swish"), (), {}, "silu"),
     "ACT2FN[gelu]": (lambda: _act2fn("gelu"), (), {}, "gelu"),
     "ACT2FN[gelu_pytorch_tanh]": (lambda: _act2fn("gelu_pytorch_tanh"), (), {}, "gelu_tanh"),
-    "ACT2FN[gelu_new]": (lambda: _act2fn("gelu_new"), (), {}, "gelu_tanh"),
+    # (not gelu_new: NewGELUActivation writes the tanh formula out, the original runs; guarded_gated_mlp.py)
     "nn.GELU(tanh)": (lambda: nn.GELU(approximate="tanh"), (), {}, "gelu_tanh"),
     "F.gelu": (lambda: F.gelu, (), {}, "gelu"),
     "F.gelu(approximate=tanh)": (lambda: F.gelu, (), {"approximate": "tanh"}, "gelu_tanh"),

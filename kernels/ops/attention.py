@@ -41,6 +41,7 @@ What the fused paths compute as the eager ops do, and where they would not, the 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -95,15 +96,27 @@ def _expand_kv(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
 
 
-def _softmax(scores: torch.Tensor) -> torch.Tensor:
+def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the fused paths (and :func:`_softmax` without ``softmax_dtype``) compute the
+    softmax of ``dtype`` scores in."""
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def _softmax(scores: torch.Tensor, softmax_dtype: torch.dtype | None = None) -> torch.Tensor:
     # half precision in float32 (T5's ``softmax(scores.float())``; torch's own half softmax
-    # accumulates in float32 too), every other dtype in itself (float64 stays float64)
-    return F.softmax(scores, dim=-1, dtype=torch.float32 if scores.dtype in _HALF else None)
+    # accumulates in float32 too), every other dtype in itself (float64 stays float64), unless the
+    # source names the dtype (``softmax_dtype``: float64 scores upcast... to float32 by T5's
+    # ``.float()``, llama's ``dtype=torch.float32``). Cast first, as T5 writes it, not ``dtype=``: the
+    # same numbers, but TorchScript's autodiff (``jit.trace``) returns softmax(dtype=)'s gradient in
+    # float32, which the half ``q @ k^T`` backward rejects
+    dtype = _softmax_dtype(scores.dtype) if softmax_dtype is None else softmax_dtype
+    return F.softmax(scores if scores.dtype == dtype else scores.to(dtype), dim=-1)
 
 
-def attention_eager(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, is_causal=False):
-    """matmul - softmax - dropout - matmul; returns ``(out, weights)`` (weights after dropout,
-    as HF's eager attention returns them)."""
+def attention_eager(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, is_causal=False,
+                    softmax_dtype=None):
+    """matmul - softmax (in ``softmax_dtype`` when given) - dropout - matmul; returns ``(out, weights)``
+    (weights after dropout, in q's dtype, as HF's eager attention returns them)."""
     k, v = _expand_kv(q, k), _expand_kv(q, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -114,15 +127,18 @@ def attention_eager(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, is
         scores = scores + (_additive(combined, scores.dtype) if combined.dtype == torch.bool else combined)
     if is_causal:  # (filled, as SDPA's causal kernels skip those keys: an infinite score there is no NaN)
         scores = scores.masked_fill(~_causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    weights = _softmax(scores).to(q.dtype)
+    weights = _softmax(scores, softmax_dtype).to(q.dtype)
     if dropout_p != 0.0:  # (F.dropout rejects a probability outside [0, 1])
         weights = F.dropout(weights, dropout_p, training=True)
     return torch.matmul(weights, v), weights
 
 
-def attention_added(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, is_causal=False):
+def attention_added(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, is_causal=False,
+                    softmax_dtype=None):
     """The written-out ops a rewrite replaced (``additive=True``), as written: ``mask`` and ``bias``
-    added to the scores as they are; returns ``(out, weights)``."""
+    added to the scores as they are, the softmax in ``softmax_dtype`` when the source upcasts to it
+    (its result cast back to the scores' dtype, as ``.type_as(scores)``/``.to(q.dtype)`` do);
+    returns ``(out, weights)``."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     for term in (mask, bias):
@@ -130,7 +146,7 @@ def attention_added(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, is
             scores = scores + term
     if is_causal:
         scores = scores.masked_fill(~_causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    weights = _softmax(scores).to(scores.dtype)
+    weights = _softmax(scores, softmax_dtype).to(scores.dtype)
     if dropout_p != 0.0:
         weights = F.dropout(weights, dropout_p, training=True)
     return torch.matmul(weights, v), weights
@@ -159,6 +175,29 @@ def _added_reason(q, k, v, mask, bias) -> str:
         if torch.result_type(q, term) != q.dtype and not torch.is_autocast_enabled(q.device.type):
             return f"a {term.dtype} mask makes the {q.dtype} scores {torch.result_type(q, term)}"
     return ""
+
+
+# a row of additive mask + bias whose every key is at most this: masked by a finite mask (HF's
+# finfo.min, BERT's -1e4), where a half dtype's ulp is 1 or coarser
+_MASKED_ROW = -1024.0
+
+
+def _finitely_masked_row(q: torch.Tensor, k: torch.Tensor, mask, bias) -> bool:
+    """Whether, in half precision, some query row may have every key masked by a finite additive
+    mask/bias: the eager ops then round ``scores + mask`` to the dtype (at ``finfo.min`` its ulp is
+    32 in float16), and their softmax is over that rounding, where SDPA and xformers add in float32:
+    another result altogether. An upper bound on each row's largest summand (the sum of the terms'
+    row maxima) is read: the terms are (batch, 1|heads, 1|q_len, k_len), a small read next to SDPA."""
+    k_len = k.shape[-2]
+    top = None
+    for term in (mask, bias):
+        if term is None or term.dtype == torch.bool or term.dim() == 0 or term.numel() == 0:
+            continue
+        if term.shape[-1] > k_len:  # (cut as _combined_mask cuts it)
+            term = term[..., :k_len]
+        row = term.detach().amax(dim=-1, keepdim=True).float()
+        top = row if top is None else top + row
+    return top is not None and bool((top <= _MASKED_ROW).any())
 
 
 def _suspect_row(out: torch.Tensor) -> bool:
@@ -242,13 +281,21 @@ def attention(
     is_causal: bool = False,
     need_weights: bool = False,
     additive: bool = False,
+    softmax_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q @ k^T * scale + mask + bias) @ v``; ``(out, weights)`` when ``need_weights``.
 
     ``dropout_p`` applies as given: callers pass ``p if module.training else 0.0``. ``additive``:
-    ``mask`` and ``bias`` are summands of the scores as written out (module doc).
+    ``mask`` and ``bias`` are summands of the scores as written out (module doc). ``softmax_dtype``:
+    the dtype the source computes the softmax in (``softmax(scores.float())``,
+    ``softmax(scores, dtype=torch.float32)``), its result cast back to the inputs' dtype. The fused
+    paths compute half precision in float32 and float32/float64 in themselves; where that is not
+    ``softmax_dtype`` (float64 inputs with a float32 softmax: a float64 score beyond float32's range
+    is inf there, NaN rows) the eager ops run with the softmax in ``softmax_dtype``.
     """
     eager = attention_added if additive else attention_eager
+    if softmax_dtype is not None:
+        eager = functools.partial(eager, softmax_dtype=softmax_dtype)
     args = (q, k, v, mask, bias, dropout_p, scale, is_causal)
     if torch.compiler.is_compiling():  # (before anything dynamo would not trace)
         reason = "torch.compile: the scan for fully masked rows needs the data; inductor fuses the eager ops"
@@ -258,6 +305,11 @@ def attention(
         record("attention", ORIGINAL, reason)
         out, weights = eager(*args)
         return (out, weights) if need_weights else out
+    if (softmax_dtype is not None and isinstance(q, torch.Tensor)
+            and softmax_dtype != _softmax_dtype(q.dtype)):
+        record("attention", ORIGINAL, f"the source computes the softmax of {q.dtype} scores in {softmax_dtype}")
+        out, weights = eager(*args)
+        return (out, weights) if need_weights else out
     if need_weights or not 0.0 <= dropout_p < 1.0:
         # (F.dropout raises for a probability outside [0, 1] and zeroes everything at 1)
         record("attention", "torch")
@@ -265,6 +317,10 @@ def attention(
         return (out, weights) if need_weights else out
     if additive:  # the summands in the scores' dtype: a bool mask as 1.0 where True, never a keep-mask
         mask, bias = (t if t is None or t.dtype == q.dtype else t.to(q.dtype) for t in (mask, bias))
+    if q.dtype in _HALF and _finitely_masked_row(q, k, mask, bias):
+        record("attention", ORIGINAL, "a query row is masked by a finite mask in half precision: the "
+                                      "eager ops' softmax is over the rounding of scores + mask")
+        return eager(*args)[0]
     backend = select_backend(
         "attention", (q, k, v, mask, bias),
         # a learned bias (T5) needs a bias gradient, which not every xformers operator has: SDPA then

@@ -6,15 +6,21 @@ The eager core between the two matmuls of a match is interpreted statement by st
     s = s * c  |  s = s / c  |  s /= c                       scale (before any additive term)
     if m is not None: s = s + m   |   s = s + m  |  s += m   additive mask, then bias
     s = softmax(s, dim=-1[, dtype=...])                      softmax (F./torch./tensor method)
-    s = s.type(v.dtype) | .to(...) | .type_as(...) | .float() dtype casts (no-ops for the kernel)
+    s = s.type(v.dtype) | .to(...) | .type_as(...) | .float() dtype casts (see below)
     s = F.dropout(s, p=P, training=T)  |  self.dropout(s)    dropout
     o = torch.matmul(s, v)                                   output
 
 and replaced by one call ``o = attention(q, k, v, mask=m, bias=b, dropout_p=(P if T else 0.0),
 scale=c, additive=True)`` (``additive``: ``m`` and ``b`` are added as the source adds them, whatever
 their dtype). An ``if m is not None:`` around the mask add is absorbed (the kernel takes
-``mask=None``). When the probabilities are read after the core (returned as attention
-weights), the call passes ``need_weights=True`` and binds them. Anything else inside the
+``mask=None``). Casts are dtype round trips for the kernel (it returns the inputs' dtype), except
+that a softmax the source computes in float32 (``softmax(s.float())``, ``s.to(torch.float32)`` as
+the last cast before it, ``softmax(s, dtype=torch.float32)``) passes ``softmax_dtype=torch.float32``:
+for float64 inputs the kernel then computes the softmax in float32 as the source does (half
+precision and float32 inputs keep the fused path). The call names ``torch``, which the rewrite's
+TorchScript guard imports where the module does not; a term added after such a cast (its dtype
+decides the softmax's) skips the match. When the probabilities are read after the core (returned
+as attention weights), the call passes ``need_weights=True`` and binds them. Anything else inside the
 region (head masks, causal ``torch.where``, position-bias slicing) skips the match.
 """
 
@@ -74,6 +80,54 @@ def _strip_casts(node: ast.expr) -> ast.expr:
     return node
 
 
+_FLOAT32 = {"float32", "float"}  # torch.float32, torch.float
+
+
+def _dtype_name(node: ast.expr) -> str | None:
+    """"float32" for ``torch.float32``/``torch.float`` (however torch is named), else None."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr in _FLOAT32:
+        return "float32"
+    return None
+
+
+def _note_casts(core: "_Core", node: ast.expr) -> None:
+    """Record in ``core.cast`` the dtype of the outermost cast of ``node`` (a chain of casts of the
+    scores before the softmax: the last one applied decides the dtype)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CASTS):
+        return
+    attr = node.func.attr
+    kw = {k.arg: k.value for k in node.keywords}
+    if attr == "float":
+        core.cast = "float32"
+    elif attr in ("to", "type") and (node.args or "dtype" in kw):
+        core.cast = _dtype_name(node.args[0] if node.args else kw["dtype"])
+    else:  # .half(), .bfloat16(), .type_as(t), .to(t.dtype): a round trip, as before
+        core.cast = None
+
+
+def _add_term(core: "_Core", term: ast.expr, line: int) -> None:
+    if core.cast == "float32":
+        # (float64 scores cast to float32, then a float64 mask added: the softmax is in float64 again,
+        # over scores rounded to float32; what a float32 mask leaves float32)
+        raise Skip(f"line {line}: a term added to scores cast to float32: the softmax's dtype depends on its dtype")
+    core.additive.append(term)
+
+
+def _bound_in(fn: ast.AST) -> set[str]:
+    """Names a function binds locally (parameters, assignments, imports, global/nonlocal)."""
+    out = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.add(node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            out |= set(node.names)
+    return out
+
+
 def _reads(node: ast.AST, name: str) -> bool:
     return name in loads(node)
 
@@ -86,6 +140,10 @@ class _Core:
     scale: str | None = None
     additive: list[ast.expr] = field(default_factory=list)
     softmax: bool = False
+    # the dtype the scores were last cast to before the softmax: "float32" (``.float()``,
+    # ``.to(torch.float32)``), None for none or a dtype not known here (a round trip: ``.type_as(q)``)
+    cast: str | None = None
+    softmax_dtype: str | None = None  # "float32" when the source computes the softmax in float32
     dropout: str | None = None
     output: str | None = None
     names: list[str] = field(default_factory=list)  # every score/probability name in order
@@ -146,6 +204,11 @@ class _AttentionCodemod(Codemod):
         kwargs.append("additive=True")
         if need_weights:
             kwargs.append("need_weights=True")
+        if core.softmax_dtype == "float32":
+            # (``torch`` is the module here: the TorchScript guard around the call reads it too)
+            if "torch" in _bound_in(fn):
+                raise Skip("the softmax is computed in float32 and `torch` is a local name here")
+            kwargs.append("softmax_dtype=torch.float32")
         call = f"{local}({arg_text(ctx, core.q)}, {arg_text(ctx, core.k)}, {arg_text(ctx, core.v)}, {', '.join(kwargs)})"
         lhs = f"{core.output}, {weights}" if need_weights else core.output
         deletes = [pos(ctx, s) for s in consumed if s is not last_stmt]
@@ -190,8 +253,10 @@ class _AttentionCodemod(Codemod):
             other = stmt.value
             if _reads(other, name):
                 raise Skip(f"line {stmt.lineno}: unsupported update of {name}")
+            if core.softmax:  # (``p += m``/``p *= c`` on the probabilities: no mask or scale of the scores)
+                raise Skip(f"line {stmt.lineno}: an update of the probabilities after softmax")
             if isinstance(stmt.op, ast.Add):
-                core.additive.append(other)
+                _add_term(core, other, stmt.lineno)
             elif isinstance(stmt.op, (ast.Mult, ast.Div)):
                 self._scale(ctx, core, stmt.op, other)
             else:
@@ -248,8 +313,11 @@ class _AttentionCodemod(Codemod):
 
     def _transform(self, ctx: FileContext, core: _Core, value: ast.expr, current: str, stmt: ast.stmt) -> None:
         line = stmt.lineno
+        outer = value
         value = _strip_casts(value)
         if isinstance(value, ast.Name) and value.id == current:
+            if not core.softmax:
+                _note_casts(core, outer)
             return  # a pure dtype cast of the scores
         if isinstance(value, ast.BinOp):
             left_is = isinstance(value.left, ast.Name) and value.left.id == current
@@ -260,7 +328,7 @@ class _AttentionCodemod(Codemod):
             if isinstance(value.op, ast.Add):
                 if core.softmax:
                     raise Skip(f"line {line}: addition after softmax")
-                core.additive.append(other)
+                _add_term(core, other, line)
                 return
             if isinstance(value.op, (ast.Mult, ast.Div)) and left_is and not core.softmax:
                 self._scale(ctx, core, value.op, other)
@@ -282,9 +350,20 @@ class _AttentionCodemod(Codemod):
             dim = kw.get("dim", args[0] if args else None)
             if literal(dim) not in (-1, 3):
                 raise Skip(f"line {line}: softmax is not over the last dim")
+            if first_is:
+                _note_casts(core, value.args[0])
+            # ``dtype=``, or positional after dim (torch.softmax(s, dim, dtype), s.softmax(dim, dtype),
+            # F.softmax(s, dim, _stacklevel, dtype)): the softmax casts its input to it
+            given = [kw["dtype"]] if "dtype" in kw else args[1:]
+            given = [d for d in given if not (isinstance(d, ast.Constant) and isinstance(d.value, (int, type(None))))]
+            if given:
+                core.cast = _dtype_name(given[-1])
+            core.softmax_dtype = core.cast
             core.softmax = True
             return
         if name in CASTS and on_current:
+            if not core.softmax:
+                _note_casts(core, value)
             return  # dtype round trips; the kernel returns the value dtype
         if name == "dropout" and first_is and attr is None:
             if not core.softmax:
@@ -347,7 +426,7 @@ class _AttentionCodemod(Codemod):
             raise Skip(f"line {stmt.lineno}: conditional update of the scores is not `+ mask` under `mask is not None`")
         if core.softmax:
             raise Skip(f"line {stmt.lineno}: mask added after softmax")
-        core.additive.append(addend)
+        _add_term(core, addend, stmt.lineno)
         return True
 
 

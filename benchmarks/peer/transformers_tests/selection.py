@@ -10,7 +10,7 @@ through transformers' ``ModelTesterMixin`` + our generation / export stand-ins.
   ``test_bc_torch_dtype`` (dtype arguments of ``from_pretrained``, the slowest common test).
 * ``ci``: ``CI_TESTS`` of each tester class: forward, save/load, attention and hidden-state
   outputs, training, generation with and without the cache, generation with a static cache and the
-  decoding forward compiled ``fullgraph=True``, ``torch.export``, a ``torch.compile`` training step,
+  decoding forward compiled ``fullgraph=True``, eager inference that prints nothing, ``torch.export``, a ``torch.compile`` training step,
   eager vs SDPA.
 """
 
@@ -36,6 +36,7 @@ CI_TESTS = (
     "test_torch_export",
     "test_torch_compile_aot_eager_training",
     "test_generate_compile_model_forward_fullgraph",
+    "test_eager_inference_prints_nothing",
     "test_eager_matches_sdpa_inference_09_fp32_pad_left",
 )
 

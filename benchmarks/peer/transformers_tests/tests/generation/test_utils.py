@@ -160,3 +160,38 @@ class GenerationTesterMixin:
                 # (generate's own criteria: an encoder-decoder's static cache is not auto-compiled)
                 self.skipTest(f"generate does not compile {model_class.__name__}'s decoding forward")
             self.assertTrue(torch.equal(eager, compiled))
+
+    def test_eager_inference_prints_nothing(self):
+        """A causal LM's eager inference (a forward without labels, then a greedy generate) prints
+        no log record and no warning: a rewrite that reads what the original does not (the LM
+        head's ``self.loss_function`` logged ``loss_type=None`` on every call) fails here, in the
+        rewritten library only."""
+        import logging
+        import warnings
+
+        from transformers.utils import logging as hf_logging
+
+        class _Records(logging.Handler):
+            def __init__(self):
+                super().__init__(logging.DEBUG)
+                self.lines = []
+
+            def emit(self, record):
+                self.lines.append(f"{record.name}: {record.getMessage()}")
+
+        for model_class in self._generative_classes():
+            config, model, inputs = self._generation_setup(model_class)
+            handler = _Records()
+            root = hf_logging.get_logger()  # ("transformers": every module's logger propagates to it)
+            root.addHandler(handler)
+            hf_logging.warning_once.cache_clear()  # (what an earlier test printed once is printed again)
+            try:
+                with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+                    warnings.simplefilter("always")
+                    model(**inputs)
+                    model(**inputs)  # (a warning per call shows on the second too)
+                    model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+            finally:
+                root.removeHandler(handler)
+            printed = handler.lines + [f"{w.category.__name__}: {w.message}" for w in caught]
+            self.assertEqual(printed, [], f"{model_class.__name__}'s eager inference printed")
