@@ -490,11 +490,6 @@ def _fold_range(owner: nn.Module, fold_key: tuple | None, tensors: tuple, eps: f
     return hit[1]
 
 
-# a sum of products within this share of the dtype's largest value cannot overflow in any order
-# (aten and oneDNN accumulate in different orders; rounding grows a bound by far less than 16x)
-_RANGE_SHARE = 1 / 16
-
-
 def fold_output_bound(x: torch.Tensor, pq: tuple[float, float]) -> float | None:
     """A bound on every value of ``BN(layer(x))`` and of the folded layer (``fold_range``'s ``(P,
     Q)``) when ``x`` is finite and that bound stays far below the dtype's largest: the two then
@@ -504,7 +499,7 @@ def fold_output_bound(x: torch.Tensor, pq: tuple[float, float]) -> float | None:
     if not (x.is_floating_point() and math.isfinite(p) and math.isfinite(q)):
         return None
     bound = finite.magnitude(x) * p + q  # (NaN when x is not finite: the test below fails)
-    return bound if bound < torch.finfo(x.dtype).max * _RANGE_SHARE else None
+    return bound if bound < torch.finfo(x.dtype).max * finite.RANGE_SHARE else None
 
 
 _OUT_OF_RANGE = ("values where the folded layer could overflow, or NaN/inf, which would land elsewhere than in "

@@ -247,7 +247,6 @@ def _original(head: nn.Module, hidden_states: Any, loss_function: Any, labels: A
 # per weight tensor: (weak reference, version counter, (max row L2 norm, max |w|)) — a read of the
 # head's weight once per optimizer step (its version changes), small next to the loss's matmuls
 _WEIGHT_NORMS: dict[int, tuple[weakref.ReferenceType, int, tuple[float, float]]] = {}
-_RANGE_SHARE = 1 / 16
 
 
 def _row_norm_and_max(t: torch.Tensor) -> tuple[float, float]:
@@ -295,15 +294,15 @@ def _range_reason(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if dtype is None:
         return ""  # (refused by _fused_reason already)
     chunk = chunk_rows(rows, weight.shape[0])
-    limit = torch.finfo(dtype).max * _RANGE_SHARE
+    limit = torch.finfo(dtype).max * finite.RANGE_SHARE
 
     def fits(h_row, h_max, w_row, w_max, b_max):
         checks = (
             (h_row * w_row + b_max, limit),                                    # the logits
-            (2 * w_max, min(limit, torch.finfo(h.dtype).max * _RANGE_SHARE)),  # grad_h
+            (2 * w_max, min(limit, torch.finfo(h.dtype).max * finite.RANGE_SHARE)),  # grad_h
             (min(rows, chunk) * h_max, limit),                                 # grad_w, one chunk's matmul
-            (rows * h_max, torch.finfo(weight.dtype).max * _RANGE_SHARE),      # grad_w, summed
-            (float(rows), torch.finfo(bias.dtype).max * _RANGE_SHARE if bias is not None else math.inf),
+            (rows * h_max, torch.finfo(weight.dtype).max * finite.RANGE_SHARE),      # grad_w, summed
+            (float(rows), torch.finfo(bias.dtype).max * finite.RANGE_SHARE if bias is not None else math.inf),
             # squares of the hidden states (fuzz case linear_cross_entropy|eager/grad/adamw_fused|s2318:
             # at |h| ~ sqrt(max) the original has NaN gradients the fused loss has not; not analysed)
             (h_max * h_max, limit),

@@ -121,9 +121,15 @@ def magnitude(t: torch.Tensor) -> float:
     return found
 
 
+# A sum of products bounded by this share of its dtype's largest value cannot overflow in any
+# order (aten, oneDNN and a fused kernel accumulate in different orders; rounding grows a bound by
+# far less than 16x): the range guards of the BatchNorm fold and the fused LM-head loss.
+RANGE_SHARE = 1 / 16
+
+
 def forget() -> None:
     """Drop every record (tests)."""
     _KNOWN.clear()
 
 
-__all__ = ["bound", "check", "forget", "known", "magnitude", "mark"]
+__all__ = ["RANGE_SHARE", "bound", "check", "forget", "known", "magnitude", "mark"]
