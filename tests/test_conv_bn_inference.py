@@ -299,3 +299,23 @@ def test_nchw_choice_weighs_the_weight_against_the_activations():
     assert layout(one, (1, 64, 2, 2)) == "contiguous"  # ratio 8
     assert layout(three, (1, 64, 8, 8)) == "contiguous"  # ratio 4.5
     assert layout(three, (1, 64, 32, 32)) == ""  # ratio 0.28
+
+
+def test_a_deep_frozen_stack_stays_folded():
+    """Each fold records a bound on its output derived from its input's (ops/finite.py): through a
+    deep stack those bounds compound past the dtype's range (ResNet-50 from its config went to the
+    original layers in its last blocks); the range guard then reads the input's own magnitude."""
+    from adopter.kernels import count_kernel_calls
+
+    torch.manual_seed(0)
+    layers = [(nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64)) for _ in range(40)]
+    for conv, bn in layers:
+        freeze(conv), freeze(bn)
+    x = torch.randn(1, 64, 8, 8)
+    with torch.no_grad(), count_kernel_calls() as calls:
+        h, want = x, x
+        for conv, bn in layers:
+            h = conv_bn(conv, bn, h, nn.ReLU())
+            want = torch.relu(bn(conv(want)))
+    assert [(c.backend, c.count) for c in calls.calls if c.kernel == "conv_bn"] == [("torch", 40)]
+    torch.testing.assert_close(h, want, rtol=1e-4, atol=1e-5)

@@ -121,6 +121,16 @@ def magnitude(t: torch.Tensor) -> float:
     return found
 
 
+def read_magnitude(t: torch.Tensor) -> float:
+    """An upper bound on ``|t|`` read from ``t`` itself now (tighter than one a kernel derived from
+    its operands' bounds, which compound through a deep stack), recorded in its place; NaN or inf
+    when ``t`` is not finite."""
+    found = _read_bound(t)
+    if math.isfinite(found):
+        mark(t, found)
+    return found
+
+
 # A sum of products bounded by this share of its dtype's largest value cannot overflow in any
 # order (aten, oneDNN and a fused kernel accumulate in different orders; rounding grows a bound by
 # far less than 16x): the range guards of the BatchNorm fold and the fused LM-head loss.
@@ -132,4 +142,4 @@ def forget() -> None:
     _KNOWN.clear()
 
 
-__all__ = ["RANGE_SHARE", "bound", "check", "forget", "known", "magnitude", "mark"]
+__all__ = ["RANGE_SHARE", "bound", "check", "forget", "known", "magnitude", "mark", "read_magnitude"]
