@@ -21,6 +21,7 @@ COMMANDS = {
     "rewrite": "adopter.commands.rewrite",
     "trace": "adopter.commands.trace",
     "verify": "adopter.commands.verify",
+    "calibrate": "adopter.commands.calibrate",
 }
 
 

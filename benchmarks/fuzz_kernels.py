@@ -46,10 +46,12 @@ COMPILE_MODES = [
 
 def lift_policies() -> None:
     """What tests/conftest.py does for the session: the measured backend policy (e.g. rotary takes
-    the original ops on CPU) is lifted so that the fused math is what is compared."""
-    from adopter.kernels import policy
+    the original ops on CPU) and the calibrated cost model (small calls take the original ops) are
+    lifted so that the fused math is what is compared."""
+    from adopter.kernels import cost, policy
 
     policy.BACKEND_POLICY.clear()
+    cost.ENABLED = False
 
 
 def plan(seeds: int, n_random: int, compile_ok: bool, rows: list[str], rng: random.Random) -> list[tuple]:

@@ -328,12 +328,25 @@ def _range_reason(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             "than in the original's")
 
 
+def _logits_size(head: Any, hidden_states: Any) -> int | None:
+    """tokens x vocabulary of the logits the head would compute (what the cost model sizes the
+    fused loss by), None when that is not read off plain tensors."""
+    if torch.compiler.is_compiling():
+        return None
+    weight = getattr(head, "weight", None)
+    if (isinstance(hidden_states, torch.Tensor) and hidden_states.dim() >= 1 and hidden_states.shape[-1]
+            and isinstance(weight, torch.Tensor) and weight.dim() == 2):
+        return hidden_states.numel() // hidden_states.shape[-1] * weight.shape[0]
+    return None
+
+
 def _fused_reason(head: Any, hidden_states: Any) -> str:
     if _logits_wanted():
         return f"logits kept ({KEEP_LOGITS_ENV} or keep_logits())"
     if not torch.is_grad_enabled():
         return "grad disabled (evaluation: the logits are returned)"
-    reason = _context_reason(hidden_states) or policy_reason(KERNEL, hidden_states) or _plain(head, nn.Linear)
+    reason = (_context_reason(hidden_states) or policy_reason(KERNEL, hidden_states, size=_logits_size(head, hidden_states))
+              or _plain(head, nn.Linear))
     if reason:
         return reason
     if not head.training:

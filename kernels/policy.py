@@ -25,6 +25,8 @@ from collections.abc import Iterator
 import torch
 import torch.autograd.forward_ad as _forward_ad
 
+from .cost import cost_reason
+
 OFF_ENV = "ADOPTER_KERNELS_OFF"
 
 # kernel -> {device type: why the original path is taken there}. Filled from measurements only
@@ -71,9 +73,22 @@ COMPILE_POLICY: dict[str, str] = {
 _LOCAL = threading.local()
 
 
+# os.environ.get of an unset variable raises and catches a KeyError inside (~1 us, at every kernel
+# call): the environment's own dict is read where the platform keeps one (os.environ stays in sync)
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(OFF_ENV) if _ENV_DATA is not None and hasattr(os.environ, "encodekey") else None
+
+
+def _env_off() -> str:
+    if _ENV_KEY is not None:
+        raw = _ENV_DATA.get(_ENV_KEY)
+        return "" if raw is None else os.environ.decodevalue(raw)
+    return os.environ.get(OFF_ENV, "")
+
+
 def _switched_off() -> frozenset[str]:
     names = getattr(_LOCAL, "off", frozenset())
-    env = os.environ.get(OFF_ENV, "")
+    env = _env_off()
     if env:
         names = names | {n.strip() for n in env.split(",") if n.strip()}
     return names
@@ -107,10 +122,12 @@ def mode_reason() -> str:
     return ""
 
 
-def policy_reason(kernel: str, *tensors: object) -> str:
-    """Why ``kernel`` takes its original path regardless of its inputs' shapes ("" when it may
-    fuse): torch.compile tracing a kernel inductor fuses better, a measured backend policy for the
-    inputs' device, or a switch."""
+def policy_reason(kernel: str, *tensors: object, size: int | None = None) -> str:
+    """Why ``kernel`` takes its original path before its own checks ("" when it may fuse):
+    torch.compile tracing a kernel inductor fuses better, a measured backend policy for the inputs'
+    device, a switch, or the calibrated cost model (:mod:`adopter.kernels.cost`: the fused path
+    does not pay at a call of this size — ``size`` elements, default the first tensor's — on this
+    device, grad mode and thread count)."""
     if torch.compiler.is_compiling():
         return COMPILE_POLICY.get(kernel, "")
     mode = mode_reason()
@@ -126,7 +143,8 @@ def policy_reason(kernel: str, *tensors: object) -> str:
                 if why:
                     return why
                 break
-    return ""
+    first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+    return cost_reason(kernel, first, size) if first is not None else ""
 
 
 __all__ = ["BACKEND_POLICY", "COMPILE_POLICY", "OFF_ENV", "kernels_off", "mode_reason", "policy_reason"]

@@ -27,13 +27,17 @@ def _kernels_fused_where_the_backend_policy_says_original():
     (``adopter.kernels.policy.BACKEND_POLICY``, which sends e.g. the rotary kernel to the original
     ops on CPU) is lifted for the session — before module-scoped fixtures optimize anything — as
     ``QKV_FUSE_ON_CPU`` is switched on where QKV's math is tested. Tests marked ``shipped_policy``
-    see the policy as shipped (subprocesses always do)."""
-    from adopter.kernels import policy
+    see the policy as shipped (subprocesses always do). The calibrated cost model
+    (``adopter.kernels.cost``, which sends small calls to the original ops where the fused path
+    does not pay) is switched off alike."""
+    from adopter.kernels import cost, policy
 
     _SHIPPED_POLICY.update(policy.BACKEND_POLICY)
     policy.BACKEND_POLICY.clear()
+    cost.ENABLED = False
     yield
     policy.BACKEND_POLICY.update(_SHIPPED_POLICY)
+    cost.ENABLED = True
 
 
 _SHIPPED_POLICY: dict = {}
@@ -44,5 +48,8 @@ def _shipped_policy_where_marked(request, monkeypatch):
     if request.node.get_closest_marker("shipped_policy"):
         from adopter.kernels import policy
 
+        from adopter.kernels import cost
+
         monkeypatch.setattr(policy, "BACKEND_POLICY", dict(_SHIPPED_POLICY))
+        monkeypatch.setattr(cost, "ENABLED", True)
     yield

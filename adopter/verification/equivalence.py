@@ -396,8 +396,25 @@ def check_equivalence(
 
     Both models are left as they were: training flag, dropout settings and buffers restored,
     gradients cleared. The original's weights are loaded into ``optimized`` (strict) unless
-    ``load_weights`` is False.
+    ``load_weights`` is False. The kernels' fused paths run wherever their own checks allow, at
+    any size (``adopter.kernels.cost.ignored``): the check proves the fused math.
     """
+    from adopter.kernels.cost import ignored
+
+    with ignored():
+        return _check_equivalence(original, optimized, example_inputs, tolerance=tolerance, seed=seed,
+                                  load_weights=load_weights)
+
+
+def _check_equivalence(
+    original: nn.Module,
+    optimized: nn.Module,
+    example_inputs: Any,
+    *,
+    tolerance: Tolerance | None,
+    seed: int,
+    load_weights: bool,
+) -> EquivalenceResult:
     param = next(iter(original.parameters()), None)
     dtype = param.dtype if param is not None else torch.float32
     device = param.device if param is not None else torch.device("cpu")

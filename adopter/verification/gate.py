@@ -429,6 +429,15 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     bench = result.get("benchmark")
     for one in (bench.get("sweep") or [bench]) if bench else []:
         lines += _format_benchmark(one)
+    every = result.get("benchmark_with_every_rule")
+    if every:
+        for a in result.get("rules_applied", []):
+            if a.get("not_applied"):
+                lines.append(f"not applied: {a['rule']} at {a.get('where', '?')}: {a['not_applied']}")
+        lines.append(f"  (the figures above are of the model rebuilt without those; with every rule the speed ratio "
+                     f"was {every['speed_ratio']:.3f})")
+    if result.get("benchmark_skipped"):
+        lines.append(f"benchmark skipped: {result['benchmark_skipped']}")
     ablation = result.get("ablation")
     if ablation and ablation.get("kernels"):
         lines.append(f"what each kernel contributes ({ablation['figure']}; time and peak memory without it / with all):")
@@ -438,8 +447,7 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
                 f"memory x{k['memory']:.3f}  {k['effect'] if k['pays'] else k['effect'].upper()}: {k['why']}"
             )
             if not k["pays"]:
-                lines.append(f"    (it should take the original path on this backend: adopter.kernels.policy."
-                             f"BACKEND_POLICY; meanwhile ADOPTER_KERNELS_OFF={k['kernel']})")
+                lines.append("    not applied: costs more than it saves here (see above)")
     if ablation and ablation.get("not_fused_here"):
         lines.append("kernels taking the original path here (see each rule's fallback reason above): "
                      + ", ".join(ablation["not_fused_here"]))

@@ -211,7 +211,11 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     exit_code = 0 if equivalence.equivalent else 1
     gate = None
 
-    if options.benchmark and equivalence.equivalent:
+    if options.benchmark and equivalence.equivalent and not report.applied:
+        # nothing was rewritten: the optimized model is the original, and timing it against itself
+        # would only measure noise
+        result["benchmark_skipped"] = "no rule applied: the optimized model is the original"
+    if options.benchmark and equivalence.equivalent and report.applied:
         from adopter.verification.benchmark import benchmark_pair, merge
 
         if user is not None:  # the user's inputs as given (their batch size is the benchmark's)
@@ -287,6 +291,42 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
             t = time.perf_counter()
             result["ablation"] = _ablation(options, optimized, inputs, bench, result, rules or (), progress)
             phases["ablation"] = time.perf_counter() - t
+        dropped = _not_applied(result)
+        if dropped:
+            # a rule that only adds its guard here (its kernel never ran fused) or whose kernel costs
+            # more than it saves: the model is rebuilt without it and measured again
+            progress(f"not applying {', '.join(dropped)} here (no gain on this model and backend): rebuilding "
+                     "without and measuring again")
+            from adopter.core.rules import all_rules
+
+            kept = [r for r in (rules or all_rules()) if r.name not in dropped]
+            result["benchmark_with_every_rule"] = result["benchmark"]
+            if not any(a["rule"] not in dropped for a in result["rules_applied"]):
+                optimized = original  # (nothing left: the optimized model is the original)
+                result["diff"] = ""
+            else:
+                from adopter.kernels import unfreeze
+
+                unfreeze(original)  # (the inference benchmark froze it: the checks train it)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", AdopterWarning)
+                    try:
+                        rebuilt_cls = optimize_instance(original, built.example_inputs, make_full, rules=kept)
+                    except OptimizeError as exc:
+                        raise UserError(f"cannot optimize {model_cls.__name__} without {', '.join(dropped)}: "
+                                        f"{exc}") from None
+                optimized = make_full(rebuilt_cls)
+                again = check_equivalence(original, optimized, built.example_inputs)
+                result["equivalence"] = {**again.to_json(), "summary": again.summary()}
+                result["diff"] = rebuilt_cls.adopter_report.diff
+                if not again.equivalent:
+                    exit_code = 1
+            for batch_size in sweep:
+                path = options.benchmark_json if batch_size == sweep[0] else f"{root}.batch{batch_size}{ext}"
+                runs[batch_size] = measure(f"{os.path.splitext(path)[0]}.kept{ext}", batch_size,
+                                           inputs if batch_size == options.batch_size else inputs_for(batch_size))
+            bench = runs[sweep[0]]
+            record_benchmark()
         if options.baseline is not None:
             gate = evaluate_gate(result, options.baseline, options.max_regression, options.baseline_path)
             if gate.speed_only_failure:
@@ -328,6 +368,39 @@ def in_channels_last(inputs):
 
 
 # ---------------------------------------------------------------- what each kernel contributes
+
+
+def _not_applied(result: dict) -> list[str]:
+    """The applied rules that bring nothing on this model and backend (rules are applied or not as a
+    whole): their kernel took the original path at every call of the measured step, at every site
+    (the rewrite only adds its guard), or the ablation found it costing more than it saves. Each of
+    their entries gets ``not_applied`` saying why; returns their names."""
+    costly = {k["kernel"]: k for k in (result.get("ablation") or {}).get("kernels", []) if not k["pays"]}
+    by_rule: dict[str, list[dict]] = {}
+    for entry in result["rules_applied"]:
+        by_rule.setdefault(entry["rule"], []).append(entry)
+    dropped = []
+    for rule, entries in by_rule.items():
+        calls = [e.get("kernel_calls") or {} for e in entries]
+        found = [costly[k] for c in calls for k in c.get("kernels") or [] if k in costly]
+        backends = [b for c in calls for b in (c.get("backends") or {})]
+        if found:
+            why = f"costs more than it saves here: {found[0]['why']}"
+        elif backends and set(backends) == {"original"}:
+            # (a site without any recorded call says nothing; one that recorded only original calls
+            # does, and no site ran fused)
+            reasons: dict[str, int] = {}
+            for c in calls:
+                for reason, n in (c.get("fallbacks") or {}).items():
+                    reasons[reason] = reasons.get(reason, 0) + n
+            top = max(reasons.items(), key=lambda kv: kv[1])[0] if reasons else ""
+            why = "its kernel took the original path at every call here" + (f" (e.g. {top})" if top else "")
+        else:
+            continue
+        dropped.append(rule)
+        for entry in entries:
+            entry["not_applied"] = why
+    return sorted(dropped)
 
 
 def _ablation(options: VerifyOptions, optimized, inputs, bench, result: dict, rules, progress) -> dict:
