@@ -51,6 +51,16 @@ def main() -> int:
                      kernels=set(args.kernels.split(",")) if args.kernels else None,
                      progress=lambda s: print(s, file=sys.stderr, flush=True))
     data["command"] = "python benchmarks/calibrate_kernels.py " + " ".join(sys.argv[1:])
+    if args.kernels and results.is_file():
+        # only some kernels measured again: the others' points stay as they were recorded
+        previous = json.loads(results.read_text())
+        for threads, kernels in previous["threads"].items():
+            for kernel, modes in kernels.items():
+                data["threads"].setdefault(threads, {}).setdefault(kernel, modes)
+        data["skipped"] = [s for s in previous.get("skipped", []) if s["kernel"] not in args.kernels.split(",")] \
+            + data.get("skipped", [])
+        data["command"] = previous.get("command", "") + "; then " + data["command"]
+        data["threads_dropped"] = previous.get("threads_dropped")
     write(data, results)
     results.with_suffix(".md").write_text(render(data), encoding="utf-8")
     shipped = ROOT / "kernels" / "calibration" / "cpu.json"

@@ -542,6 +542,28 @@ def _unpaid(kernel: str, layer: nn.Module, bn: nn.Module, x: Any, activation: An
     return _activated(bn(layer(x)), activation)
 
 
+def _layout(x: Any) -> str:
+    """``"channels_last"`` for a 4-d input in that memory format (the fold pays differently there:
+    calibrated apart), else ""."""
+    if (isinstance(x, torch.Tensor) and x.dim() == 4 and not torch.compiler.is_compiling()
+            and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)):
+        return "channels_last"
+    return ""
+
+
+def conv_macs(conv: Any, x: Any) -> int | None:
+    """About the multiply-adds of ``conv(x)`` (what the cost model sizes a conv+BN call by: the
+    BatchNorm the fold saves is one pass over the output, the guard a constant, the conv the rest);
+    None when not read off a plain Conv2d and a tensor."""
+    weight = getattr(conv, "weight", None)
+    stride = getattr(conv, "stride", None)
+    if (not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or weight.dim() != 4
+            or not isinstance(stride, tuple) or len(stride) != 2 or torch.compiler.is_compiling()):
+        return None
+    out_channels, _, kh, kw = weight.shape
+    return x.numel() * out_channels * kh * kw // max(1, conv.groups * stride[0] * stride[1])
+
+
 def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = None) -> Any:
     """``bn(conv(x))``, or ``activation(bn(conv(x)))`` when the source applies one to it; an
     eval-mode BatchNorm with running statistics is folded into the conv's weights: one conv (on CPU
@@ -549,7 +571,8 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = N
     pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``)."""
     if not _fold_may_pay(conv, bn, x):
         return _unpaid("conv_bn", conv, bn, x, activation)
-    reason = _hooks_reason() or policy_reason("conv_bn", x) or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d)
+    reason = (_hooks_reason() or policy_reason("conv_bn", x, size=conv_macs(conv, x), variant=_layout(x))
+              or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d))
     if not reason and not is_proxy(x) and (not isinstance(x, torch.Tensor) or x.dim() != 4):
         reason = "input is not a (batch, channels, height, width) tensor (BatchNorm2d raises on it)"
     return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked, activation)

@@ -122,12 +122,13 @@ def mode_reason() -> str:
     return ""
 
 
-def policy_reason(kernel: str, *tensors: object, size: int | None = None) -> str:
+def policy_reason(kernel: str, *tensors: object, size: int | None = None, variant: str = "") -> str:
     """Why ``kernel`` takes its original path before its own checks ("" when it may fuse):
     torch.compile tracing a kernel inductor fuses better, a measured backend policy for the inputs'
     device, a switch, or the calibrated cost model (:mod:`adopter.kernels.cost`: the fused path
     does not pay at a call of this size — ``size`` elements, default the first tensor's — on this
-    device, grad mode and thread count)."""
+    device, grad mode and thread count; ``variant`` names a form calibrated apart, such as a conv's
+    ``channels_last`` input)."""
     if torch.compiler.is_compiling():
         return COMPILE_POLICY.get(kernel, "")
     mode = mode_reason()
@@ -144,7 +145,9 @@ def policy_reason(kernel: str, *tensors: object, size: int | None = None) -> str
                     return why
                 break
     first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
-    return cost_reason(kernel, first, size) if first is not None else ""
+    if first is None:
+        return ""
+    return cost_reason(f"{kernel}@{variant}" if variant else kernel, first, size)
 
 
 __all__ = ["BACKEND_POLICY", "COMPILE_POLICY", "OFF_ENV", "kernels_off", "mode_reason", "policy_reason"]

@@ -37,6 +37,12 @@ class Case:
     label: str
     size: int  # what kernels.cost sizes the call by (x.numel(), or tokens x vocab for the LM-head loss)
     build: Callable[[str], Step | None]
+    variant: str = ""  # a form calibrated apart (policy_reason's variant): "channels_last"
+
+    @property
+    def key(self) -> str:
+        """The calibration's name for the curve this case is a point of."""
+        return f"{self.kernel}@{self.variant}" if self.variant else self.kernel
 
 
 def _rows(rows: int, width: int, grad: bool) -> torch.Tensor:
@@ -130,11 +136,13 @@ def _rotary(rows: int, width: int) -> Case:
     return Case("rotary", f"{batch}x{heads}x{seq}x{dim}", batch * heads * seq * dim, build)
 
 
-# (batch, channels, side) of the CNN kernels (inference: where the folds and add+ReLU run)
-MAP_SHAPES = ((1, 16, 16), (1, 64, 56), (4, 64, 56), (8, 256, 14), (8, 64, 56))
+# (batch, channels, side) of the CNN kernels (inference: where the folds and add+ReLU run): a
+# prototype's first layers up to a ResNet-50 stage at batch 8
+MAP_SHAPES = ((1, 16, 16), (1, 32, 28), (1, 64, 28), (1, 128, 14), (1, 64, 56), (4, 64, 56), (8, 256, 14),
+              (8, 64, 56))
 
 
-def _conv_bn(batch: int, channels: int, side: int) -> Case:
+def _conv_bn(batch: int, channels: int, side: int, layout: str = "") -> Case:
     def build(mode):
         if mode != "infer":
             return None
@@ -147,8 +155,12 @@ def _conv_bn(batch: int, channels: int, side: int) -> Case:
             bn.running_var.uniform_(0.5, 2)
         freeze(nn.Sequential(conv, bn).eval())  # (as verify and optimize() do for inference)
         x = torch.randn(batch, channels, side, side)
+        if layout:
+            x = x.contiguous(memory_format=torch.channels_last)
         return _step(mode, lambda: conv_bn(conv, bn, x, act), [])
-    return Case("conv_bn", f"{batch}x{channels}x{side}x{side}", batch * channels * side * side, build)
+    # (sized by the conv's multiply-adds, as kernels.guarded.conv_macs: 3x3, stride 1)
+    return Case("conv_bn", f"{batch}x{channels}x{side}x{side}" + (f" {layout}" if layout else ""),
+                batch * channels * side * side * channels * 9, build, layout)
 
 
 def _add_relu(batch: int, channels: int, side: int) -> Case:
@@ -202,6 +214,7 @@ def cases(kernels: set[str] | None = None) -> list[Case]:
         *(make(r, w) for make in (_linear_gelu, _dropout_add_layer_norm, _rms_norm, _gated_mlp, _rotary, _linear_bn)
           for r, w in ROW_SHAPES),
         *(make(b, c, s) for make in (_conv_bn, _add_relu) for b, c, s in MAP_SHAPES),
+        *(_conv_bn(b, c, s, "channels_last") for b, c, s in MAP_SHAPES),
         *(_lm_head_loss(t, h, v) for t, h, v in LOSS_SHAPES),
     ]
     return [c for c in found if kernels is None or c.kernel in kernels]
@@ -283,10 +296,10 @@ def calibrate(*, threads: list[int], rounds: int = 9, min_side_s: float = 0.02,
                             continue
                         progress(_line(n, case, mode, point))
                         if "skipped" in point:
-                            out.setdefault("skipped", []).append({"threads": n, "kernel": case.kernel, "mode": mode,
+                            out.setdefault("skipped", []).append({"threads": n, "kernel": case.key, "mode": mode,
                                                                   **point})
                         else:
-                            per_kernel.setdefault(case.kernel, {}).setdefault(mode, []).append(point)
+                            per_kernel.setdefault(case.key, {}).setdefault(mode, []).append(point)
     finally:
         torch.set_num_threads(previous_threads)
         cost.ENABLED = was_enabled
@@ -295,7 +308,7 @@ def calibrate(*, threads: list[int], rounds: int = 9, min_side_s: float = 0.02,
 
 
 def _line(threads: int, case: Case, mode: str, point: dict) -> str:
-    head = f"{threads} thr  {case.kernel:<22} {mode:<5} {case.label:<20}"
+    head = f"{threads} thr  {case.key:<22} {mode:<5} {case.label:<20}"
     if "skipped" in point:
         return f"{head} skipped: {point['skipped']}"
     from adopter.kernels.cost import Point
@@ -318,7 +331,7 @@ def summary_lines(data: dict) -> Iterator[str]:
                 elif len(paying) == len(curve):
                     where = "at every size measured"
                 else:
-                    where = "at " + ", ".join(f"{s:,}" for s in paying) + " elements (of " + \
+                    where = "at " + ", ".join(f"{s:,}" for s in paying) + " (size; of " + \
                         ", ".join(f"{p.size:,}" for p in curve) + "; estimated between)"
                 yield f"{threads} thread(s)  {kernel:<22} {mode:<5} fused: {where}"
 

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import requested_backend, select_backend
-from ..policy import mode_reason
+from ..policy import policy_reason
 from ..telemetry import ORIGINAL, record
 from .common import fx_leaf
 
@@ -300,7 +300,7 @@ def attention(
     if torch.compiler.is_compiling():  # (before anything dynamo would not trace)
         reason = "torch.compile: the scan for fully masked rows needs the data; inductor fuses the eager ops"
     else:
-        reason = (_added_reason(q, k, v, mask, bias) if additive else "") or mode_reason()
+        reason = (_added_reason(q, k, v, mask, bias) if additive else "") or policy_reason("attention", q)
     if reason:
         record("attention", ORIGINAL, reason)
         out, weights = eager(*args)

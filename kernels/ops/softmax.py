@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import autocast_to_fp32, requested_backend, select_backend, triton_dtype_ok
-from ..policy import mode_reason
+from ..policy import policy_reason
 from ..telemetry import ORIGINAL, record
 from .common import fx_leaf, row_block
 
@@ -27,7 +27,8 @@ def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None
     if n == 0 or type(dim) is not int or not -n <= dim < n or input.numel() == 0:
         record("softmax", "torch")
         return F.softmax(input, dim, dtype=dtype)
-    reason = "" if torch.compiler.is_compiling() else mode_reason()  # (dynamo traces F.softmax or the Function)
+    # (dynamo traces F.softmax or the Function; policy_reason: the execution mode, kernels_off, the cost model)
+    reason = "" if torch.compiler.is_compiling() else policy_reason("softmax", input)
     if reason:
         record("softmax", ORIGINAL, reason)
         return F.softmax(input, dim, dtype=dtype)
