@@ -545,10 +545,12 @@ def _unpaid(kernel: str, layer: nn.Module, bn: nn.Module, x: Any, activation: An
 def _layout(x: Any) -> str:
     """``"channels_last"`` for a 4-d input in that memory format (the fold pays differently there:
     calibrated apart), else ""."""
-    if (isinstance(x, torch.Tensor) and x.dim() == 4 and not torch.compiler.is_compiling()
-            and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)):
-        return "channels_last"
-    return ""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or torch.compiler.is_compiling():
+        return ""
+    try:
+        return "channels_last" if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else ""
+    except RuntimeError:  # (under vmap a layout cannot be queried: policy_reason sends the call to the original)
+        return ""
 
 
 def conv_macs(conv: Any, x: Any) -> int | None:

@@ -209,3 +209,19 @@ def test_verify_drops_rules_whose_kernel_costs_or_never_ran_fused():
     assert entries[2]["not_applied"] == "its kernel took the original path at every call here (e.g. too small)"
     assert entries[3]["not_applied"] == entries[2]["not_applied"]
     assert not any("not_applied" in entries[i] for i in (1, 4, 5, 6))
+
+
+def test_the_gate_counts_a_rule_verify_did_not_apply_as_not_applied():
+    from adopter.verification.gate import _backend_checks, _location_checks
+
+    def entry(rule, backends, not_applied=None):
+        e = {"rule": rule, "file": "m.py", "path": "m.py", "class": "Block", "function": "forward", "lines": [3],
+             "kernel_calls": {"kernels": ["k"], "backends": backends}}
+        return {**e, "not_applied": not_applied} if not_applied else e
+
+    baseline = {"rules_applied": [entry("A", {"torch": 2}), entry("B", {"original": 2}, "never fused")]}
+    same = {"rules_applied": [entry("A", {"torch": 2}), entry("B", {}, "never fused")]}
+    assert all(c.ok for c in _location_checks(same, baseline) + _backend_checks(same, baseline))
+    lost = {"rules_applied": [entry("A", {}, "costs"), entry("B", {}, "never fused")]}
+    failed = [c for c in _location_checks(lost, baseline) if not c.ok]
+    assert len(failed) == 1 and "A no longer applied" in failed[0].detail

@@ -147,9 +147,10 @@ def _model_checks(current: dict, baseline: dict) -> list[GateCheck]:
 
 
 def _location_checks(current: dict, baseline: dict) -> list[GateCheck]:
-    """One failing check per rule location lost, gained or applied a different number of times."""
-    cur = Counter(rule_location(r) for r in current.get("rules_applied", []))
-    base = Counter(rule_location(r) for r in baseline.get("rules_applied", []))
+    """One failing check per rule location lost, gained or applied a different number of times
+    (a rule verify did not apply because it brought nothing there counts as not applied)."""
+    cur = Counter(rule_location(r) for r in current.get("rules_applied", []) if not r.get("not_applied"))
+    base = Counter(rule_location(r) for r in baseline.get("rules_applied", []) if not r.get("not_applied"))
     failed = []
     for location in sorted(set(cur) | set(base)):
         n, b = cur[location], base[location]
@@ -170,8 +171,9 @@ def _location_checks(current: dict, baseline: dict) -> list[GateCheck]:
 
 def _backend_checks(current: dict, baseline: dict) -> list[GateCheck]:
     """At each location applied in both: the same set of kernel backends ran in the measured step."""
-    cur = {rule_location(r): r.get("kernel_calls") for r in current.get("rules_applied", [])}
-    base = {rule_location(r): r.get("kernel_calls") for r in baseline.get("rules_applied", [])}
+    cur = {rule_location(r): r.get("kernel_calls") for r in current.get("rules_applied", []) if not r.get("not_applied")}
+    base = {rule_location(r): r.get("kernel_calls") for r in baseline.get("rules_applied", [])
+            if not r.get("not_applied")}
     failed = []
     same: Counter = Counter()
     for location in sorted(set(cur) & set(base)):
