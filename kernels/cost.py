@@ -14,7 +14,7 @@ measurably faster": a kernel's gain in a network — the BatchNorm fold's ReLU e
 traffic saved between layers — can exceed what one call measured alone shows, and the model-level
 ablation of ``adopter verify`` drops a kernel that costs there.) Beyond the measured sizes, the nearest one's fitted ratio holds.
 
-Which calibration: the file named by ``ADOPTER_CALIBRATION``, else the user's own
+Which calibration: the file named by ``ADOPTER_CALIBRATION`` (``none``: no calibration), else the user's own
 (``adopter calibrate`` writes ``$XDG_CACHE_HOME/adopter/calibration-<device>.json``), else the one
 shipped for the device type (``calibration/<device>.json``, fitted on the project's CI machine:
 ``benchmarks/results/calibration_<device>.json``). A device type, kernel or mode without a
@@ -139,6 +139,9 @@ def calibration(device: str) -> Calibration | None:
         return _LOADED[device]
     found = None
     named = os.environ.get(ENV)
+    if named == "none":  # (no calibration: every fused path where its own checks allow)
+        _LOADED[device] = None
+        return None
     for path in ([Path(named)] if named else [user_path(device), SHIPPED / f"{device}.json"]):
         if path.is_file():
             with open(path, encoding="utf-8") as f:

@@ -545,7 +545,7 @@ def _unpaid(kernel: str, layer: nn.Module, bn: nn.Module, x: Any, activation: An
 def _layout(x: Any) -> str:
     """``"channels_last"`` for a 4-d input in that memory format (the fold pays differently there:
     calibrated apart), else ""."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or torch.compiler.is_compiling():
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return ""
     try:
         return "channels_last" if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else ""
@@ -560,7 +560,8 @@ def conv_macs(conv: Any, x: Any) -> int | None:
     weight = getattr(conv, "weight", None)
     stride = getattr(conv, "stride", None)
     if (not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or weight.dim() != 4
-            or not isinstance(stride, tuple) or len(stride) != 2 or torch.compiler.is_compiling()):
+            or not isinstance(stride, tuple) or len(stride) != 2 or torch.compiler.is_compiling()
+            or torch.jit.is_tracing()):
         return None
     out_channels, _, kh, kw = weight.shape
     return x.numel() * out_channels * kh * kw // max(1, conv.groups * stride[0] * stride[1])

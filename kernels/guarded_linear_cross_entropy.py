@@ -331,7 +331,7 @@ def _range_reason(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def _logits_size(head: Any, hidden_states: Any) -> int | None:
     """tokens x vocabulary of the logits the head would compute (what the cost model sizes the
     fused loss by), None when that is not read off plain tensors."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # (sizes are traced values there)
         return None
     weight = getattr(head, "weight", None)
     if (isinstance(hidden_states, torch.Tensor) and hidden_states.dim() >= 1 and hidden_states.shape[-1]

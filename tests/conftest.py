@@ -46,9 +46,7 @@ _SHIPPED_POLICY: dict = {}
 @pytest.fixture(autouse=True)
 def _shipped_policy_where_marked(request, monkeypatch):
     if request.node.get_closest_marker("shipped_policy"):
-        from adopter.kernels import policy
-
-        from adopter.kernels import cost
+        from adopter.kernels import cost, policy
 
         monkeypatch.setattr(policy, "BACKEND_POLICY", dict(_SHIPPED_POLICY))
         monkeypatch.setattr(cost, "ENABLED", True)

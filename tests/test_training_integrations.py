@@ -269,7 +269,9 @@ def test_ddp_gloo_two_processes_forked(Optimized, tmp_path):  # noqa: N803
 
 
 @pytest.mark.slow
-def test_ddp_gloo_two_processes_spawned_each_optimizes(tmp_path):
+def test_ddp_gloo_two_processes_spawned_each_optimizes(tmp_path, monkeypatch):
+    # (spawned workers see no test fixture: no calibration, so the fused paths run at this size)
+    monkeypatch.setenv("ADOPTER_CALIBRATION", "none")
     """As under torchrun: fresh processes, each calls optimize() itself (the class cannot be pickled)."""
     _check_ddp_results(_run_ddp(tmp_path, None, "spawn", timeout=540))
 

@@ -205,7 +205,9 @@ def _lm_head_loss(tokens: int, hidden: int, vocab: int) -> Case:
         h = torch.randn(tokens, hidden, requires_grad=True)
         target = torch.randint(0, vocab, (tokens,))
         return _step(mode, lambda: lm_head_cross_entropy(head, h, F.cross_entropy, target)[1], [h, head.weight])
-    return Case("linear_cross_entropy", f"{tokens}x{hidden}->{vocab}", tokens * vocab, build)
+    from adopter.kernels.guarded_linear_cross_entropy import KERNEL
+
+    return Case(KERNEL, f"{tokens}x{hidden}->{vocab}", tokens * vocab, build)
 
 
 def cases(kernels: set[str] | None = None) -> list[Case]:

@@ -402,6 +402,8 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
     width = max([18] + [len(r["rule"]) for r in applied + skipped])  # rule column
     for r in applied:
         ran = f"  {describe_backends(r['kernel_calls'], counts=True)}" if measured else ""
+        if r.get("not_applied"):
+            ran = "  not applied here (below)"
         lines.append(f"  {r['rule']:<{width}} {r['where']:<52} {r.get('status', '')}{ran}")
     if not applied:
         lines.append("  (none)")
