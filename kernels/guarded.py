@@ -557,7 +557,8 @@ def conv_macs(conv: Any, x: Any) -> int | None:
     """About the multiply-adds of ``conv(x)`` (what the cost model sizes a conv+BN call by: the
     BatchNorm the fold saves is one pass over the output, the guard a constant, the conv the rest);
     None when not read off a plain Conv2d and a tensor."""
-    weight = getattr(conv, "weight", None)
+    # (the module's own parameter: a parametrized conv's ``weight`` would run its parametrization)
+    weight = (getattr(conv, "__dict__", {}).get("_parameters") or {}).get("weight")
     stride = getattr(conv, "stride", None)
     if (not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or weight.dim() != 4
             or not isinstance(stride, tuple) or len(stride) != 2 or torch.compiler.is_compiling()

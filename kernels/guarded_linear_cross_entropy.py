@@ -333,7 +333,9 @@ def _logits_size(head: Any, hidden_states: Any) -> int | None:
     fused loss by), None when that is not read off plain tensors."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():  # (sizes are traced values there)
         return None
-    weight = getattr(head, "weight", None)
+    # (from the module's own parameters: reading ``head.weight`` of a parametrized head would run
+    # its parametrization — spectral_norm's power iteration updates its state in training)
+    weight = (getattr(head, "__dict__", {}).get("_parameters") or {}).get("weight")
     if (isinstance(hidden_states, torch.Tensor) and hidden_states.dim() >= 1 and hidden_states.shape[-1]
             and isinstance(weight, torch.Tensor) and weight.dim() == 2):
         return hidden_states.numel() // hidden_states.shape[-1] * weight.shape[0]
