@@ -167,3 +167,14 @@ def test_the_factories_build_their_corpus_models(monkeypatch):
     model, inputs = zoo.llama2c(dim=32, n_layers=1, n_heads=4, vocab_size=50, seq_len=8, batch_size=3)
     assert type(model).__name__ == "Transformer" and inputs["tokens"].shape == (3, 8)
     assert model(**inputs).shape == (3, 8, 50)
+
+
+def test_a_case_whose_rules_were_all_dropped_is_never_slower_by_construction():
+    result = {"equivalence": {"equivalent": True}, "identical_to_original": True,
+              "rules_applied": [{"rule": "A", "not_applied": "never fused"}],
+              "benchmark": {"mode": "train", "batch_size": 4, "speed_ratio": 1.0, "speed_ratio_low": 0.98,
+                            "speed_ratio_high": 1.02, "memory_ratio": 1.0}}
+    s = zoo.summarize(result)
+    assert s["never_slower"] and s["identical_to_original"]
+    del result["identical_to_original"]
+    assert not zoo.summarize(result)["never_slower"]  # (measured rows decide otherwise)

@@ -438,8 +438,13 @@ def format_report(result: dict, gate: GateResult | None = None) -> str:
         for a in result.get("rules_applied", []):
             if a.get("not_applied"):
                 lines.append(f"not applied: {a['rule']} at {a.get('where', '?')}: {a['not_applied']}")
-        lines.append(f"  (the figures above are of the model rebuilt without those; with every rule the speed ratio "
-                     f"was {every['speed_ratio']:.3f})")
+        if result.get("identical_to_original"):
+            lines.append(f"  (no rule pays here: the optimized model is the original, and the figures above time the "
+                         f"same model twice — their spread is the machine's noise; with every rule the speed ratio "
+                         f"was {every['speed_ratio']:.3f})")
+        else:
+            lines.append(f"  (the figures above are of the model rebuilt without those; with every rule the speed "
+                         f"ratio was {every['speed_ratio']:.3f})")
     if result.get("benchmark_skipped"):
         lines.append(f"benchmark skipped: {result['benchmark_skipped']}")
     ablation = result.get("ablation")

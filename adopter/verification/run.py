@@ -304,6 +304,7 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
             if not any(a["rule"] not in dropped for a in result["rules_applied"]):
                 optimized = original  # (nothing left: the optimized model is the original)
                 result["diff"] = ""
+                result["identical_to_original"] = True
             else:
                 from adopter.kernels import unfreeze
 
