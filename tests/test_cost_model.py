@@ -192,7 +192,8 @@ def test_verify_drops_rules_whose_kernel_costs_or_never_ran_fused():
 
     result = {"ablation": {"kernels": [
         {"kernel": "rms_norm", "pays": False, "why": "makes the step 4.0% slower and saves no memory"},
-        {"kernel": "gated_mlp", "pays": True, "why": "saves 8% of peak memory"}]},
+        {"kernel": "gated_mlp", "pays": True, "why": "saves 8% of peak memory", "effect": "pays its way"},
+        {"kernel": "softmax", "pays": True, "why": "no measurable speed change", "effect": "no measurable effect"}]},
         "rules_applied": [
             {"rule": "RMSNorm", "kernel_calls": {"kernels": ["rms_norm"], "backends": {"torch": 4}}},
             {"rule": "gated_MLP", "kernel_calls": {"kernels": ["gated_mlp"], "backends": {"torch": 2}}},
@@ -201,14 +202,17 @@ def test_verify_drops_rules_whose_kernel_costs_or_never_ran_fused():
             {"rule": "Conv_BatchNorm", "kernel_calls": {"kernels": [], "backends": {}}},  # (no call seen)
             {"rule": "Add_ReLU", "kernel_calls": {"kernels": ["add_relu"], "backends": {"original": 1, "torch": 1}}},
             {"rule": "Add_ReLU", "kernel_calls": {"kernels": ["add_relu"], "backends": {"original": 2}}},
-            {"rule": "softmax", "kernel_calls": {"kernels": [], "backends": {}}},
+            {"rule": "Softmax", "kernel_calls": {"kernels": [], "backends": {}}},
+            {"rule": "softmax", "kernel_calls": {"kernels": ["softmax"], "backends": {"torch": 4}}},
         ]}
-    assert _not_applied(result) == ["Conv_BatchNorm", "RMSNorm"]  # (Add_ReLU pays at one of its sites)
+    # (Add_ReLU pays at one of its sites; softmax's kernel makes no measurable difference)
+    assert _not_applied(result) == ["Conv_BatchNorm", "RMSNorm", "softmax"]
     entries = result["rules_applied"]
     assert "4.0% slower" in entries[0]["not_applied"]
     assert entries[2]["not_applied"] == "its kernel took the original path at every call here (e.g. too small)"
     assert entries[3]["not_applied"] == entries[2]["not_applied"]
     assert not any("not_applied" in entries[i] for i in (1, 4, 5, 6))
+    assert entries[7]["not_applied"].startswith("no measurable gain here")
 
 
 def test_the_gate_counts_a_rule_verify_did_not_apply_as_not_applied():

@@ -374,9 +374,14 @@ def in_channels_last(inputs):
 def _not_applied(result: dict) -> list[str]:
     """The applied rules that bring nothing on this model and backend (rules are applied or not as a
     whole): their kernel took the original path at every call of the measured step, at every site
-    (the rewrite only adds its guard), or the ablation found it costing more than it saves. Each of
+    (the rewrite only adds its guard), or the ablation found it costing more than it saves or
+    making no measurable difference (its guard still costs). Each of
     their entries gets ``not_applied`` saying why; returns their names."""
-    costly = {k["kernel"]: k for k in (result.get("ablation") or {}).get("kernels", []) if not k["pays"]}
+    from adopter.verification.ablation import NEUTRAL
+
+    # (a kernel with no measurable effect still costs its guard at every call: only what pays stays)
+    costly = {k["kernel"]: k for k in (result.get("ablation") or {}).get("kernels", [])
+              if not k["pays"] or k.get("effect") == NEUTRAL}
     by_rule: dict[str, list[dict]] = {}
     for entry in result["rules_applied"]:
         by_rule.setdefault(entry["rule"], []).append(entry)
@@ -386,7 +391,8 @@ def _not_applied(result: dict) -> list[str]:
         found = [costly[k] for c in calls for k in c.get("kernels") or [] if k in costly]
         backends = [b for c in calls for b in (c.get("backends") or {})]
         if found:
-            why = f"costs more than it saves here: {found[0]['why']}"
+            why = (f"no measurable gain here: {found[0]['why']}" if found[0].get("effect") == NEUTRAL
+                   else f"costs more than it saves here: {found[0]['why']}")
         elif backends and set(backends) == {"original"}:
             # (a site without any recorded call says nothing; one that recorded only original calls
             # does, and no site ran fused)
