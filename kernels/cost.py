@@ -30,7 +30,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,11 +183,21 @@ def verdict(curve: tuple[Point, ...], size: float) -> Point | None:
     return min(curve, key=lambda p: abs(math.log(max(size, 1) / p.size)))
 
 
-def cost_reason(kernel: str, x: object, size: int | None = None) -> str:
+def cost_reason(kernel: str, x: object, size: int | Callable[[], int | None] | None = None,
+                variant: str | Callable[[], str] = "") -> str:
     """Why ``kernel``'s fused path does not pay for a call on ``x`` (``size`` elements, default
-    ``x.numel()``) in the current grad mode and thread count: "" when it pays or nothing is known."""
+    ``x.numel()``; ``variant``: a form calibrated apart, read as ``kernel@variant``) in the current
+    grad mode and thread count: "" when it pays or nothing is known. ``size`` and ``variant`` may be
+    callables, called only when the cost model is consulted (after the caller's mode checks: under
+    jit.trace, vmap or compile they are never read)."""
     if not ENABLED or not isinstance(x, torch.Tensor) or getattr(_LOCAL, "ignored", False):
         return ""
+    if callable(size):
+        size = size()
+    if callable(variant):
+        variant = variant()
+    if variant:
+        kernel = f"{kernel}@{variant}"
     device = x.device.type
     mode = "train" if torch.is_grad_enabled() else "infer"
     threads = torch.get_num_threads()

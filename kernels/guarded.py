@@ -544,13 +544,11 @@ def _unpaid(kernel: str, layer: nn.Module, bn: nn.Module, x: Any, activation: An
 
 def _layout(x: Any) -> str:
     """``"channels_last"`` for a 4-d input in that memory format (the fold pays differently there:
-    calibrated apart), else ""."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or torch.compiler.is_compiling() or torch.jit.is_tracing():
+    calibrated apart), else "". (Read by the cost model only, after the mode checks: never under
+    vmap, where a layout cannot be queried.)"""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
         return ""
-    try:
-        return "channels_last" if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else ""
-    except RuntimeError:  # (under vmap a layout cannot be queried: policy_reason sends the call to the original)
-        return ""
+    return "channels_last" if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else ""
 
 
 def conv_macs(conv: Any, x: Any) -> int | None:
@@ -561,8 +559,7 @@ def conv_macs(conv: Any, x: Any) -> int | None:
     weight = (getattr(conv, "__dict__", {}).get("_parameters") or {}).get("weight")
     stride = getattr(conv, "stride", None)
     if (not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or weight.dim() != 4
-            or not isinstance(stride, tuple) or len(stride) != 2 or torch.compiler.is_compiling()
-            or torch.jit.is_tracing()):
+            or not isinstance(stride, tuple) or len(stride) != 2):
         return None
     out_channels, _, kh, kw = weight.shape
     return x.numel() * out_channels * kh * kw // max(1, conv.groups * stride[0] * stride[1])
@@ -575,7 +572,7 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = N
     pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``)."""
     if not _fold_may_pay(conv, bn, x):
         return _unpaid("conv_bn", conv, bn, x, activation)
-    reason = (_hooks_reason() or policy_reason("conv_bn", x, size=conv_macs(conv, x), variant=_layout(x))
+    reason = (_hooks_reason() or policy_reason("conv_bn", x, size=lambda: conv_macs(conv, x), variant=lambda: _layout(x))
               or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d))
     if not reason and not is_proxy(x) and (not isinstance(x, torch.Tensor) or x.dim() != 4):
         reason = "input is not a (batch, channels, height, width) tensor (BatchNorm2d raises on it)"

@@ -331,10 +331,9 @@ def _range_reason(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def _logits_size(head: Any, hidden_states: Any) -> int | None:
     """tokens x vocabulary of the logits the head would compute (what the cost model sizes the
     fused loss by), None when that is not read off plain tensors."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # (sizes are traced values there)
-        return None
-    # (from the module's own parameters: reading ``head.weight`` of a parametrized head would run
-    # its parametrization — spectral_norm's power iteration updates its state in training)
+    # (read by the cost model only, after the mode checks: never under jit.trace or compile; from
+    # the module's own parameters: reading ``head.weight`` of a parametrized head would run its
+    # parametrization — spectral_norm's power iteration updates its state in training)
     weight = (getattr(head, "__dict__", {}).get("_parameters") or {}).get("weight")
     if (isinstance(hidden_states, torch.Tensor) and hidden_states.dim() >= 1 and hidden_states.shape[-1]
             and isinstance(weight, torch.Tensor) and weight.dim() == 2):
@@ -347,7 +346,8 @@ def _fused_reason(head: Any, hidden_states: Any) -> str:
         return f"logits kept ({KEEP_LOGITS_ENV} or keep_logits())"
     if not torch.is_grad_enabled():
         return "grad disabled (evaluation: the logits are returned)"
-    reason = (_context_reason(hidden_states) or policy_reason(KERNEL, hidden_states, size=_logits_size(head, hidden_states))
+    reason = (_context_reason(hidden_states)
+              or policy_reason(KERNEL, hidden_states, size=lambda: _logits_size(head, hidden_states))
               or _plain(head, nn.Linear))
     if reason:
         return reason

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
@@ -122,13 +122,14 @@ def mode_reason() -> str:
     return ""
 
 
-def policy_reason(kernel: str, *tensors: object, size: int | None = None, variant: str = "") -> str:
+def policy_reason(kernel: str, *tensors: object, size: int | Callable[[], int | None] | None = None,
+                  variant: str | Callable[[], str] = "") -> str:
     """Why ``kernel`` takes its original path before its own checks ("" when it may fuse):
     torch.compile tracing a kernel inductor fuses better, a measured backend policy for the inputs'
     device, a switch, or the calibrated cost model (:mod:`adopter.kernels.cost`: the fused path
     does not pay at a call of this size — ``size`` elements, default the first tensor's — on this
     device, grad mode and thread count; ``variant`` names a form calibrated apart, such as a conv's
-    ``channels_last`` input)."""
+    ``channels_last`` input; both may be callables, read only when the cost model is asked)."""
     if torch.compiler.is_compiling():
         return COMPILE_POLICY.get(kernel, "")
     mode = mode_reason()
@@ -147,7 +148,7 @@ def policy_reason(kernel: str, *tensors: object, size: int | None = None, varian
     first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
     if first is None:
         return ""
-    return cost_reason(f"{kernel}@{variant}" if variant else kernel, first, size)
+    return cost_reason(kernel, first, size, variant)
 
 
 __all__ = ["BACKEND_POLICY", "COMPILE_POLICY", "OFF_ENV", "kernels_off", "mode_reason", "policy_reason"]

@@ -272,7 +272,6 @@ def calibrate(*, threads: list[int], rounds: int = 9, min_side_s: float = 0.02,
     from adopter.kernels import cost, policy
 
     # (the fused side must run, whatever is shipped: the calibration in force and the backend policy)
-    was_enabled, cost.ENABLED = cost.ENABLED, False
     shipped_policy = dict(policy.BACKEND_POLICY)
     policy.BACKEND_POLICY.clear()
     previous_threads = torch.get_num_threads()
@@ -284,7 +283,7 @@ def calibrate(*, threads: list[int], rounds: int = 9, min_side_s: float = 0.02,
         "rounds": rounds, "threads": {},
     }
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), cost.ignored():
             # (the fused LM-head loss warns once per model that the logits are not kept)
             warnings.filterwarnings("ignore", message=".*computed the training loss without the logits")
             for n in threads:
@@ -304,7 +303,6 @@ def calibrate(*, threads: list[int], rounds: int = 9, min_side_s: float = 0.02,
                             per_kernel.setdefault(case.key, {}).setdefault(mode, []).append(point)
     finally:
         torch.set_num_threads(previous_threads)
-        cost.ENABLED = was_enabled
         policy.BACKEND_POLICY.update(shipped_policy)
     return out
 
@@ -315,8 +313,9 @@ def _line(threads: int, case: Case, mode: str, point: dict) -> str:
         return f"{head} skipped: {point['skipped']}"
     from adopter.kernels.cost import Point
 
-    pays = Point(point["size"], point["ratio"], point["low"], point["high"]).pays
-    return f"{head} {point['ratio']:.3f} [{point['low']:.3f}-{point['high']:.3f}]  {'pays' if pays else 'original'}"
+    # (this point alone; the decision is the fit along the sizes: summary_lines)
+    slower = not Point(point["size"], point["ratio"], point["low"], point["high"]).pays
+    return f"{head} {point['ratio']:.3f} [{point['low']:.3f}-{point['high']:.3f}]" + ("  measured slower" if slower else "")
 
 
 def summary_lines(data: dict) -> Iterator[str]:
