@@ -9,7 +9,7 @@ built and measured as ``adopter verify`` does), ``compile`` (``torch.compile`` o
 inductor) and ``compile+optimized`` (``torch.compile`` of the optimized model). Cases, each in a
 fresh subprocess (``resnet-50``: one per batch size): ``llama-tiny`` training (4 x 512 tokens),
 ``bert-base-uncased`` training (4 x 32), ``microsoft/resnet-50`` inference (eval, ``no_grad``,
-batch 1 and 8, 224 x 224). A training step is ``adopter verify``'s: forward + backward + AdamW
+batch 1 and 8, 224 x 224), ``bert-base-uncased-infer`` inference (batch 1 and 8 x 128 tokens). A training step is ``adopter verify``'s: forward + backward + AdamW
 (``adopter.verification.benchmark.make_train_step``); the optimizer is not compiled.
 
 Method: one thread (``torch.set_num_threads(1)``). Each variant is warmed up outside the timed
@@ -54,6 +54,8 @@ CASES = {
     "llama-tiny": ("llama-tiny", "train", (4,), 512),
     "bert-base-uncased": ("bert-base-uncased", "train", (4,), 32),
     "resnet-50": ("microsoft/resnet-50", "infer", (1, 8), None),
+    # issue 33's peer comparison: bert-base inference at batch 1 and 8 x 128 tokens
+    "bert-base-uncased-infer": ("bert-base-uncased", "infer", (1, 8), 128),
 }
 VARIANTS = ("eager", "optimized", "compile", "compile+optimized")
 # every kernel a guarded call asks adopter.kernels.policy about (policy_reason(<name>, ...))

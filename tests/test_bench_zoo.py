@@ -178,3 +178,35 @@ def test_a_case_whose_rules_were_all_dropped_is_never_slower_by_construction():
     assert s["never_slower"] and s["identical_to_original"]
     del result["identical_to_original"]
     assert not zoo.summarize(result)["never_slower"]  # (measured rows decide otherwise)
+
+
+def test_a_case_measured_slower_is_run_again_up_to_retry_times_and_errors_are_not(monkeypatch, tmp_path):
+    def entry(low, *, equivalent=True, error=None):
+        row = {"batch": 4, "speed_ratio": 1.0, "speed_ratio_low": low, "speed_ratio_high": 1.02,
+               "memory_ratio": 1.0, "verdict": "", "never_slower": zoo.never_slower(low)}
+        return {"case": "small-cnn-infer", "date": "d", "summary": {
+            "rows": [] if error else [row], "equivalent": equivalent, "error": error,
+            "passed": bool(equivalent and not error and zoo.never_slower(low))}}
+
+    runs = []
+
+    def fake(lows):
+        def run_case(case, args, tmp):
+            runs.append(case.name)
+            return lows.pop(0)
+        return run_case
+
+    case = zoo.CASES_BY_NAME["small-cnn-infer"]
+    monkeypatch.setattr(zoo, "run_case", fake([entry(0.97), entry(0.995)]))
+    got = zoo.run_with_retries(case, zoo.argparse.Namespace(retry=1), tmp_path)
+    assert got["summary"]["passed"] and len(runs) == 2 and got["earlier_attempts"][0]["rows"][0]["speed_ratio_low"] == 0.97
+    runs.clear()
+    monkeypatch.setattr(zoo, "run_case", fake([entry(0.97), entry(0.96), entry(1.0)]))
+    got = zoo.run_with_retries(case, zoo.argparse.Namespace(retry=1), tmp_path)
+    assert not got["summary"]["passed"] and len(runs) == 2  # the last run counts
+    runs.clear()
+    for bad in (entry(0.97, equivalent=False), entry(1.0, error="exit 2: boom")):
+        monkeypatch.setattr(zoo, "run_case", fake([bad, entry(1.0)]))
+        got = zoo.run_with_retries(case, zoo.argparse.Namespace(retry=3), tmp_path)
+        assert got is bad and "earlier_attempts" not in got
+    assert len(runs) == 2

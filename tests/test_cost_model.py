@@ -4,6 +4,7 @@ one; verify acts on the ablation."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -229,3 +230,15 @@ def test_the_gate_counts_a_rule_verify_did_not_apply_as_not_applied():
     lost = {"rules_applied": [entry("A", {}, "costs"), entry("B", {}, "never fused")]}
     failed = [c for c in _location_checks(lost, baseline) if not c.ok]
     assert len(failed) == 1 and "A no longer applied" in failed[0].detail
+
+
+@pytest.mark.slow
+def test_verify_runs_at_the_thread_count_it_is_told_else_the_one_training_would_use(tmp_path):
+    # issue 33: told nothing, verify keeps torch's own count in the process (OMP_NUM_THREADS here),
+    # the count the user's training runs at; --threads N sets it
+    for flags, omp, expected in (((), "2", 2), (("--threads", "1"), "2", 1), ((), "1", 1)):
+        out = tmp_path / f"v{len(flags)}{omp}.json"
+        done = _adopter("verify", "--model", "tiny-bert", "--no-benchmark", "--quiet", "--json", str(out), *flags,
+                        env={**os.environ, "OMP_NUM_THREADS": omp})
+        assert done.returncode == 0, done.stderr[-500:]
+        assert json.loads(out.read_text())["environment"]["torch_threads"] == expected, (flags, omp)

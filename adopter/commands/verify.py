@@ -34,7 +34,9 @@ DEFAULT_MODEL = "bert-base-uncased"
 DEFAULT_BATCH_SIZE = 4
 DEFAULT_SEQ_LEN = 32
 DEFAULT_BENCH_SECONDS = 20.0
-DEFAULT_THREADS = 1
+# --threads: none given (and no baseline's), the run keeps torch's own thread count in this process
+# (OMP_NUM_THREADS, else one per core), the count the user's training runs at
+DEFAULT_THREADS = None
 DEFAULT_INFERENCE_BATCHES = (1, 8)
 # mirrors adopter.verification.benchmark (not imported here: commands import torch only in run)
 MIN_BLOCKS, MAX_BLOCKS = 6, 30
@@ -55,8 +57,10 @@ def add_arguments(parser) -> None:
                         help=f"benchmark sequence length, text models (default: the baseline's, the shipped config's, else "
                              f"{DEFAULT_SEQ_LEN})")
     parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch CPU threads (default {DEFAULT_THREADS}, or the baseline's): on a shared machine "
-                             "multi-threaded step times swing tenfold, single-threaded ones by a few percent")
+                        help="torch CPU threads (default: the baseline's, else torch's own count here, as training "
+                             "would use: OMP_NUM_THREADS, else one per core); on a shared machine multi-threaded step "
+                             "times swing tenfold and are timed by wall clock, single-threaded ones by a few percent "
+                             "(process CPU time): --threads 1 for steady ratios")
     parser.add_argument(
         "--blocks", type=int, default=None,
         help="alternating original/optimized benchmark blocks (pairs) (default: as many as fit "
@@ -166,7 +170,7 @@ def run(args) -> int:
     if args.attn_implementation is None and baseline is not None:
         args.attn_implementation = (baseline.get("model") or {}).get("attn_implementation")
     if args.threads is None:
-        args.threads = int(settings.get("threads") or DEFAULT_THREADS)
+        args.threads = int(settings["threads"]) if settings.get("threads") else DEFAULT_THREADS
     if args.mode is None:
         args.mode = settings.get("mode") or "train"
     if not args.channels_last and settings.get("input_layout") == "channels_last":
