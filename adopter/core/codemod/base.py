@@ -26,6 +26,7 @@ from adopter.core.codemod.context import (
 )
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, Pos
 from adopter.core.structures import InitBinding, Match
+from adopter.core.syntax import walk
 
 
 class Codemod:
@@ -131,7 +132,7 @@ def attr_used_elsewhere(
     """A read of ``self.<attr>`` outside the ``allowed`` expressions, or None."""
     allowed_positions = set()
     for node in allowed:
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if isinstance(sub, ast.Attribute):
                 allowed_positions.add((sub.lineno, sub.col_offset))
     for owner in [class_name] + ctx.subclasses(class_name):
@@ -153,7 +154,7 @@ def fresh_local(ctx: FileContext, fn: ast.AST, base: str, taken: set[str]) -> st
 def fresh_attr(ctx: FileContext, class_name: str, base: str) -> str:
     cls = ctx.classes.get(class_name)
     used = set()
-    for node in ast.walk(cls) if cls is not None else ():
+    for node in walk(cls) if cls is not None else ():
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
             used.add(node.attr)
     name, n = base, 2
@@ -188,7 +189,7 @@ def place_construction(
     if later:
         last = max(later, key=lambda s: (s.lineno, s.col_offset))
         rebound = set()
-        for node in ast.walk(init_fn):
+        for node in walk(init_fn):
             if isinstance(node, ast.stmt) and kept.end_lineno < node.lineno <= last.lineno:
                 rebound |= stores(node) if not isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)) else set()
         needs_later = bool(rebound & construct_reads)
@@ -286,13 +287,13 @@ class ChainPlan:
             name = simple_assign_target(stmt)
             rebinders = [
                 s
-                for s in ast.walk(self.fn)
+                for s in walk(self.fn)
                 if isinstance(s, (ast.Assign, ast.AnnAssign))
                 and simple_assign_target(s) == name
                 and s not in deleted
                 and (s.lineno, s.col_offset) > (stmt.lineno, stmt.col_offset)
             ]
-            for node in ast.walk(self.fn):
+            for node in walk(self.fn):
                 if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
                     continue
                 if (node.lineno, node.col_offset) <= (stmt.end_lineno, stmt.end_col_offset):
@@ -319,7 +320,7 @@ class ChainPlan:
             origin = ctx.statement_of(origin_call)
             between = [
                 s
-                for s in ast.walk(self.fn)
+                for s in walk(self.fn)
                 if isinstance(s, ast.stmt)
                 and s not in deleted
                 and (s.lineno, s.col_offset) > (origin.end_lineno, origin.end_col_offset)
@@ -329,7 +330,7 @@ class ChainPlan:
             # Compound statements that *contain* the anchor evaluate only their test in between.
             containers = [
                 s
-                for s in ast.walk(self.fn)
+                for s in walk(self.fn)
                 if isinstance(s, ast.If)
                 and self._inside(anchor_stmt, s)
                 and (s.lineno, s.col_offset) > (origin.lineno, origin.col_offset)
@@ -338,7 +339,7 @@ class ChainPlan:
             for s in between:
                 rebound |= stores(s)
             for s in containers:
-                rebound |= {n.target.id for n in ast.walk(s.test) if isinstance(n, ast.NamedExpr)}
+                rebound |= {n.target.id for n in walk(s.test) if isinstance(n, ast.NamedExpr)}
             clash = loads(expr) & rebound
             if clash:
                 raise Skip(f"{', '.join(sorted(clash))} changes between line {origin.lineno} and line {anchor_stmt.lineno}")

@@ -15,6 +15,7 @@ from functools import cached_property
 
 from adopter.core.dsl import Span
 from adopter.core.source_file import source_lines
+from adopter.core.syntax import walk
 
 
 def _split_lines_no_ff(text: str) -> list[str]:
@@ -244,7 +245,7 @@ class FileContext:
         for fn in cls.body:
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            for node in ast.walk(fn):
+            for node in walk(fn):
                 if (
                     isinstance(node, ast.Attribute)
                     and node.attr == attr
@@ -280,7 +281,7 @@ class FileContext:
     def class_attr_stores(self, class_name: str, attr: str) -> list[ast.stmt]:
         cls = self.classes.get(class_name)
         out = []
-        for node in ast.walk(cls) if cls is not None else ():
+        for node in walk(cls) if cls is not None else ():
             if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, ast.Store):
                 if isinstance(node.value, ast.Name) and node.value.id == "self":
                     out.append(self.statement_of(node))
@@ -288,7 +289,7 @@ class FileContext:
 
     def names_in_function(self, fn: ast.AST) -> set[str]:
         names = set()
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if isinstance(node, ast.Name):
                 names.add(node.id)
             elif isinstance(node, ast.arg):
@@ -324,12 +325,12 @@ def stores(node: ast.AST) -> set[str]:
 
 def loads(node: ast.AST) -> set[str]:
     return {
-        sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
+        sub.id for sub in walk(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)
     }
 
 
 def has_call(node: ast.AST) -> bool:
-    return any(isinstance(sub, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)) for sub in ast.walk(node))
+    return any(isinstance(sub, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)) for sub in walk(node))
 
 
 def is_self_attr(node: ast.AST) -> str | None:

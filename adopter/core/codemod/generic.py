@@ -49,6 +49,7 @@ from adopter.core.codemod.edits import Edit, InitEdit
 from adopter.core.dsl import Const, Layer, RuleText, TensorOp, Value, Var, Wildcard
 from adopter.core.match import match_node, same_value
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 __all__ = ["GenericCodemod", "generic_codemod"]
 
@@ -318,12 +319,12 @@ class GenericCodemod(Codemod):
         reads = set()
         for text in positional + [v for _, v in keywords]:
             try:
-                reads |= {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)}
+                reads |= {n.id for n in walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)}
             except SyntaxError:
                 raise Skip(f"cannot parse bound argument {text!r}") from None
         first = min((s for _, s in statements), key=lambda s: (s.lineno, s.col_offset))
         rebound = set()
-        for node in ast.walk(init_fn):
+        for node in walk(init_fn):
             if (
                 isinstance(node, ast.stmt)
                 and not isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try))

@@ -14,6 +14,7 @@ from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _is_module, 
 from adopter.core.extract.values import _TEST_NAMES, _UNPARSED, SOURCE_LINES, UNKNOWN_TYPE
 from adopter.core.source_file import source_lines
 from adopter.core.structures import ClassInfo, FileStructures, InitBinding, SequentialBuild, SequentialEntry
+from adopter.core.syntax import walk
 
 _SELF_ATTR = re.compile(r"\bself\.([A-Za-z_][A-Za-z_0-9]*)(?!\s*(?:=(?!=)|:[^=\n]*=(?!=)))")
 
@@ -207,7 +208,7 @@ def _reads_any(method: ast.FunctionDef, attrs: set[str], cls) -> bool:
             continue
         seen.add(id(fn))
         self_name = fn.args.args[0].arg if fn.args.args else "self"
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if type(node) is ast.Attribute and type(node.value) is ast.Name and node.value.id == self_name:
                 if node.attr in attrs:
                     return True
@@ -227,7 +228,7 @@ def _drives_the_model(method: ast.FunctionDef) -> bool:
     """A method that calls the model itself (``self(...)``, ``self.forward(...)``): a loop around
     the model (``generate``, sampling, a training step), whose own ops (normalizing one step's
     logits) are not the model's structure."""
-    for node in ast.walk(method):
+    for node in walk(method):
         if type(node) is ast.Call:
             f = node.func
             if (type(f) is ast.Name and f.id == "self") or (
@@ -246,9 +247,9 @@ def _samples_tokens(fn: ast.FunctionDef) -> bool:
     ``no_grad``: torch's op is already one kernel there, and it is not the model's structure."""
     if fn.name == "forward":
         return False
-    for loop in ast.walk(fn):
+    for loop in walk(fn):
         if type(loop) in (ast.For, ast.While, ast.AsyncFor):
-            for node in ast.walk(loop):
+            for node in walk(loop):
                 if type(node) is ast.Call:
                     f = node.func
                     name = f.attr if type(f) is ast.Attribute else f.id if type(f) is ast.Name else ""
@@ -262,7 +263,7 @@ def _called_methods(cls) -> set[str]:
     called (inlined), not again as entries of their own."""
     called = set()
     for name, method in cls.methods.items():
-        for node in ast.walk(method):
+        for node in walk(method):
             f = node.func if type(node) is ast.Call else None
             if type(f) is ast.Attribute and type(f.value) is ast.Name and f.value.id == "self" and f.attr != name:
                 called.add(f.attr)

@@ -11,6 +11,7 @@ from adopter.core.dsl import Arg, Const, Layer, Var
 from adopter.core.extract.symbols import _activation_instance, _activation_type, _ClassCtx, _dotted, _File, _span
 from adopter.core.extract.values import UNKNOWN_TYPE, _unparse
 from adopter.core.structures import InitBinding
+from adopter.core.syntax import walk
 
 _CONTAINERS = ("torch.nn.ModuleList", "torch.nn.Sequential", "torch.nn.ModuleDict")
 _SEQUENTIAL = "torch.nn.Sequential"
@@ -122,7 +123,7 @@ def _const_args(call: ast.Call) -> tuple[Arg, ...]:
 
 def _calls_super_forward(fn: ast.FunctionDef) -> bool:
     """``forward`` runs the Sequential's own (``super().forward(x)``), adding around it."""
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if (
             type(node) is ast.Call and type(node.func) is ast.Attribute and node.func.attr == "forward"
             and type(node.func.value) is ast.Call and _dotted(node.func.value.func) == "super"
@@ -810,7 +811,7 @@ class _InitExtractor:
             return
         params = {a.arg for a in lam.args.posonlyargs + lam.args.args + lam.args.kwonlyargs}
         captured = {}
-        for n in ast.walk(lam.body):
+        for n in walk(lam.body):
             if type(n) is ast.Name and n.id not in params:
                 if n.id == self.self_name:
                     captured[n.id] = "self"

@@ -12,6 +12,7 @@ from adopter.core.dsl import Arg, Layer, Node, Span, TensorOp, Var
 from adopter.core.match.source import parse_file
 from adopter.core.match.source_uses import class_attribute_reads
 from adopter.core.structures import FileStructures
+from adopter.core.syntax import walk
 
 # ---------------------------------------------------------------- same-file layer subclasses
 
@@ -89,12 +90,12 @@ def _call_sites(source: str, names: Iterable[str]) -> dict[tuple[int, str], list
             return out
 
     def visit_function(fn, qual: str) -> None:
-        simple = [st for st in ast.walk(fn) if isinstance(st, ast.stmt) and st is not fn
+        simple = [st for st in walk(fn) if isinstance(st, ast.stmt) and st is not fn
                   and not isinstance(st, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith,
                                           ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                   and not type(st).__name__ in ("Match", "TryStar")]
         for st in simple:
-            for c in ast.walk(st):
+            for c in walk(st):
                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in wanted:
                     out.setdefault((c.lineno, c.func.id), []).append((c, qual, st))
 
@@ -502,7 +503,7 @@ def _branch_between(source: str, m, site: int, others: list[int]) -> str | None:
     def holds(body, line: int) -> bool:
         return bool(body) and body[0].lineno <= line <= (body[-1].end_lineno or body[-1].lineno)
 
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not isinstance(node, ast.If) or not _config_test(node.test):
             continue
         test = ast.unparse(node.test)
@@ -517,7 +518,7 @@ def _branch_between(source: str, m, site: int, others: list[int]) -> str | None:
 def _config_test(test: ast.AST) -> bool:
     """A test on ``self.<attr>`` values and constants only (no tensor, no call)."""
     saw_self = False
-    for n in ast.walk(test):
+    for n in walk(test):
         if isinstance(n, (ast.Call, ast.Subscript, ast.Lambda, ast.NamedExpr)):
             return False
         if isinstance(n, ast.Name) and n.id != "self":

@@ -29,6 +29,7 @@ from functools import lru_cache
 from adopter.core.match.context import Refusal
 from adopter.core.match.source import function_ast, parse_file, source_lines
 from adopter.core.structures import FileStructures, InitBinding, Match
+from adopter.core.syntax import walk
 
 # ---------------------------------------------------------------- torchscript
 
@@ -83,7 +84,7 @@ def _scripted(source: str, imports: tuple) -> dict[str, str]:
 
     visit(tree.body, "")
     classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call) and node.args and _qualified(node.func, imp) == "torch.jit.script":
             arg = node.args[0]
             target = arg.func if isinstance(arg, ast.Call) else arg
@@ -141,7 +142,7 @@ def _assign_names(stmt: ast.stmt) -> frozenset:
         targets = [stmt.target]
     names = set()
     for t in targets:
-        for n in ast.walk(t):
+        for n in walk(t):
             if isinstance(n, ast.Name):
                 names.add(n.id)
             elif isinstance(n, ast.Attribute):
@@ -151,7 +152,7 @@ def _assign_names(stmt: ast.stmt) -> frozenset:
 
 def _has_multiline_string(stmt: ast.stmt) -> bool:
     return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and (n.end_lineno or n.lineno) > n.lineno
-               for n in ast.walk(stmt))
+               for n in walk(stmt))
 
 
 class _Model:
@@ -277,10 +278,10 @@ def _hoist(stmts: list[_Item]) -> None:
             stored = frozenset().union(*(_settle(m).stores for m in moving)) if moving else frozenset()
             names = set()
             for t in anc.tests:
-                if any(isinstance(n, ast.Call) for n in ast.walk(t)):
+                if any(isinstance(n, ast.Call) for n in walk(t)):
                     raise _Fail(f"the condition of `{anc.header}` calls a function; statements cannot move past it")
-                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-                names |= {n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute)}
+                names |= {n.id for n in walk(t) if isinstance(n, ast.Name)}
+                names |= {n.attr for n in walk(t) if isinstance(n, ast.Attribute)}
             if names & stored:
                 raise _Fail(f"the condition of `{anc.header}` reads a value the moved statements assign")
             suite = next(s for s in anc.suites if _ancestor_in(stmts[i], s) is not None)
@@ -321,7 +322,7 @@ def _block_ids(fn: ast.AST) -> dict[int, int]:
     out: dict[int, int] = {}
     counter = [0]
 
-    def walk(body: list) -> None:
+    def visit(body: list) -> None:
         counter[0] += 1
         here = counter[0]
         for st in body:
@@ -329,13 +330,13 @@ def _block_ids(fn: ast.AST) -> dict[int, int]:
             for attr in ("body", "orelse", "finalbody"):
                 sub = getattr(st, attr, None)
                 if isinstance(sub, list) and sub and isinstance(sub[0], ast.stmt):
-                    walk(sub)
+                    visit(sub)
             for h in getattr(st, "handlers", []):
-                walk(h.body)
+                visit(h.body)
             for c in getattr(st, "cases", []):
-                walk(c.body)
+                visit(c.body)
 
-    walk(getattr(fn, "body", []))
+    visit(getattr(fn, "body", []))
     if len(_BLOCK_IDS) > 256:
         _BLOCK_IDS.clear()
     _BLOCK_IDS[id(fn)] = (fn, out)
@@ -462,7 +463,7 @@ def _factory_choice(structures: FileStructures, source: str | None, ib: InitBind
     if not source or ib.span is None or not ib.span.function:
         return None
     fn = function_ast(source, ib.span.function, ib.span.line)
-    stmt = next((st for st in ast.walk(fn) if isinstance(st, ast.Assign)
+    stmt = next((st for st in walk(fn) if isinstance(st, ast.Assign)
                  and st.lineno == (ib.span.stmt_line or ib.span.line)), None) if fn is not None else None
     call = getattr(stmt, "value", None)
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and len(call.args) + len(call.keywords) == 1):
@@ -612,21 +613,22 @@ def type_dependence(
 def _self_calls(fn: ast.AST) -> set[str]:
     """``a`` of every ``self.a(...)`` call in ``fn``."""
     out = set()
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
             out.add(node.func.attr)
     return out
 
 
+@lru_cache(maxsize=8)
 def _class_methods(source: str) -> dict[str, dict[str, set[str]]]:
-    """class name -> method name -> the ``self.<attr>(...)`` calls of that method."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    """class name -> method name -> the ``self.<attr>(...)`` calls of that method (once per file:
+    the tree extraction parsed). Shared: callers must not change it."""
+    tree = parse_file(source)
+    if tree is None:
         return {}
     out: dict[str, dict[str, set[str]]] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.ClassDef):
             out[node.name] = {f.name: _self_calls(f) for f in node.body
                               if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name != "__init__"}

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from adopter.core.dsl import Node, Var
 from adopter.core.match.source import function_ast, parse_file
+from adopter.core.syntax import walk
 
 # Reading only metadata is harmless: the fused kernel's input and output share it.
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"}
@@ -36,11 +37,11 @@ def _name_index(source: str, qualname: str, hint_line: int) -> dict[str, tuple[l
     if fn is None:
         return None
     parents: dict[int, ast.AST] = {}
-    for node in ast.walk(fn):
+    for node in walk(fn):
         for child in ast.iter_child_nodes(node):
             parents[id(child)] = node
     index: dict[str, tuple[list[tuple[int, int]], list[int]]] = {}
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Name):
             loads, stores = index.setdefault(node.id, ([], []))
             if isinstance(node.ctx, ast.Load):
@@ -113,7 +114,7 @@ def class_attribute_reads(source: str) -> dict[str, tuple[tuple[str, ...], dict[
             params = fn.args.posonlyargs + fn.args.args
             self_name = params[0].arg if params else "self"
             reads: dict[str, list[tuple[int, int]]] = {}
-            for node in ast.walk(fn):
+            for node in walk(fn):
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == self_name:
                     reads.setdefault(node.attr, []).append((node.lineno, node.col_offset))
             methods[fn.name] = {k: tuple(v) for k, v in reads.items()}

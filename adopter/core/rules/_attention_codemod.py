@@ -47,6 +47,7 @@ from adopter.core.codemod.context import (
 )
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 CASTS = {"type", "to", "type_as", "float", "half", "bfloat16"}
 
@@ -116,7 +117,7 @@ def _add_term(core: "_Core", term: ast.expr, line: int) -> None:
 def _bound_in(fn: ast.AST) -> set[str]:
     """Names a function binds locally (parameters, assignments, imports, global/nonlocal)."""
     out = set()
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             out.add(node.id)
         elif isinstance(node, ast.arg):
@@ -232,7 +233,7 @@ class _AttentionCodemod(Codemod):
             if simple_assign_target(stmt) == name:
                 return False
         # Reads after the block (enclosing blocks) count too.
-        for node in ast.walk(fn):
+        for node in walk(fn):
             if (
                 isinstance(node, ast.Name)
                 and node.id == name

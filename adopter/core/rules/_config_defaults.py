@@ -12,6 +12,7 @@ from pathlib import Path
 
 from adopter.core.match.source import class_init_ast, function_ast, parse_file
 from adopter.core.source_file import SourceReadError, read_source
+from adopter.core.syntax import walk
 
 
 @lru_cache(maxsize=256)
@@ -39,7 +40,7 @@ def _defaults_of_file(path: str) -> dict[str, dict[str, frozenset]]:
             value = None
         found.setdefault(name, set()).add(value if isinstance(value, (str, int, float, bool)) else None)
 
-    for cls in ast.walk(tree):
+    for cls in walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         found = {}
@@ -124,7 +125,7 @@ def local_origin(source: str, function: str, name: str, before_line: int):
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
     assigns = [
-        n for n in ast.walk(fn)
+        n for n in walk(fn)
         if isinstance(n, ast.Assign) and n.lineno < before_line
         and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
     ]
@@ -166,13 +167,13 @@ def param_passed(source: str, class_name: str, param: str) -> bool:
     tree = parse_file(source)
     if tree is None:
         return True
-    cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    cls = next((n for n in walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) if cls else None
     if init is None:
         return True
     names = [a.arg for a in init.args.posonlyargs + init.args.args][1:]  # without self
     index = names.index(param) if param in names else None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call):
             continue
         f = node.func
@@ -218,7 +219,7 @@ def _config_classes_of_file(path: str) -> dict[str, tuple[tuple[str, ...], froze
             body = body[1:]  # the docstring describes, it does not define
         names: set[str] = set()
         for stmt in body:
-            for n in ast.walk(stmt):
+            for n in walk(stmt):
                 if isinstance(n, ast.Name):
                     names.add(n.id)
                 elif isinstance(n, ast.Attribute):

@@ -29,6 +29,7 @@ from adopter.core.rules._activation_keys import (
 )
 from adopter.core.rules._common import intermediates_unused
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 RELU_KERNEL = KernelActivations(frozenset({"relu"}), "ReLU", "not ReLU", "{'relu'}")
 
@@ -159,7 +160,7 @@ def _activation_text(ctx: FileContext, act: ast.Call) -> str:
     func = act.func
     if is_self_attr(func) is None and not isinstance(func, (ast.Name, ast.Attribute)):
         raise Skip(f"the ReLU {ctx.segment(func)!r} is not a module or function reference")
-    if isinstance(func, ast.Subscript) or any(isinstance(n, ast.Call) for n in ast.walk(func)):
+    if isinstance(func, ast.Subscript) or any(isinstance(n, ast.Call) for n in walk(func)):
         raise Skip(f"the ReLU {ctx.segment(func)!r} is looked up in the call (ACT2FN[...](x))")
     return arg_text(ctx, func)
 

@@ -39,6 +39,7 @@ from adopter.core.match.source import function_ast
 from adopter.core.rule import Rule, Runtime, RuntimeSite, RuntimeStep
 from adopter.core.rules._common import DROPOUT, LAYER_NORM, first_of, intermediates_unused
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 DSL = """
 rule Dropout_LayerNorm
@@ -124,7 +125,7 @@ def prenorm_obstacle(fn: ast.AST, add: ast.BinOp, norm: ast.Call) -> str | None:
     """Why the LayerNorm call ``norm`` cannot run at the add ``add`` (in function ``fn``) with the
     sum kept under its name (the pre-norm rewrite), or None. Plain ``ast``: the scan's
     precondition and the codemod ask the same question."""
-    parents = {child: node for node in ast.walk(fn) for child in ast.iter_child_nodes(node)}
+    parents = {child: node for node in walk(fn) for child in ast.iter_child_nodes(node)}
 
     def statement(node: ast.AST) -> ast.AST | None:
         while node is not None and not isinstance(node, ast.stmt):
@@ -168,8 +169,8 @@ def prenorm_obstacle(fn: ast.AST, add: ast.BinOp, norm: ast.Call) -> str | None:
             return "the LayerNorm call runs conditionally or repeatedly within its statement"
         ancestors.add(node)
         node = parents.get(node)
-    inside = set(ast.walk(norm))
-    for sub in ast.walk(norm_stmt):
+    inside = set(walk(norm))
+    for sub in walk(norm_stmt):
         if (
             isinstance(sub, _EFFECTS)
             and sub not in ancestors
@@ -183,7 +184,7 @@ def prenorm_obstacle(fn: ast.AST, add: ast.BinOp, norm: ast.Call) -> str | None:
 def _exact(fn: ast.AST, span, kind: type) -> ast.AST | None:
     key = (span.line, span.col, span.end_line, span.end_col)
     return next(
-        (n for n in ast.walk(fn) if isinstance(n, kind)
+        (n for n in walk(fn) if isinstance(n, kind)
          and (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) == key),
         None,
     )
@@ -274,7 +275,7 @@ class _HelperSplit:
         family = [match.class_name, owner, *ctx.subclasses(owner)]
         if any(ctx.class_attr_stores(c, method.name) for c in family):
             raise Skip(f"{several}: an instance attribute {method.name!r} shadows the helper")
-        if owner in stores(fn) or owner in {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}:
+        if owner in stores(fn) or owner in {a.arg for a in walk(fn.args) if isinstance(a, ast.arg)}:
             raise Skip(f"{several}: {owner} names something else in {fn.name}, where the guard reads the class")
         dropout = module_handle(ctx, drop, "Dropout")
         # the same name each time, so a later pass finds the method an earlier one added
@@ -333,7 +334,7 @@ def _method_names(ctx: FileContext, class_name: str) -> set[str]:
 def _self_attrs(ctx: FileContext, classes: list[str]) -> set[str]:
     out = set()
     for name in classes:
-        for node in ast.walk(ctx.classes[name]) if name in ctx.classes else ():
+        for node in walk(ctx.classes[name]) if name in ctx.classes else ():
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
                 out.add(node.attr)
     return out
@@ -350,7 +351,7 @@ def _split_obstacle(ctx: FileContext, caller: ast.AST, method: ast.AST, drop: as
     last = method.body[-1]
     if not (isinstance(last, ast.Return) and last.value is drop):
         return "its dropout is not its final `return self.<dropout>(...)`"
-    for node in ast.walk(method):
+    for node in walk(method):
         if node is not last and isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.FunctionDef,
                                                   ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) \
                 and node is not method:
@@ -548,7 +549,7 @@ class DropoutLayerNorm(Codemod):
                 return any(
                     isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
                     and (n.lineno, n.col_offset) < (add_stmt.lineno, add_stmt.col_offset)
-                    for n in ast.walk(node)
+                    for n in walk(node)
                 )
             node = ctx.parent(node)
         return False

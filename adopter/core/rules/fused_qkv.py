@@ -45,6 +45,7 @@ from adopter.core.match.source_uses import attribute_uses_in_class_family
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR, const_text, distinct_modules, kwarg
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 DSL = """
 rule fused_QKV
@@ -203,7 +204,7 @@ _INIT_CALLEES = ("nn.init.", "torch.nn.init.", "init.")
 
 
 def _parents(tree: ast.AST) -> dict[int, ast.AST]:
-    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    return {id(child): node for node in walk(tree) for child in ast.iter_child_nodes(node)}
 
 
 def _initialises_parameter(ref: ast.expr, parents: dict[int, ast.AST]) -> bool:
@@ -244,7 +245,7 @@ def _initialisation_use(source: str, line: int, col: int) -> bool:
     if found is None:
         return False
     tree, parents = found
-    ref = next((n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+    ref = next((n for n in walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                 and n.lineno == line and n.col_offset == col), None)
     if ref is None:
         return False
@@ -257,7 +258,7 @@ def _initialisation_use(source: str, line: int, col: int) -> bool:
             and isinstance(loop.target, ast.Name) and not loop.orelse):
         return False
     name = loop.target.id
-    reads = [n for stmt in loop.body for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
+    reads = [n for stmt in loop.body for n in walk(stmt) if isinstance(n, ast.Name) and n.id == name]
     return bool(reads) and all(isinstance(n.ctx, ast.Load) and _initialises_parameter(n, parents) for n in reads)
 
 

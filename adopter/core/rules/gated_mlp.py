@@ -63,6 +63,7 @@ from adopter.core.rules._activation_keys import (
 )
 from adopter.core.rules._common import LINEAR, intermediates_unused
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 _TA = "transformers.activations."
 SILU_MODULES = ("torch.nn.SiLU", _TA + "SiLUActivation")
@@ -204,7 +205,7 @@ def split_halves(call: ast.Call, stmt: ast.stmt | None) -> Halves | str:
 def _block_index(fn: ast.AST) -> dict[int, tuple[list[ast.stmt], int]]:
     """id(statement) -> (the statement list holding it, its index there)."""
     out: dict[int, tuple[list[ast.stmt], int]] = {}
-    for node in ast.walk(fn):
+    for node in walk(fn):
         for name in ("body", "orelse", "finalbody"):
             block = getattr(node, name, None)
             if isinstance(block, list):
@@ -253,7 +254,7 @@ def dim_refusal(halves: Halves) -> Refusal | None:
 
 def _find_call(fn: ast.AST, span) -> tuple[ast.Call | None, ast.stmt | None]:
     call = stmt = None
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Call) and (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset) == (
                 span.line, span.col, span.end_line, span.end_col):
             call = node
@@ -418,10 +419,10 @@ class _PackedPlan(ChainPlan):
         exempt = [anchor, *deleted]
         for stmt in deleted:
             for name in self._targets(stmt):
-                rebinders = [s for s in ast.walk(self.fn) if isinstance(s, (ast.Assign, ast.AnnAssign))
+                rebinders = [s for s in walk(self.fn) if isinstance(s, (ast.Assign, ast.AnnAssign))
                              and simple_assign_target(s) == name and s not in deleted
                              and (s.lineno, s.col_offset) > (stmt.lineno, stmt.col_offset)]
-                for node in ast.walk(self.fn):
+                for node in walk(self.fn):
                     if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
                         continue
                     if (node.lineno, node.col_offset) <= (stmt.end_lineno, stmt.end_col_offset):

@@ -30,10 +30,11 @@ from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_ex
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
 from adopter.core.match import MatchContext, NotACandidate, Refusal
-from adopter.core.match.source import function_ast, parse_file, same_file_lineage
+from adopter.core.match.source import function_ast, parse_file, same_file_lineage, source_lines
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 DSL = """
 rule linear_cross_entropy
@@ -123,11 +124,22 @@ class NotAMatch(Exception):
     """The Linear is not an LM head feeding ``self.loss_function``."""
 
 
+# id(fn) -> (fn, its parent map): every Linear of a function asks for the same map (a file's
+# dozens of Linears each walked the whole function again). Shared: callers must not change it.
+_PARENTS: dict[int, tuple[ast.AST, dict[ast.AST, ast.AST]]] = {}
+
+
 def _parents(fn: ast.AST) -> dict[ast.AST, ast.AST]:
+    cached = _PARENTS.get(id(fn))
+    if cached is not None and cached[0] is fn:
+        return cached[1]
     out = {}
-    for node in ast.walk(fn):
+    for node in walk(fn):
         for child in ast.iter_child_nodes(node):
             out[child] = node
+    if len(_PARENTS) > 64:
+        _PARENTS.clear()
+    _PARENTS[id(fn)] = (fn, out)
     return out
 
 
@@ -181,7 +193,7 @@ def find_site(fn: ast.AST, head_call: ast.Call) -> HeadLossSite:
             and isinstance(head_stmt.targets[0], ast.Name)):
         raise NotAMatch("the Linear's output is not assigned to a plain name")
     logits = head_stmt.targets[0].id
-    calls = [n for n in ast.walk(fn) if _is_loss_call(n) and _at(n) > _at(head_stmt)
+    calls = [n for n in walk(fn) if _is_loss_call(n) and _at(n) > _at(head_stmt)
              and isinstance(_logits_argument(n), ast.Name) and _logits_argument(n).id == logits]
     if not calls:
         raise NotAMatch(f"{logits} reaches no self.{LOSS_METHOD}(...) as its logits")
@@ -216,7 +228,7 @@ def logits_refusal(fn: ast.AST, site: HeadLossSite, source_line) -> Refusal | No
     name = site.logits
     loss_stmt = _statement(site.loss_call, parents)
     logits_arg = _logits_argument(site.loss_call)
-    uses = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == name and n is not logits_arg
+    uses = sorted((n for n in walk(fn) if isinstance(n, ast.Name) and n.id == name and n is not logits_arg
                    and _at(n) > _end(site.head_stmt)), key=_at)
     # first whatever changes the logits before the loss, then any other read
     for node in uses:
@@ -411,8 +423,8 @@ def _qualified(node: ast.AST, imports: dict[str, str], local: set[str]) -> str |
 
 
 def _stored_names(fn: ast.AST) -> set[str]:
-    out = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)} if hasattr(fn, "args") else set()
-    for node in ast.walk(fn):
+    out = {a.arg for a in walk(fn.args) if isinstance(a, ast.arg)} if hasattr(fn, "args") else set()
+    for node in walk(fn):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             out.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
@@ -432,7 +444,7 @@ def _int_literal(node: ast.AST | None) -> int | None:
 
 
 def _names_in(node: ast.AST, names: set[str]) -> list[ast.Name]:
-    return [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names]
+    return [n for n in walk(node) if isinstance(n, ast.Name) and n.id in names]
 
 
 def _last_size_of(node: ast.AST, names: set[str]) -> ast.Name | None:
@@ -577,7 +589,7 @@ def _module_construction(node: ast.AST | None, imports: dict[str, str], local: s
 
 
 def _class_of(tree: ast.Module, fn: ast.AST) -> ast.ClassDef | None:
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.ClassDef) and fn in node.body:
             return node
     return None
@@ -588,7 +600,7 @@ def _self_attr_is_ce(tree: ast.Module, cls: ast.ClassDef | None, attr: str, impo
     ``nn.CrossEntropyLoss(...)``."""
     stores, assigns = [], []
     for c in same_file_lineage(tree, cls):
-        for node in ast.walk(c):
+        for node in walk(c):
             if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, ast.Store) \
                     and isinstance(node.value, ast.Name) and node.value.id == "self":
                 stores.append(node)
@@ -604,7 +616,7 @@ def _self_attr_values(tree: ast.Module, cls: ast.ClassDef | None, attr: str) -> 
     """Every value assigned to ``self.<attr>`` in the class and its same-file base classes."""
     values = []
     for c in same_file_lineage(tree, cls):
-        for node in ast.walk(c):
+        for node in walk(c):
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if isinstance(target, ast.Attribute) and target.attr == attr \
@@ -655,12 +667,13 @@ class _FileFacts:
         self._functions: list | None = None
         self._embedding: tuple | None = None
         self._ce_names: set[str] | None = None
+        self.no_cross_entropy: dict[int, bool] = {}  # id(function of the tree) -> _calls_no_cross_entropy
 
     @property
     def functions(self) -> list:
         """(lineno, end_lineno, function) of every function."""
         if self._functions is None:
-            self._functions = [(f.lineno, f.end_lineno, f) for f in ast.walk(self.tree)
+            self._functions = [(f.lineno, f.end_lineno, f) for f in walk(self.tree)
                                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
         return self._functions
 
@@ -668,18 +681,18 @@ class _FileFacts:
         if self._embedding is None:
             scope_of_call: dict[int, ast.AST] = {}
             for _, _, f in self.functions:
-                for c in ast.walk(f):
+                for c in walk(f):
                     if isinstance(c, ast.Call):
                         scope_of_call[id(c)] = f  # the innermost function wins: walked after its parent
             embedded, tied = set(), set()
-            for node in ast.walk(self.tree):
+            for node in walk(self.tree):
                 if isinstance(node, ast.Call) and _callee_name(node).endswith("Embedding"):
                     key = _size_key(_argument(node, 0, "num_embeddings"), scope_of_call.get(id(node)))
                     if key is not None:  # (relative-position tables sized by arithmetic: not a vocabulary)
                         embedded.add(key)
                 elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "weight"
                                                           for t in node.targets):
-                    tied |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                    tied |= {n.attr for n in walk(node) if isinstance(n, ast.Attribute)}
             self._embedding = (scope_of_call, embedded, tied)
         return self._embedding
 
@@ -693,7 +706,7 @@ class _FileFacts:
         if self._ce_names is None:
             names = {"cross_entropy", "CrossEntropyLoss"}
             bindings: list[tuple[set[str], set[str]]] = []  # (names bound, names read by the value)
-            for node in ast.walk(self.tree):
+            for node in walk(self.tree):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     for alias in node.names:
                         if alias.asname and alias.name.rsplit(".", 1)[-1] in names:
@@ -701,7 +714,7 @@ class _FileFacts:
                 elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     bound = {t.id if isinstance(t, ast.Name) else t.attr for target in targets
-                             for t in ast.walk(target) if isinstance(t, (ast.Name, ast.Attribute))}
+                             for t in walk(target) if isinstance(t, (ast.Name, ast.Attribute))}
                     bindings.append((bound, _names_read(node.value)))
             for node in self.tree.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -733,14 +746,20 @@ class _FileFacts:
 
 
 def _names_read(node: ast.AST) -> set[str]:
-    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in walk(node)
             if isinstance(n, (ast.Name, ast.Attribute))}
 
 
 def _calls_no_cross_entropy(tree: ast.Module, fn: ast.AST) -> bool:
-    """No call of ``fn`` names anything that can reach torch's cross entropy (``_FileFacts.ce_names``)."""
-    names = _file_facts(tree).ce_names
-    return not any(isinstance(n, ast.Call) and _names_read(n.func) & names for n in ast.walk(fn))
+    """No call of ``fn`` names anything that can reach torch's cross entropy (``_FileFacts.ce_names``);
+    once per function."""
+    facts = _file_facts(tree)
+    known = facts.no_cross_entropy.get(id(fn))
+    if known is None:
+        names = facts.ce_names
+        known = not any(isinstance(n, ast.Call) and _names_read(n.func) & names for n in walk(fn))
+        facts.no_cross_entropy[id(fn)] = known  # (the facts keep the tree, so fn's id stays its own)
+    return known
 
 
 _FACTS: dict[int, tuple[ast.Module, _FileFacts]] = {}
@@ -794,7 +813,7 @@ def _binding_index(scope: ast.AST) -> tuple[dict[str, list], dict[int, ast.Assig
         return cached[1], cached[2]
     binds: dict[str, list] = {}
     assigns: dict[int, ast.Assign] = {}
-    for sub in ast.walk(scope):
+    for sub in walk(scope):
         if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
             binds.setdefault(sub.id, []).append(sub)
         elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub is not scope:
@@ -826,7 +845,7 @@ def _module_function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
     for node in tree.body:
         if node is defs[0]:
             continue
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if isinstance(sub, ast.Name) and sub.id == name and isinstance(sub.ctx, ast.Store):
                 return None
             if isinstance(sub, ast.alias) and (sub.asname or sub.name).split(".")[0] == name:
@@ -908,7 +927,7 @@ def _settle_branches(body: list[ast.stmt], env: dict[str, ast.expr], tensors: se
     rebound: set[str] = set()
     for stmt in body:
         if isinstance(stmt, ast.If):
-            tested = {n.id for n in ast.walk(stmt.test) if isinstance(n, ast.Name)}
+            tested = {n.id for n in walk(stmt.test) if isinstance(n, ast.Name)}
             value = None if tested & rebound else _static_test(stmt.test, env, tensors)
             if value is None and not tested & rebound:
                 if id(stmt.test) in assume:
@@ -923,7 +942,7 @@ def _settle_branches(body: list[ast.stmt], env: dict[str, ast.expr], tensors: se
                     return out
                 continue
         out.append(stmt)
-        rebound |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        rebound |= {n.id for n in walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         if isinstance(stmt, ast.Return):
             return out
     return out
@@ -983,7 +1002,7 @@ def inline_helper(helper: ast.FunctionDef, call: ast.Call, tensors: set[str] = f
         for i, name in enumerate(assigned):
             later = settled[i + 1:]
             if not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                       for s in later for n in ast.walk(s)):
+                       for s in later for n in walk(s)):
                 raise NotAMatch(f"helper {helper.name} assigns {name} and never reads it")
         local_env = dict(env)
         for stmt in settled[:-1]:
@@ -1119,7 +1138,7 @@ def _dominated(head: ast.stmt, stmt: ast.stmt, parents: dict) -> str:
 def _killed(read: ast.AST, head: ast.stmt, name: str, fn: ast.AST, parents: dict) -> bool:
     """A store of ``name`` after the head definitely runs between the head and ``read``."""
     r_stmt = _statement(read, parents)
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store)):
             continue
         s_stmt = _statement(node, parents)
@@ -1202,7 +1221,7 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
     local = _stored_names(fn)
     # shift_logits = logits[..., :-1, :].contiguous(): assigned once, after the head
     shifts: dict[str, tuple[ast.Assign, list, list]] = {}
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and _at(node) > _at(head_stmt) and node.targets[0].id != logits and _names_in(node.value, {logits}):
             try:
@@ -1214,7 +1233,7 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
                     and _single_assign(fn, name) is node and not _dominated(head_stmt, node, parents):
                 shifts[name] = (node, ops, reads)
     found, why_not = [], []
-    for call in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call) and _at(n) > _end(head_stmt)), key=_at):
+    for call in sorted((n for n in walk(fn) if isinstance(n, ast.Call) and _at(n) > _end(head_stmt)), key=_at):
         if not _names_in(call, {logits, *shifts}):
             continue
         classified = _classify(call, fn, tree, imports, local)
@@ -1241,8 +1260,8 @@ def find_ce_site(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> CrossEnt
                 # the guard runs before the head: it cannot read the logits
                 why_not.append(f"the call of {helper.name} decides its branch from the logits")
                 continue
-            free = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} - {
-                n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
+            free = {n.id for n in walk(expr) if isinstance(n, ast.Name)} - {
+                n.id for n in walk(call) if isinstance(n, ast.Name)}
             if not isinstance(expr, ast.Call) or free & local:
                 why_not.append(f"helper {helper.name} does not return torch's cross entropy of its arguments")
                 continue
@@ -1297,7 +1316,7 @@ def ce_refusal(fn: ast.AST, site: CrossEntropySite, source_line) -> Refusal | No
     early = _early_returns(fn, site, parents)
     for name in sorted(names):
         origin = site.head_stmt if name == site.logits else site.shift_stmt  # where the name gets its value
-        uses = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == name
+        uses = sorted((n for n in walk(fn) if isinstance(n, ast.Name) and n.id == name
                        and id(n) not in site.reads and _at(n) > _end(site.head_stmt)
                        and not (site.shift_stmt is not None and n is site.shift_stmt.targets[0])), key=_at)
         for node in uses:
@@ -1332,7 +1351,7 @@ def ce_refusal(fn: ast.AST, site: CrossEntropySite, source_line) -> Refusal | No
                                           "training the fused path never computes the logits")
     if site.synthesized:
         # the helper's body: its cross entropy must not read the logits beside the input
-        inlined = [n for a in site.args + [k.value for k in site.keywords] for n in ast.walk(a)
+        inlined = [n for a in site.args + [k.value for k in site.keywords] for n in walk(a)
                    if isinstance(n, ast.Name) and n.id in names]
         if inlined:
             return Refusal("logits-read", f"helper {site.helper.name} reads the logits beside the cross "
@@ -1399,16 +1418,16 @@ def ce_edit(ctx: FileContext, fn: ast.AST, head_call: ast.Call, site: CrossEntro
     if loss in (site.logits, site.shift):
         raise Skip(f"line {loss_stmt.lineno}: the loss is bound to the logits' name")
     # the head's call moves down to the loss statement: nothing it reads may change on the way
-    head_names = {n.id for n in ast.walk(head_call) if isinstance(n, ast.Name)}
+    head_names = {n.id for n in walk(head_call) if isinstance(n, ast.Name)}
     head_text = ast.unparse(head_call)
     moved = {id(site.head_stmt), id(site.shift_stmt), id(loss_stmt)}
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if not (isinstance(node, ast.stmt) and id(node) not in moved and _end(site.head_stmt) <= _at(node)
                 and _at(node) < _at(loss_stmt)):
             continue
         if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef)):
             continue  # their statements are visited themselves
-        for sub in ast.walk(node):
+        for sub in walk(node):
             written = None
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)) and sub.id in head_names:
                 written = sub.id
@@ -1486,7 +1505,7 @@ def _statement_text(ctx: FileContext, stmt: ast.stmt) -> str:
     after = last[stmt.end_col_offset:].decode().strip()
     if first[:stmt.col_offset].strip() or (after and not after.startswith("#")):
         raise Skip(f"line {stmt.lineno} shares its line with another statement")
-    if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "\n" in n.value for n in ast.walk(stmt)) \
+    if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "\n" in n.value for n in walk(stmt)) \
             or isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef)):
         raise Skip(f"line {stmt.lineno} cannot be copied into the guarded rewrite")
     prefix = first[:stmt.col_offset].decode()
@@ -1501,11 +1520,11 @@ def _early_returns(fn: ast.AST, site: CrossEntropySite, parents: dict) -> list[a
     with the head's output and never reaches the loss, so the rewrite runs the head there."""
     loss_stmt = _statement(site.loss_call, parents)
     out = []
-    for node in ast.walk(fn):
+    for node in walk(fn):
         if isinstance(node, ast.Return) and node.value is not None and _end(site.head_stmt) <= _at(node) \
                 and _at(node) < _at(loss_stmt) and _names_in(node.value, {site.logits}) \
                 and not _dominated(site.head_stmt, node, parents) \
-                and not any(isinstance(n, (ast.Lambda, ast.NamedExpr)) for n in ast.walk(node.value)):
+                and not any(isinstance(n, (ast.Lambda, ast.NamedExpr)) for n in walk(node.value)):
             out.append(node)
     return sorted(out, key=_at)
 
@@ -1514,7 +1533,7 @@ def _early_returns(fn: ast.AST, site: CrossEntropySite, parents: dict) -> list[a
 
 
 def _head_call(fn: ast.AST, span) -> ast.Call | None:
-    return next((n for n in ast.walk(fn) if isinstance(n, ast.Call) and (n.lineno, n.col_offset, n.end_lineno,
+    return next((n for n in walk(fn) if isinstance(n, ast.Call) and (n.lineno, n.col_offset, n.end_lineno,
                  n.end_col_offset) == (span.line, span.col, span.end_line, span.end_col)), None)
 
 
@@ -1540,15 +1559,22 @@ def head_feeds_loss(ctx: MatchContext) -> str | None:
     span = node.span
     if ctx.source is None or span is None:
         return NotACandidate("no source")
-    lines = ctx.source.split("\n")
+    lines = source_lines(ctx.source)
     hf_reason = f"no self.{LOSS_METHOD} call"
+    call = None
     if LOSS_METHOD in ctx.source:
         if "ForMaskedLM" in (ctx.match.class_name or ""):
             return "a masked-LM head (transformers picks ForMaskedLMLoss by the class name)"
         fn = function_ast(ctx.source, span.function, span.line)
-        call = _head_call(fn, span) if fn is not None else None
-        if call is None:
+        if fn is None:
             return "the head call is not found in the source"
+        # a function that does not write the loss method's name cannot call it: no site to look for
+        # (every Linear of a file is asked; most are in functions without it)
+        mentions = any(LOSS_METHOD in line for line in lines[fn.lineno - 1:fn.end_lineno])
+        call = _head_call(fn, span) if mentions else None
+        if mentions and call is None:
+            return "the head call is not found in the source"
+    if call is not None:
         try:
             site = find_site(fn, call)
         except NotAMatch as exc:

@@ -31,9 +31,10 @@ from adopter.core.codemod.base import Codemod, kernel_name, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
 from adopter.core.match import MatchContext, Refusal
-from adopter.core.match.source import parse_file
+from adopter.core.match.source import parse_file, source_segment
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 KERNEL = "rms_norm"
 CODE = "norm-variant"
@@ -173,10 +174,10 @@ class _Evaluator:
         if isinstance(node, ast.Name):
             return env.get(node.id, _unknown(node))
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):  # bools too (keepdim)
-            return Sym("const", node.value, node=node, text=ast.get_source_segment(self.source, node) or "")
+            return Sym("const", node.value, node=node, text=source_segment(self.source, node) or "")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
             inner = self.expr(node.operand, env)
-            return Sym("const", -inner.value, node=node, text=ast.get_source_segment(self.source, node) or "") \
+            return Sym("const", -inner.value, node=node, text=source_segment(self.source, node) or "") \
                 if inner.kind == "const" else _unknown(node)
         if isinstance(node, ast.Attribute):
             path = self.torch_path(node)
@@ -696,7 +697,7 @@ def _torch_names(tree: ast.Module) -> set[str]:
 def _class_node(tree: ast.Module, name: str) -> ast.ClassDef | None:
     """The last definition of class ``name`` (also one nested in an ``if``/``try`` block)."""
     found = None
-    for c in ast.walk(tree):
+    for c in walk(tree):
         if isinstance(c, ast.ClassDef) and c.name == name:
             found = c
     return found
@@ -764,12 +765,12 @@ def analyze_forward(source: str, class_name: str) -> Form:
 
 
 def _mentions_norm(fn: ast.FunctionDef) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr in ("rsqrt", "sqrt") for n in ast.walk(fn))
+    return any(isinstance(n, ast.Attribute) and n.attr in ("rsqrt", "sqrt") for n in walk(fn))
 
 
 def _overriding_subclasses(tree: ast.Module, class_name: str, names: tuple[str, ...]) -> list[str]:
     """Same-file subclasses of ``class_name`` (direct or not) that override one of ``names``."""
-    classes = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+    classes = [c for c in walk(tree) if isinstance(c, ast.ClassDef)]
     out: list[str] = []
     seen = {class_name}
     parents = [class_name]

@@ -55,6 +55,7 @@ from adopter.core.match import MatchContext, NotACandidate
 from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 # Extraction inlines ``rotate_half(x)`` into the calling function (its ``-x2`` and ``torch.cat``,
 # not the slicing). ``Rule.inlined_functions`` folds that run back into one call at the call site:
@@ -433,7 +434,7 @@ def _rotation_param(fn: ast.FunctionDef, kind: str) -> str | None:
         return params[0].arg
     if kind == "method" and not decorators and len(params) == 2:
         this = params[0].arg
-        if any(isinstance(n, ast.Name) and n.id == this for s in fn.body for n in ast.walk(s)):
+        if any(isinstance(n, ast.Name) and n.id == this for s in fn.body for n in walk(s)):
             return None
         return params[1].arg
     return None
@@ -563,7 +564,7 @@ def interleaved_rotation(fn: ast.FunctionDef, tree: ast.Module, kind: str = "fun
 
 def _builds_pairs(fn: ast.FunctionDef) -> bool:
     """The source pairs even/odd positions (a step slice, a stack, an unbind, a (-1, 2) reshape)."""
-    for n in ast.walk(fn):
+    for n in walk(fn):
         if isinstance(n, ast.Slice) and n.step is not None:
             return True
         if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name)):
@@ -592,10 +593,10 @@ def _rotation_like(fn: ast.FunctionDef, method: bool = False) -> bool:
     wanted = {1, 2} if method else {1}
     if len(a.posonlyargs + a.args) not in wanted or a.vararg or a.kwarg or a.kwonlyargs:
         return False
-    negates = any(isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) for n in ast.walk(fn))
+    negates = any(isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) for n in walk(fn))
     joins = any(isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))
                 and (n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id) in ("cat", "stack", "concat")
-                for n in ast.walk(fn))
+                for n in walk(fn))
     return negates and joins
 
 
@@ -642,7 +643,7 @@ class _Facts:
             self.params |= {p.arg for p in (a.vararg, a.kwarg) if p is not None}
         for name in self.params:
             self.bindings[name] = 1
-        for n in ast.walk(fn):
+        for n in walk(fn):
             if isinstance(n, ast.Name):
                 if isinstance(n.ctx, ast.Load):
                     self.loads.setdefault(n.id, []).append(n)
@@ -665,7 +666,7 @@ class _Facts:
             for handler in getattr(n, "handlers", []) or []:
                 for i, s in enumerate(handler.body):
                     self.blocks[id(s)] = (handler.body, i)
-        for stmt in (s for s in ast.walk(fn) if isinstance(s, ast.Assign) and len(s.targets) == 1):
+        for stmt in (s for s in walk(fn) if isinstance(s, ast.Assign) and len(s.targets) == 1):
             target = stmt.targets[0]
             if isinstance(target, ast.Name):
                 self.single[target.id] = (stmt, stmt.value, None)
@@ -695,7 +696,7 @@ class _Facts:
 
 
 def _inside(node: ast.AST, outer: ast.AST) -> bool:
-    return any(n is node for n in ast.walk(outer))
+    return any(n is node for n in walk(outer))
 
 
 def _statement_names(stmt: ast.stmt) -> set[str] | None:
@@ -750,7 +751,7 @@ def _method_def(tree: ast.Module, cls: ast.ClassDef, name: str, seen: frozenset 
     method resolution order of single inheritance), when the class binds the name only there."""
     defs = [s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == name]
     other = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-                for s in cls.body if not isinstance(s, ast.FunctionDef) for n in ast.walk(s))
+                for s in cls.body if not isinstance(s, ast.FunctionDef) for n in walk(s))
     if len(defs) > 1 or other or any(isinstance(s, (ast.AsyncFunctionDef, ast.ClassDef)) and s.name == name
                                      for s in cls.body):
         return f"{cls.name}.{name} is bound more than once"
@@ -826,7 +827,7 @@ class _Site:
         facts = _Facts(fn)
         stmt = None
         if fn is not None:
-            stmt = next((s for s in ast.walk(fn) if isinstance(s, ast.stmt) and s is not fn
+            stmt = next((s for s in walk(fn) if isinstance(s, ast.stmt) and s is not fn
                          and not isinstance(s, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef,
                                                 ast.AsyncFunctionDef, ast.ClassDef, ast.AsyncFor, ast.AsyncWith))
                          and _inside(expr, s)), None)
@@ -899,7 +900,7 @@ def _module_function(tree: ast.Module, name: str) -> ast.FunctionDef | str:
             other = True
         elif not isinstance(stmt, (ast.FunctionDef, ast.ClassDef, ast.If, ast.Try, ast.With)):
             other |= any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-                         for n in ast.walk(stmt))
+                         for n in walk(stmt))
     if not defs:
         return f"{name} is not a function defined in this file"
     if len(defs) > 1 or other:
@@ -963,7 +964,7 @@ def _unchanged_since(site: _Site, root: str, names: set[str]) -> bool:
         starts.append(index)
     first = min(starts, default=end)
     return not any(isinstance(n, ast.Name) and n.id == root and not isinstance(n.ctx, ast.Load)
-                   for stmt in block[first:end] for n in ast.walk(stmt))
+                   for stmt in block[first:end] for n in walk(stmt))
 
 
 @dataclass(frozen=True)
@@ -992,7 +993,7 @@ _PURE_METHODS = {"float", "double", "half", "bfloat16", "to", "type_as", "contig
 def _pure(e: ast.expr) -> bool:
     """``e`` reads names, attributes and items only (plus pure casts): evaluating it once instead
     of twice changes nothing."""
-    for n in ast.walk(e):
+    for n in walk(e):
         if isinstance(n, ast.Call):
             if not (isinstance(n.func, ast.Attribute) and n.func.attr in _PURE_METHODS):
                 return False
@@ -1005,7 +1006,7 @@ def _pure(e: ast.expr) -> bool:
 
 
 def _unsafe_operand(e: ast.expr) -> bool:
-    return any(isinstance(n, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(e))
+    return any(isinstance(n, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in walk(e))
 
 
 def _local_names(fn: ast.AST) -> set[str]:
@@ -1015,7 +1016,7 @@ def _local_names(fn: ast.AST) -> set[str]:
         a = fn.args
         names |= {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs}
         names |= {p.arg for p in (a.vararg, a.kwarg) if p is not None}
-    for n in ast.walk(fn):
+    for n in walk(fn):
         if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
             names.add(n.id)
         elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not fn:
@@ -1169,7 +1170,7 @@ def _sibling(stmt: ast.stmt, site: _Site) -> bool:
         if t is not None and len(t) == 2:
             return True
     if isinstance(stmt, (ast.Assign, ast.Return, ast.Expr, ast.AugAssign, ast.AnnAssign)):
-        return any(isinstance(n, ast.Call) and _pair_shape(n, site) is not None for n in ast.walk(stmt))
+        return any(isinstance(n, ast.Call) and _pair_shape(n, site) is not None for n in walk(stmt))
     return False
 
 
@@ -1248,7 +1249,7 @@ def _parameter_attrs(tree: ast.Module, cls: ast.ClassDef | None) -> set[str]:
         if c.name in seen:
             continue
         seen.add(c.name)
-        for node in ast.walk(c):
+        for node in walk(c):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _is_parameter(node.value.func):
                 out |= {t.attr for t in node.targets if isinstance(t, ast.Attribute)
                         and isinstance(t.value, ast.Name) and t.value.id == "self"}
@@ -1279,7 +1280,7 @@ def _learned_parameter(e: ast.expr, site: _Site, depth: int = 0) -> str | None:
         return None
     this = first[0].arg
     params = _parameter_attrs(site.tree, site.cls)
-    for node in ast.walk(e):
+    for node in walk(e):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == this \
                 and node.attr in params:
             return node.attr
@@ -1318,7 +1319,7 @@ def _span_key(node) -> tuple:
 
 
 def _node_at(fn: ast.AST, span, kind) -> ast.AST | None:
-    for n in ast.walk(fn):
+    for n in walk(fn):
         if isinstance(n, kind) and (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) == (
                 span.line, span.col, span.end_line, span.end_col):
             return n

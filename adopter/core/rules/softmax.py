@@ -27,6 +27,7 @@ from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime
 from adopter.core.rules._common import kwarg
 from adopter.core.structures import Match
+from adopter.core.syntax import walk
 
 DSL = """
 rule softmax
@@ -246,7 +247,7 @@ def _fqn(imports: dict, node: ast.AST) -> str | None:
 
 
 def _class_def(tree: ast.AST, name: str) -> ast.ClassDef | None:
-    found = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == name]
+    found = [c for c in walk(tree) if isinstance(c, ast.ClassDef) and c.name == name]
     return found[0] if len(found) == 1 else None
 
 
@@ -266,15 +267,15 @@ def _injected_module_type(ctx: MatchContext, attr: str) -> str | None:
     cls = _class_def(tree, ctx.cls.name) if tree is not None else None
     if cls is None or any(isinstance(c, ast.ClassDef) and any(
             isinstance(b, ast.Name) and b.id == cls.name or isinstance(b, ast.Attribute) and b.attr == cls.name
-            for b in c.bases) for c in ast.walk(tree)):
+            for b in c.bases) for c in walk(tree)):
         return None
     name = attr[len("self."):]
-    stores = [n for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr == name
+    stores = [n for n in walk(cls) if isinstance(n, ast.Attribute) and n.attr == name
               and isinstance(n.value, ast.Name) and n.value.id == "self" and not isinstance(n.ctx, ast.Load)]
     init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
     if init is None or len(stores) != 1:
         return None
-    assign = next((st for st in ast.walk(init) if isinstance(st, ast.Assign) and st.targets == [stores[0]]), None)
+    assign = next((st for st in walk(init) if isinstance(st, ast.Assign) and st.targets == [stores[0]]), None)
     if assign is None or not isinstance(assign.value, ast.Name):
         return None
     params = [a.arg for a in init.args.posonlyargs + init.args.args][1:]
@@ -282,11 +283,11 @@ def _injected_module_type(ctx: MatchContext, attr: str) -> str | None:
     if param not in params + [a.arg for a in init.args.kwonlyargs]:
         return None
     if any(isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
-            isinstance(t, ast.Name) and t.id == param for t in ast.walk(st) if isinstance(t, ast.Name)
-            and not isinstance(t.ctx, ast.Load)) for st in ast.walk(init)):
+            isinstance(t, ast.Name) and t.id == param for t in walk(st) if isinstance(t, ast.Name)
+            and not isinstance(t.ctx, ast.Load)) for st in walk(init)):
         return None  # the parameter is rebound before it is stored
     types = set()
-    for call in ast.walk(tree):
+    for call in walk(tree):
         if not (isinstance(call, ast.Call) and (isinstance(call.func, ast.Name) and call.func.id == cls.name
                                                 or isinstance(call.func, ast.Attribute) and call.func.attr == cls.name)):
             continue
@@ -314,19 +315,19 @@ def _unpacked_rank(ctx: MatchContext, v: Var, depth: int) -> int | None:
     if ctx.source is None or sp is None or not sp.function:
         return None
     fn = function_ast(ctx.source, sp.function, sp.line)
-    if fn is None or any(isinstance(a, ast.arg) and a.arg == v.name for a in ast.walk(fn)):
+    if fn is None or any(isinstance(a, ast.arg) and a.arg == v.name for a in walk(fn)):
         return None
     def stored(tree: ast.AST) -> list[ast.Name]:
-        return [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == v.name
+        return [n for n in walk(tree) if isinstance(n, ast.Name) and n.id == v.name
                 and not isinstance(n.ctx, ast.Load)]
-    for loop in ast.walk(fn):
+    for loop in walk(fn):
         if isinstance(loop, (ast.For, ast.While, ast.AsyncFor)) and loop.lineno <= sp.stmt_line <= loop.end_lineno \
                 and stored(loop):
             return None
     stores = [n for n in stored(fn) if n.lineno < sp.stmt_line]
     if len(stores) != 1:
         return None
-    stmt = next((st for st in ast.walk(fn) if isinstance(st, ast.Assign) and len(st.targets) == 1
+    stmt = next((st for st in walk(fn) if isinstance(st, ast.Assign) and len(st.targets) == 1
                  and isinstance(st.targets[0], (ast.Tuple, ast.List))
                  and any(e is stores[0] for e in st.targets[0].elts)), None)
     if stmt is None or not isinstance(stmt.value, ast.Call) or len(stmt.targets[0].elts) != 2:
@@ -405,7 +406,7 @@ def _inline_dim(ctx: MatchContext, node: Layer) -> tuple[bool, Value | None]:
     if ctx.source is None or sp is None:
         return False, None
     fn = function_ast(ctx.source, sp.function, sp.line) if sp.function else parse_file(ctx.source)
-    for e in ast.walk(fn) if fn is not None else ():
+    for e in walk(fn) if fn is not None else ():
         if isinstance(e, ast.Call) and (e.lineno, e.col_offset) == (sp.line, sp.col) and isinstance(e.func, ast.Call):
             ctor = e.func
             for k in ctor.keywords:
@@ -434,7 +435,7 @@ def _parameter_values(ctx: MatchContext, node: Layer, name: str) -> tuple[list[s
     index = positional.index(name) - (1 if is_method else 0) if name in positional else None
     tree = parse_file(ctx.source)
     values: list[str] = []
-    for call in ast.walk(tree) if tree is not None else ():
+    for call in walk(tree) if tree is not None else ():
         if not isinstance(call, ast.Call):
             continue
         f = call.func
