@@ -1,6 +1,9 @@
 """Adopter: find where optimized kernels fit in PyTorch model source, rewrite it, prove it."""
 
+from adopter.errors import AdopterWarning, OptimizeError, UserError
+
 __version__ = "0.1.0"
+__all__ = ["AdopterWarning", "OptimizeError", "UserError", "optimize"]
 
 
 def __getattr__(name):

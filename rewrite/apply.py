@@ -7,6 +7,9 @@ one that receives the kernel call are cleared the same way.
 
 from __future__ import annotations
 
+import ast
+import sys
+
 from adopter.rewrite import cst
 from fissix.pgen2 import token
 from fissix.pygram import python_symbols as syms
@@ -449,6 +452,8 @@ def add_kernel_imports(root, specs: list[str]) -> None:
                 return
     names = sorted(set(specs), key=_import_sort_key)
     new = cst.parse_statements(f"from {KERNELS_MODULE} import {', '.join(names)}\n", "")
+    if _insert_where_isort_would(root, top, new):
+        return
     last_import = None
     docstring_end = None
     for index, stmt in enumerate(top):
@@ -467,6 +472,67 @@ def add_kernel_imports(root, specs: list[str]) -> None:
     # At the very top the import goes below a license/comment header; elsewhere right
     # after the last import, the following statement keeping its blank lines.
     cst.insert_statements(root, position, new, "", take_leading=position == 0)
+
+
+# isort's sections, as ruff and isort order them by default
+_FUTURE, _STDLIB, _THIRD_PARTY, _LOCAL = 0, 1, 2, 4
+
+
+def _isort_key(stmt) -> tuple[int, int, str] | None:
+    """(section, ``from`` after plain ``import``, module) of an import statement, as isort sorts
+    with its defaults (a module it cannot place counts as third-party, as it does without
+    configuration); None for a statement that is not one plain import."""
+    try:
+        tree = ast.parse(str(stmt).strip())
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1:
+        return None
+    node = tree.body[0]
+    if isinstance(node, ast.ImportFrom):
+        module, is_from, level = node.module or "", 1, node.level
+    elif isinstance(node, ast.Import):
+        module, is_from, level = node.names[0].name, 0, 0
+    else:
+        return None
+    top = module.split(".")[0]
+    section = (_LOCAL if level else _FUTURE if top == "__future__" else _STDLIB if top in sys.stdlib_module_names
+               else _THIRD_PARTY)
+    return section, is_from, module.lower() if not level else ""
+
+
+def _insert_where_isort_would(root, top: list, new: list) -> bool:
+    """Put the kernel import where isort would, when the module's leading imports are in isort's
+    order (a user running isort or ruff's I rule then finds nothing to change); False otherwise
+    (it then goes after the last import)."""
+    first = 1 if top and top[0].type == syms.simple_stmt and top[0].children[0].type == token.STRING else 0
+    block = []
+    for stmt in top[first:]:
+        if not _is_import(stmt):
+            break
+        block.append(stmt)
+    keys = [_isort_key(stmt) for stmt in block]
+    if not block or any(k is None for k in keys):
+        return False
+    ordered = [k for k in keys if k[0] != _LOCAL]  # (relative imports: isort orders them by level)
+    if ordered != sorted(ordered) or any(a[0] > b[0] for a, b in zip(keys, keys[1:])):
+        return False
+    ours = (_THIRD_PARTY, 1, KERNELS_MODULE)
+    after = next((i for i, k in enumerate(keys) if k > ours), None)
+    if after is None:
+        return False  # (last of the block: where the kernel import goes anyway)
+    anchor = block[after]
+    before = keys[after - 1] if after else None
+    blank_above = "\n" in anchor.prefix
+    if before is not None and before[0] == _THIRD_PARTY:
+        # inside the third-party section: right below the import before it
+        cst.insert_statements(root, first + after, new, "", take_leading=False)
+    else:
+        # the section's first import: it takes the blank line above the section
+        cst.insert_statements(root, first + after, new, "", take_leading=True)
+        if keys[after][0] != _THIRD_PARTY and blank_above:
+            anchor.prefix = "\n"  # a section of its own: a blank line before the next one
+    return True
 
 
 def _import_sort_key(spec: str) -> tuple[int, str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from adopter.rewrite import cst
 from adopter.rewrite.apply import KERNELS_MODULE, add_kernel_imports, apply_edit
 from adopter.rewrite.partial import PartialTree
-from adopter.rewrite.scripting import GuardError, keep_original_for_torchscript
+from adopter.rewrite.scripting import GuardError, keep_original_for_torchscript, wants_guard
 from adopter.rewrite.source_io import WriteRefused, read_source, unified_diff, write_atomic
 
 from adopter.core.codemod.context import FileContext, Skip
@@ -173,6 +173,7 @@ def rewrite_source(
     filename: str = "<string>",
     rules: Sequence = (),
     torchscript_guard: bool = True,
+    scriptable_only: bool = False,
 ) -> RewriteResult:
     """Rewrite ``text`` (``\\n`` newlines) for ``matches``. Never raises for bad input:
     problems come back as outcomes (per match) or ``error`` (whole file).
@@ -180,7 +181,7 @@ def rewrite_source(
     ``rules``: the rules in use (a match's rule is looked up there first, then in the registry).
     ``torchscript_guard``: keep the original statements for TorchScript
     (:mod:`adopter.rewrite.scripting`); a caller that rewrites in several passes guards once,
-    after the last."""
+    after the last. ``scriptable_only``: only in functions TorchScript could compile."""
     matches = list(matches)
     try:
         ctx = FileContext(text, filename=filename)
@@ -281,7 +282,7 @@ def rewrite_source(
     segments = spliced.changed_segments
     if torchscript_guard and new_text != text:
         try:
-            new_text = keep_original_for_torchscript(text, new_text)
+            new_text = keep_original_for_torchscript(text, new_text, scriptable_only)
         except GuardError as exc:
             reason = f"cannot keep the original for TorchScript ({exc}); file left unchanged"
             return _all_failed(text, outcomes, matches, reason)
@@ -367,9 +368,11 @@ MAX_PASSES = 3
 
 def rewrite_file(
     path: str | os.PathLike, rules: Iterable | None = None, write: bool = False,
-    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    max_bytes: int | None = DEFAULT_MAX_BYTES, torchscript: str = "auto",
 ) -> FileRewrite:
     """Scan ``path`` with ``rules`` (all when None), rewrite, and write when asked.
+    ``torchscript``: when rewritten statements keep the original beside them for TorchScript
+    (``auto``, ``always``, ``never``: :data:`adopter.rewrite.scripting.TORCHSCRIPT_CHOICES`).
 
     Every byte outside the edited lines stays as it was (line endings, encoding, BOM, final
     newline); the file is replaced atomically, only when the rewritten text compiles and only
@@ -378,10 +381,11 @@ def rewrite_file(
     from adopter.core.scan import relaxed_gc
 
     with relaxed_gc():
-        return _rewrite_file(path, rules, write, max_bytes)
+        return _rewrite_file(path, rules, write, max_bytes, torchscript)
 
 
-def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool, max_bytes: int | None) -> FileRewrite:
+def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool, max_bytes: int | None,
+                  torchscript: str = "auto") -> FileRewrite:
     from adopter.core.scan import scan_source
 
     name = str(path)
@@ -431,7 +435,8 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool, 
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
     try:
-        text = keep_original_for_torchscript(source.text, text)
+        if wants_guard(torchscript, name, source.text):
+            text = keep_original_for_torchscript(source.text, text, scriptable_only=torchscript == "auto")
     except GuardError as exc:
         reason = f"cannot keep the original for TorchScript ({exc}); file left unchanged"
         return FileRewrite(name, "failed", [MatchOutcome(o.match, False, reason) if o.applied else o for o in outcomes],

@@ -23,13 +23,89 @@ from __future__ import annotations
 
 import ast
 import difflib
+import os
+import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from adopter.rewrite.apply import KERNELS_MODULE
 
 from adopter.core.source_file import source_lines
 
 SCRIPTING_TEST = "torch.jit.is_scripting()"
+
+# --torchscript (adopter rewrite) / optimize(torchscript=...): when a rewrite keeps the user's
+# statements for TorchScript. "auto": only in code that uses TorchScript (see uses_torchscript) and
+# only around functions TorchScript could compile (see scriptable); "always": every rewritten
+# region (timm-style code scripted by its users); "never": no guard (most code: the doubled
+# statements are two copies to keep in sync, and TorchScript is deprecated).
+TORCHSCRIPT_CHOICES = ("auto", "always", "never")
+# what code that scripts (or is scripted) writes: torch.jit.script / is_scripting / ignore /
+# unused / export / interface, and `from torch.jit import script`
+_TORCHSCRIPT_USE = re.compile(rb"\bjit\.(?:script|is_scripting|ignore|unused|export|interface)\b"
+                              rb"|from\s+torch\.jit\s+import\s+[^\n]*\bscript\b")
+_MAX_PACKAGE_FILES = 5000
+_MAX_FILE_BYTES = 4 * 2**20
+
+
+def uses_torchscript(path: str | os.PathLike | None, text: str = "") -> bool:
+    """Whether the code a file belongs to uses TorchScript: the file's own ``text`` names it, or
+    any ``.py`` file of the package holding ``path`` (the outermost directory of the ``__init__.py``
+    chain) does. A file outside a package answers for itself. Read-only, never imports."""
+    if _TORCHSCRIPT_USE.search(text.encode("utf-8", "surrogatepass")):
+        return True
+    if path is None:
+        return False
+    try:
+        folder = Path(path).resolve().parent
+    except OSError:
+        return False
+    if not (folder / "__init__.py").is_file():
+        return False
+    while (folder.parent / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return _package_uses_torchscript(str(folder))
+
+
+@lru_cache(maxsize=64)
+def _package_uses_torchscript(root: str) -> bool:
+    seen = 0
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            seen += 1
+            if seen > _MAX_PACKAGE_FILES:
+                return True  # (a package too large to read: keep the guards, as before)
+            try:
+                with open(os.path.join(folder, name), "rb") as fh:
+                    if _TORCHSCRIPT_USE.search(fh.read(_MAX_FILE_BYTES)):
+                        return True
+            except OSError:
+                continue
+    return False
+
+
+def wants_guard(choice: str, path: str | os.PathLike | None, text: str) -> bool:
+    """Whether a rewrite of ``text`` (at ``path``) keeps the original for TorchScript under ``choice``."""
+    if choice not in TORCHSCRIPT_CHOICES:
+        raise ValueError(f"torchscript must be one of {', '.join(TORCHSCRIPT_CHOICES)}, got {choice!r}")
+    return choice == "always" or (choice == "auto" and uses_torchscript(path, text))
+
+
+def scriptable(fn: ast.AST) -> bool:
+    """Whether TorchScript could compile ``fn``: no ``*args``/``**kwargs`` (it compiles no variadic
+    signature) and no ``@torch.jit.ignore``/``@torch.jit.unused`` (it leaves those to Python)."""
+    args = getattr(fn, "args", None)
+    if args is not None and (args.vararg is not None or args.kwarg is not None):
+        return False
+    for d in getattr(fn, "decorator_list", ()):
+        target = d.func if isinstance(d, ast.Call) else d
+        if isinstance(target, ast.Attribute) and target.attr in ("ignore", "unused"):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -49,8 +125,9 @@ class GuardError(ValueError):
     """A region that cannot be guarded (the reason is the message)."""
 
 
-def keep_original_for_torchscript(original: str, rewritten: str) -> str:
-    """``rewritten`` with every changed region that calls a kernel function guarded (module doc).
+def keep_original_for_torchscript(original: str, rewritten: str, scriptable_only: bool = False) -> str:
+    """``rewritten`` with every changed region that calls a kernel function guarded (module doc);
+    ``scriptable_only``: only in functions TorchScript could compile (:func:`scriptable`).
     Raises :class:`GuardError` when a region cannot be (a multi-line string in it, a statement
     sharing a line with another)."""
     if original == rewritten:
@@ -65,7 +142,7 @@ def keep_original_for_torchscript(original: str, rewritten: str) -> str:
     regions: list[_Region] = []
     for qualname, new_fn in _functions(new_tree).items():
         old_fn = old_functions.get(qualname)
-        if old_fn is None:
+        if old_fn is None or (scriptable_only and not scriptable(new_fn)):
             continue
         step = _step(new_fn, new_lines)
         _compare(old_fn.body, new_fn.body, orig_lines, new_lines, kernel_functions, regions, step)

@@ -59,7 +59,8 @@ def _optimize(args, user):
         warnings.simplefilter("always", AdopterWarning)
         try:
             optimized = optimize(user.model_cls, rules=rules, init_args=user.init_args, init_kwargs=user.init_kwargs,
-                                 example_inputs=user.inputs_on(device), device=device)
+                                 example_inputs=user.inputs_on(device), device=device,
+                                 torchscript=getattr(args, "torchscript", "auto"))
         except OptimizeError as exc:
             raise UserError(f"cannot optimize {user.label}: {cli_wording(str(exc))}") from None
     return optimized, [str(w.message) for w in recorded if issubclass(w.category, AdopterWarning)]

@@ -57,6 +57,10 @@ def add_arguments(parser):
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
                         help="worker processes (default: CPU count; 1 = in process)")
     parser.add_argument("--verbose", "-v", action="store_true", help="also list every skipped match with its reason")
+    parser.add_argument("--torchscript", choices=("auto", "always", "never"), default="auto",
+                        help="keep the original statements beside each rewritten region, under "
+                             "`if torch.jit.is_scripting():`, for TorchScript: auto (default) only in packages that "
+                             "use TorchScript and only in functions it could compile; always; never")
     from adopter.commands.scan import add_max_file_size
 
     add_max_file_size(parser)
@@ -114,7 +118,7 @@ def _init_worker() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool, int | None]):
+def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool, int | None, str]):
     """Worker: rules travel as their names and rule files (rule objects hold closures that do
     not pickle) and are rebuilt here exactly as the parent validated them."""
     import argparse
@@ -122,13 +126,13 @@ def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool, int | None]
     from adopter.commands.scan import select_rules
     from adopter.rewrite import FileRewrite, rewrite_file
 
-    path, rule_names, rule_files, write, max_bytes = task
+    path, rule_names, rule_files, write, max_bytes, torchscript = task
     key = (rule_names, tuple(rule_files))
     rules = _RULES.get(key)
     if rules is None:  # once per process
         rules = _RULES[key] = select_rules(argparse.Namespace(rules=rule_names, rules_file=list(rule_files)))
     try:
-        return rewrite_file(path, rules, write=write, max_bytes=max_bytes)
+        return rewrite_file(path, rules, write=write, max_bytes=max_bytes, torchscript=torchscript)
     except Exception as exc:  # one bad file must not stop the run
         return FileRewrite(path, "failed", reason=f"internal error: {exc!r}")
 
@@ -169,7 +173,8 @@ def run(args) -> int:
         # through a link: write its target, so the link stays a link
         files = [os.path.realpath(f) if protected.get(f) else f for f in files]
         protected = {}
-    tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write) and not protected.get(f), max_bytes)
+    tasks = [(f, args.rules, tuple(args.rules_file), bool(args.write) and not protected.get(f), max_bytes,
+              args.torchscript)
              for f in files]
     from adopter.core.scan import default_jobs
 

@@ -30,6 +30,7 @@ instead the original is recorded as ``Optimized.adopter_original``; check
 
 from __future__ import annotations
 
+import contextvars
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -293,11 +294,24 @@ def _default_confirm(model, example_inputs, matches: list[Match], rules: Sequenc
     return list(confirm_matches(model, example_inputs, matches, rules=rules))
 
 
+# optimize(torchscript=...) for the rewrite it runs (a context variable: Pipeline.rewrite keeps its
+# signature)
+TORCHSCRIPT_CHOICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("adopter_torchscript",
+                                                                                default=None)
+
+
 def _default_rewrite(text: str, matches: list[Match], filename: str, rules: Sequence[Any] = ()) -> RewriteOutput:
     from adopter.rewrite import rewrite_source
+    from adopter.rewrite.scripting import wants_guard
 
     # No model config goes in: rewritten source must hold for every config (guarded kernels).
-    result = rewrite_source(text, matches, filename=filename, rules=rules)
+    # TorchScript guards as `adopter rewrite --torchscript` puts them: optimize(torchscript=...),
+    # else ADOPTER_TORCHSCRIPT, else auto (only where the model's package scripts, around what
+    # could be scripted).
+    choice = TORCHSCRIPT_CHOICE.get() or os.environ.get("ADOPTER_TORCHSCRIPT") or "auto"
+    result = rewrite_source(text, matches, filename=filename, rules=rules,
+                            torchscript_guard=wants_guard(choice, filename, text),
+                            scriptable_only=choice == "auto")
     applied = [o.match for o in result.outcomes if o.applied]
     failed = [(o.match, o.reason or "not applied by the rewriter") for o in result.outcomes if not o.applied]
     return RewriteOutput(result.new_text, applied, failed, result.diff or "")
@@ -374,6 +388,7 @@ def optimize(
     init_args: tuple = (),
     init_kwargs: dict | None = None,
     pipeline: Pipeline | None = None,
+    torchscript: str | None = None,
     _subject: Subject | None = None,
 ) -> type:
     """Return ``model_cls`` rebuilt from its rewritten source (same name and constructor),
@@ -389,9 +404,26 @@ def optimize(
     ``example_inputs``: a dict of forward keyword arguments (generated for transformers models).
     Every rule is checked for equivalence alone and all together (:mod:`adopter.verification.equivalence`);
     rules that fail are dropped and reported, so the class never holds a non-equivalent rewrite.
+    ``torchscript``: ``auto`` (default; ``ADOPTER_TORCHSCRIPT`` sets another), ``always`` or ``never``:
+    where the rewritten source keeps the original beside each rewritten region for TorchScript
+    (``adopter rewrite --torchscript``).
     """
     import torch  # noqa: F401  (optimize always needs torch; import errors surface here)
 
+    from adopter.rewrite.scripting import TORCHSCRIPT_CHOICES
+
+    if torchscript is not None and torchscript not in TORCHSCRIPT_CHOICES:
+        raise OptimizeError(f"torchscript must be one of {', '.join(TORCHSCRIPT_CHOICES)}, got {torchscript!r}")
+    token = TORCHSCRIPT_CHOICE.set(torchscript)
+    try:
+        return _optimize(model_cls, rules, config, example_inputs, device, init_args, init_kwargs, pipeline,
+                         _subject)
+    finally:
+        TORCHSCRIPT_CHOICE.reset(token)
+
+
+def _optimize(model_cls, rules, config, example_inputs, device, init_args, init_kwargs, pipeline,
+              _subject) -> type:
     if not (isinstance(model_cls, type)):
         raise OptimizeError(f"optimize() expects a model class, got {type(model_cls).__name__}")
     if model_cls.__module__ == MAIN and _subject is None:

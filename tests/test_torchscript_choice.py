@@ -1,0 +1,101 @@
+"""`--torchscript auto|always|never` (issue 34): where a rewrite keeps the user's statements beside
+the rewritten ones for TorchScript. auto: only in packages that use TorchScript, only in functions
+it could compile."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from adopter.rewrite import rewrite_file
+from adopter.rewrite.scripting import SCRIPTING_TEST, uses_torchscript, wants_guard
+
+MODEL = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 16)
+            self.act = nn.GELU()
+
+        def forward(self, x):
+            h = self.fc(x)
+            h = self.act(h)
+            return h
+
+
+    class MLPKw(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 16)
+            self.act = nn.GELU()
+
+        def forward(self, x, **kwargs):
+            h = self.fc(x)
+            h = self.act(h)
+            return h
+    ''')
+
+
+def _package(tmp_path, scripts: bool):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "mlp.py").write_text(MODEL)
+    (pkg / "export.py").write_text("import torch\n\n\ndef scripted(m):\n    return torch.jit.script(m)\n" if scripts
+                                   else "import torch\n\n\ndef traced(m, x):\n    return torch.jit.trace(m, x)\n")
+    return pkg / "sub" / "mlp.py"
+
+
+def _guards(diff: str) -> int:
+    return diff.count(f"+        if {SCRIPTING_TEST}:")
+
+
+@pytest.mark.parametrize("scripts", [False, True])
+def test_auto_guards_only_in_packages_that_script_and_only_scriptable_functions(tmp_path, scripts):
+    path = _package(tmp_path, scripts)
+    assert uses_torchscript(path) is scripts  # (jit.trace is no scripting: kernels see it and step aside)
+    auto = rewrite_file(path)
+    assert auto.status == "changed" and len([o for o in auto.outcomes if o.applied]) == 2
+    # in a scripting package: MLP.forward is guarded, MLPKw.forward (**kwargs: never scripted) is not
+    assert _guards(auto.diff) == (1 if scripts else 0)
+    always = rewrite_file(path, torchscript="always")
+    assert _guards(always.diff) == 2
+    never = rewrite_file(path, torchscript="never")
+    assert _guards(never.diff) == 0 and never.diff.count("+        h = linear_gelu(self.fc, self.act, x)") == 2
+
+
+def test_a_file_outside_a_package_answers_for_itself(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    assert not uses_torchscript(path, MODEL)
+    assert uses_torchscript(path, MODEL + "\nscripted = torch.jit.script(MLP())\n")
+    assert wants_guard("always", path, MODEL) and not wants_guard("never", path, "torch.jit.script")
+    with pytest.raises(ValueError, match="torchscript must be one of"):
+        wants_guard("sometimes", path, MODEL)
+
+
+def test_the_cli_takes_the_choice_and_refuses_others(tmp_path):
+    path = _package(tmp_path, scripts=False)
+    run = [sys.executable, "-m", "adopter", "rewrite", str(path), "--jobs", "1"]
+    done = subprocess.run(run + ["--torchscript", "always"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.count(f"+        if {SCRIPTING_TEST}:") == 2, done.stderr
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and SCRIPTING_TEST not in done.stdout
+    done = subprocess.run(run + ["--torchscript", "maybe"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "invalid choice: 'maybe'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_optimize_refuses_an_unknown_choice():
+    import torch
+
+    import adopter
+
+    with pytest.raises(adopter.OptimizeError, match="torchscript must be one of"):
+        adopter.optimize(torch.nn.Linear, torchscript="maybe")
