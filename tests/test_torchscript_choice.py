@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-
 from adopter.rewrite import rewrite_file
 from adopter.rewrite.scripting import SCRIPTING_TEST, uses_torchscript, wants_guard
 
