@@ -11,7 +11,7 @@ PIP = $(PYTHON) -m pip
 STAMP = adopter.egg-info/.make-install-stamp
 INSTALLED_CHECK = from importlib.metadata import version as v; assert v('torch').startswith('2.13.0'); assert v('transformers') == '5.23.0'; v('adopter'); v('ruff')
 
-.PHONY: install verify test test-fast gate
+.PHONY: install verify test test-fast test-rule gate
 
 # the zoo cases `make gate` runs: the small ones (about 3 minutes together on 2 shared cores)
 GATE_ZOO ?= small-cnn-infer,nanogpt-v65-train,vit-small-train
@@ -39,6 +39,12 @@ test: install
 # the fast subset (no model instantiation or corpus runs): a few minutes (README: the recorded run)
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow"
+
+# one rule's story: its snapshot cases (tests/rules/<Rule>, ADOPTER_UPDATE_SNAPSHOTS=1 writes them)
+# and every test whose path or name says the rule or its kernel (tests/conftest.py: RULE_KEYWORDS)
+test-rule: install
+	@test -n "$(RULE)" || { echo "usage: make test-rule RULE=<rule> (RMSNorm, linear_cross_entropy, attention...)"; exit 2; }
+	$(PYTHON) -m pytest -q -m "rule_$(RULE)"
 
 gate: install
 	adopter verify --model tiny-bert --baseline benchmarks/baselines/tiny-bert.json --max-regression 5%

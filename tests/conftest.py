@@ -51,3 +51,37 @@ def _shipped_policy_where_marked(request, monkeypatch):
         monkeypatch.setattr(policy, "BACKEND_POLICY", dict(_SHIPPED_POLICY))
         monkeypatch.setattr(cost, "ENABLED", True)
     yield
+
+
+# ---------------------------------------------------------------- one rule's story: -m rule_<Rule>
+# `make test-rule RULE=RMSNorm` runs the tests marked rule_RMSNorm: the rule's snapshot cases
+# (tests/rules, marked by folder) and every test whose path or name says the rule or its kernel.
+RULE_KEYWORDS = {
+    "Add_ReLU": ("add_relu",),
+    "Conv_BatchNorm": ("conv_bn", "conv_batchnorm", "batch_norm_fold", "conv_prepacked"),
+    "Dropout_LayerNorm": ("dropout_layernorm", "dropout_add_layer_norm", "layer_norm"),
+    "Linear_BatchNorm": ("linear_bn", "linear_batchnorm"),
+    "RMSNorm": ("rms_norm", "rmsnorm"),
+    "attention": ("attention",),
+    "biased_GeLU": ("biased_gelu", "bias_gelu", "linear_gelu"),
+    "fused_QKV": ("qkv",),
+    "gated_MLP": ("gated_mlp", "gated_act"),
+    "linear_cross_entropy": ("linear_cross_entropy", "lce", "lm_head"),
+    "rotary_embedding": ("rotary",),
+    "softmax": ("softmax",),
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "rule(name): a snapshot case of a rule's fixture folder (tests/rules)")
+    for rule in RULE_KEYWORDS:
+        config.addinivalue_line("markers", f"rule_{rule}: the tests of rule {rule} (make test-rule RULE={rule})")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        own = item.get_closest_marker("rule")
+        text = item.nodeid.lower()
+        for rule, keywords in RULE_KEYWORDS.items():
+            if (own is not None and own.args and own.args[0] == rule) or any(k in text for k in keywords):
+                item.add_marker(getattr(pytest.mark, f"rule_{rule}"))
