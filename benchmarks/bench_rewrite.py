@@ -32,6 +32,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "rewrite_transformers.json"
 TARGET_SECONDS = 60.0  # 2 cores
+# issue 34: the rewrite's CPU time at most this many times ast.parse's over the same files
+TARGET_OVER_PARSE = 20.0
 
 
 def _children_cpu() -> float:
@@ -200,7 +202,15 @@ def main() -> int:
             for (rule, reason), n in sorted(skipped_matches.items(), key=lambda kv: -kv[1])
         ],
     })
+    # issue 34's yardstick: ast.parse's CPU time over the same files, in this process
+    from bench_scan import parse_seconds
+
+    parse_cpu = parse_seconds(originals)
+    result["parse_cpu_seconds"] = round(parse_cpu, 3)
+    result["rewrite_cpu_over_parse"] = round(cpu / max(parse_cpu, 1e-9), 1)
+    result["target_over_parse"] = TARGET_OVER_PARSE
     if "baseline" in result:
+        result["baseline"]["cpu_over_parse"] = round(result["baseline"]["cpu_seconds"] / max(parse_cpu, 1e-9), 1)
         result["speedup_vs_baseline"] = round(result["baseline"]["wall_seconds"] / max(wall, 1e-9), 2)
     if reference is not None:
         result["comparison"] = {"reference": reference_name, **compare(first["files"], reference, wanted)}
@@ -213,6 +223,7 @@ def main() -> int:
     ok = not not_compiling and not second_changes and not changed_without_rewrite
     ok = ok and result.get("comparison", {}).get("identical", True)
     keys = ("files", "jobs", "wall_seconds_write_run", "cpu_seconds_write_run", "within_target",
+            "parse_cpu_seconds", "rewrite_cpu_over_parse",
             "speedup_vs_baseline", "rewrites_per_rule", "files_changed", "skipped_files_count")
     summary = {k: result[k] for k in keys if k in result}
     if "baseline" in result:

@@ -98,3 +98,22 @@ def test_optimize_refuses_an_unknown_choice():
 
     with pytest.raises(adopter.OptimizeError, match="torchscript must be one of"):
         adopter.optimize(torch.nn.Linear, torchscript="maybe")
+
+
+def test_a_package_where_few_files_name_torchscript_does_not_count_as_scripting(tmp_path):
+    # transformers: 5 of 2,860 files keep an @torch.jit.ignore; its models are not scripted
+    pkg = tmp_path / "big"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for i in range(40):
+        (pkg / f"m{i}.py").write_text("import torch\n")
+    (pkg / "helper.py").write_text("import torch\n\n\n@torch.jit.ignore\ndef f(x):\n    return x\n")
+    (pkg / "model.py").write_text(MODEL)
+    assert not uses_torchscript(pkg / "model.py", MODEL)
+    assert uses_torchscript(pkg / "helper.py", (pkg / "helper.py").read_text())  # (names it itself)
+    for i in range(2, 4):
+        (pkg / f"m{i}.py").write_text("import torch\nscripted = torch.jit.is_scripting()\n")
+    from adopter.rewrite import scripting
+
+    scripting._package_uses_torchscript.cache_clear()
+    assert uses_torchscript(pkg / "model.py", MODEL)  # 3 of 43 files: 7% >= SCRIPTING_SHARE
