@@ -85,7 +85,7 @@ def test_edits_in_two_segments_and_a_header_import():
     expected = (
         SOURCE.replace("return x + 1", "return k(x)")
         .replace("y = x * 2", "y = fused(x)")
-        .replace("from torch import nn\n", "from torch import nn\nfrom adopter.kernels import k\n")
+        .replace("from torch import nn\n", "from adopter.kernels import k\nfrom torch import nn\n")  # (isort's place)
     )
     assert new == expected
     compile(new.replace("a, /, b", "a, b"), "m.py", "exec")
