@@ -32,10 +32,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules import module as _module_mod
+
+from adopter.core.catalogue import TRANSFORMERS_GELUS
 
 from .backend import last_backend
 from .frozen import frozen_tensors, is_frozen, release, release_if_training
+from .guard_checks import (
+    context_reason,
+    defines_own_forward,
+    has_hooks,
+    hooks_reason,
+    is_parametrized,
+    plain_reason,
+    record_fallback,
+)
 from .ops import conv_prepacked as _conv_ops
 from .ops import finite
 from .ops.batch_norm_fold import fold_batch_norm, fold_range
@@ -43,94 +53,16 @@ from .ops.bias_gelu import linear_bias_gelu
 from .ops.common import is_proxy
 from .ops.dropout_add_layer_norm import dropout_add_layer_norm as _dropout_add_layer_norm
 from .policy import policy_reason
-from .telemetry import ORIGINAL, record
+from .telemetry import record
 
 __all__ = ["conv_bn", "dropout_add_layer_norm", "gelu_mode", "linear_bn", "linear_gelu", "qkv"]
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOKS = (
-    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks",
-)
-
-
-def _global_hooks() -> bool:
-    return any(getattr(_module_mod, name, None) for name in _GLOBAL_HOOKS)
-
-
-def _plain(module: Any, base: type, *methods: str) -> str:
-    """"" when ``module`` behaves as ``base`` (an instance whose ``forward`` and ``methods`` are
-    base's own, neither overridden by its class nor set on the instance, without hooks); otherwise
-    why not."""
-    if not isinstance(module, base):
-        return f"{type(module).__name__} is not a {base.__name__}"
-    cls = type(module)
-    for name in ("forward", "__call__", *methods):  # (a __call__ of its own may skip forward)
-        if getattr(cls, name) is not getattr(base, name):
-            return f"{cls.__name__} overrides {name}"
-    if _is_parametrized(module):
-        # (the guard would compute the weight again: spectral_norm in training steps its power
-        # iteration once more, a parametrization's hooks fire twice)
-        return f"this {cls.__name__} has a parametrized tensor"
-    own = vars(module)
-    for name in ("forward", *methods):
-        if name in own:  # (set on the instance: accelerate's offload hooks wrap ``module.forward`` so)
-            return f"this {cls.__name__} has its own {name}"
-    if _has_hooks(module):
-        return f"{cls.__name__} has hooks"
-    return ""
-
-
-def _is_parametrized(module: Any) -> bool:
-    # (torch.nn.utils.parametrize.is_parametrized without its import)
-    return isinstance(getattr(module, "parametrizations", None), nn.ModuleDict)
-
-
-def _has_hooks(module: Any) -> bool:
-    return any(getattr(module, d, None) for d in _HOOK_DICTS)
-
-
-def _hooks_reason() -> str:
-    return "global module hooks (the fused path would skip them)" if _global_hooks() else ""
-
-
-def _context_reason(*tensors: Any) -> str:
-    """Why no kernel may run in this calling context: fx is tracing (Proxy inputs: the graph must
-    show the user's modules) or global module hooks are installed (the fused path skips them)."""
-    if any(is_proxy(t) for t in tensors) or _global_hooks():
-        return "tracing or global hooks"
-    return ""
-
-
-def _fallback(kernel: str, reason: str) -> None:
-    record(kernel, ORIGINAL, reason)
-
-
 # ---------------------------------------------------------------- Linear + GeLU
 
-_TRANSFORMERS_GELUS = {
-    # transformers.activations classes -> the GeLU they compute (the tanh-formula classes compute
-    # the same function as F.gelu(approximate="tanh"), up to rounding)
-    "GELUActivation": "none",
-    "NewGELUActivation": "tanh",
-    "GELUTanh": "tanh",
-    "PytorchGELUTanh": "tanh",
-    "FastGELUActivation": "tanh",
-    "AccurateGELUActivation": "tanh",
-}
+# transformers.activations classes -> the GeLU they compute (one catalogue with the rules)
+_TRANSFORMERS_GELUS = TRANSFORMERS_GELUS
 
 
-def defines_own_forward(cls: type, module_name: str) -> bool:
-    """Whether ``cls`` itself defines ``forward`` in ``module_name`` (not replaced, e.g. by a hub
-    kernel). Read from the class ``__dict__``, which dynamo cannot read while it traces (a
-    transformers compiled generate failed with "mapping proxy affected by dictionary mutation"):
-    under torch.compile the answer is taken once as a constant of the class."""
-    forward = cls.__dict__.get("forward")
-    return forward is not None and getattr(forward, "__module__", "") == module_name
-
-
-# what torch.compiler.assume_constant_result sets, without the import of torch._dynamo it makes
-# (importing adopter.kernels stays light: tests/test_kernels_torch.py)
-defines_own_forward._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> tuple[str | None, str]:
@@ -146,7 +78,7 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
         return None, f"{type(activation).__name__} called with extra arguments"
     cls = type(activation)
     if isinstance(activation, nn.GELU):
-        why = _plain(activation, nn.GELU)
+        why = plain_reason(activation, nn.GELU)
         if why:
             return None, why
         return (activation.approximate, "") if activation.approximate in ("none", "tanh") else (None, "nn.GELU mode")
@@ -155,7 +87,7 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
         return None, f"activation is {cls.__name__}, not a GeLU the kernel computes"
     if not defines_own_forward(cls, "transformers.activations"):
         return None, f"{cls.__name__}.forward is replaced"
-    if _has_hooks(activation):
+    if has_hooks(activation):
         return None, f"{cls.__name__} has hooks"
     return mode, ""
 
@@ -163,11 +95,11 @@ def gelu_mode(activation: Any, args: tuple = (), kwargs: dict | None = None) -> 
 def linear_gelu(linear: nn.Module, activation: Any, x: torch.Tensor, *act_args: Any, **act_kwargs: Any) -> Any:
     """``activation(linear(x), *act_args, **act_kwargs)``; with an ``nn.Linear`` and a GeLU the
     kernel computes, the matmul then one fused bias+GeLU kernel (triton on CUDA)."""
-    reason = _context_reason(x) or policy_reason("linear_gelu", x) or _plain(linear, nn.Linear)
+    reason = context_reason(x) or policy_reason("linear_gelu", x) or plain_reason(linear, nn.Linear)
     if not reason:
         mode, reason = gelu_mode(activation, act_args, act_kwargs)
     if reason:
-        _fallback("linear_gelu", reason)
+        record_fallback("linear_gelu", reason)
         return activation(linear(x), *act_args, **act_kwargs)
     out = linear_bias_gelu(x, linear.weight, linear.bias, mode)
     record("linear_gelu", last_backend())
@@ -187,7 +119,7 @@ def _dropout_setting(dropout: Any, args: tuple, kwargs: dict) -> tuple[Any, Any,
     can compute it (a plain ``nn.Dropout`` module, or ``F.dropout`` with a probability in [0, 1]
     and a bool ``training``, not in place), else ``(None, None, why not)``."""
     if isinstance(dropout, nn.Module):
-        why = _plain(dropout, nn.Dropout) or ("Dropout called with extra arguments" if args or kwargs else "")
+        why = plain_reason(dropout, nn.Dropout) or ("Dropout called with extra arguments" if args or kwargs else "")
         if not why and dropout.inplace:
             why = "in-place Dropout"
         return (None, None, why) if why else (dropout.p, dropout.training, "")
@@ -222,14 +154,14 @@ def dropout_add_layer_norm(
     plain ``nn.LayerNorm``: one fused kernel each way on CUDA (dropout mask regenerated in the
     backward), the unfused ops otherwise; anything else runs the original computation. ``x`` may
     be in half precision with a float32 ``residual`` (autocast)."""
-    reason = _context_reason(x, residual) or policy_reason("dropout_add_layer_norm", x) or _plain(norm, nn.LayerNorm)
+    reason = context_reason(x, residual) or policy_reason("dropout_add_layer_norm", x) or plain_reason(norm, nn.LayerNorm)
     p = training = None
     if not reason:
         p, training, reason = _dropout_setting(dropout, drop_args, drop_kwargs)
     if not reason and (not isinstance(residual, torch.Tensor) or x.shape != residual.shape):
         reason = "residual is not a tensor of x's shape"
     if reason:
-        _fallback("dropout_add_layer_norm", reason)
+        record_fallback("dropout_add_layer_norm", reason)
         h = dropout(x, *drop_args, **drop_kwargs) + residual
         return (h, norm(h)) if prenorm else norm(h)
     out = _dropout_add_layer_norm(
@@ -289,10 +221,10 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
     their concatenated weights (parameters unchanged; the concatenation is cached while no
     gradient flows). On CPU the three modules run (see ``QKV_FUSE_ON_CPU``)."""
     layers = (query, key, value)
-    reason = _context_reason(x) or policy_reason("qkv", x)
+    reason = context_reason(x) or policy_reason("qkv", x)
     if not reason and x.device.type == "cpu" and not QKV_FUSE_ON_CPU:
         reason = "CPU: three matmuls are as fast as one over concatenated weights"
-    reason = reason or next((why for why in (_plain(layer, nn.Linear) for layer in layers) if why), "")
+    reason = reason or next((why for why in (plain_reason(layer, nn.Linear) for layer in layers) if why), "")
     if not reason:
         weights = tuple(layer.weight for layer in layers)
         biases = tuple(layer.bias for layer in layers)
@@ -301,7 +233,7 @@ def qkv(query: nn.Module, key: nn.Module, value: nn.Module, x: torch.Tensor) -> 
         elif len({b is None for b in biases}) != 1:
             reason = "some projections have a bias and some not"
     if reason:
-        _fallback("qkv", reason)
+        record_fallback("qkv", reason)
         return query(x), key(x), value(x)
 
     def concatenated():
@@ -323,7 +255,7 @@ _BatchNorm = nn.modules.batchnorm._BatchNorm
 
 
 def _fold_reason(bn: nn.Module, bn_type: type) -> str:
-    why = _plain(bn, bn_type)
+    why = plain_reason(bn, bn_type)
     if why:
         return why
     if bn.training:
@@ -412,7 +344,7 @@ def epilogue_activation(activation: Any) -> str:
     epilogue), else ``""`` (it is called)."""
     if activation is F.relu or activation is torch.relu:
         return "relu"
-    if type(activation) is nn.ReLU and not _plain(activation, nn.ReLU):
+    if type(activation) is nn.ReLU and not plain_reason(activation, nn.ReLU):
         return "relu"  # (``inplace`` or not: it acts on the fresh conv output either way)
     return ""
 
@@ -434,18 +366,18 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         # does (a fold recorded for the mode traced in stayed folded after gm.train())
         reason = "tracing: the graph records the original modules"
     if reason:
-        _fallback(kernel, reason)
+        record_fallback(kernel, reason)
         release_if_training(layer, bn)
         return _activated(bn(layer(x)), activation)
     tensors = (layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias)
     if any(t is not None and (t.shape != (layer.weight.shape[0],) or t.dtype != layer.weight.dtype) for t in tensors[2:]):
         # (the original raises: BatchNorm's statistics of another width, or in another dtype)
-        _fallback(kernel, "BatchNorm of another width or dtype than the layer's output")
+        record_fallback(kernel, "BatchNorm of another width or dtype than the layer's output")
         return _activated(bn(layer(x)), activation)
     compiling = torch.compiler.is_compiling()
     keep = () if compiling else frozen_tensors((layer, bn), tensors)
     if not keep and not _fold_pays_per_call(layer.weight, x):  # (frozen when the cheap test ran, no longer)
-        _fallback(kernel, _NOT_PAID)
+        record_fallback(kernel, _NOT_PAID)
         return _activated(bn(layer(x)), activation)
     (weight, bias), fold_key = _fold_cached(bn, tensors, keep)
     # (while dynamo traces, the range guard's read of the input's magnitude cannot be traced: the
@@ -453,7 +385,7 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
     # overflows may land elsewhere)
     out_bound = math.inf if compiling else fold_output_bound(x, _fold_range(bn, fold_key, tensors, bn.eps))
     if out_bound is None:
-        _fallback(kernel, _OUT_OF_RANGE)
+        record_fallback(kernel, _OUT_OF_RANGE)
         return _activated(bn(layer(x)), activation)
     record(kernel, "torch")
     relu = epilogue_activation(activation) if activation is not None else ""
@@ -520,8 +452,8 @@ def _fold_may_pay(layer: nn.Module, bn: nn.Module, x: Any) -> bool:
     does not pay, the guard must cost next to nothing): False when the BatchNorm trains, or when the
     weights are not frozen and a fold on this call would cost more than it saves (also for a
     non-tensor input: fx's proxies then record the original modules)."""
-    if bn.training or _is_parametrized(layer) or _is_parametrized(bn):
-        return False  # (a parametrized weight: the guard would compute it twice, see _plain)
+    if bn.training or is_parametrized(layer) or is_parametrized(bn):
+        return False  # (a parametrized weight: the guard would compute it twice, see plain_reason)
     if not torch.compiler.is_compiling() and is_frozen(layer) and is_frozen(bn):
         # (not while dynamo traces: the lookup in frozen.py's weak dictionary made dynamo guard on
         # its keys; a compiled call folds per call where that pays, see _folded_call)
@@ -532,13 +464,13 @@ def _fold_may_pay(layer: nn.Module, bn: nn.Module, x: Any) -> bool:
 def _unpaid(kernel: str, layer: nn.Module, bn: nn.Module, x: Any, activation: Any = None) -> Any:
     """The original layers, when :func:`_fold_may_pay` says no."""
     if bn.training:
-        _fallback(kernel, _TRAINING)
+        record_fallback(kernel, _TRAINING)
         release_if_training(layer, bn)
-    elif _is_parametrized(layer) or _is_parametrized(bn):
-        _fallback(kernel, "a parametrized weight (the guard would compute it again)")
+    elif is_parametrized(layer) or is_parametrized(bn):
+        record_fallback(kernel, "a parametrized weight (the guard would compute it again)")
         release(layer, bn)  # (no weight of theirs is a frozen tensor any more)
     else:
-        _fallback(kernel, _NOT_PAID)
+        record_fallback(kernel, _NOT_PAID)
     return _activated(bn(layer(x)), activation)
 
 
@@ -572,8 +504,8 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = N
     pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``)."""
     if not _fold_may_pay(conv, bn, x):
         return _unpaid("conv_bn", conv, bn, x, activation)
-    reason = (_hooks_reason() or policy_reason("conv_bn", x, size=lambda: conv_macs(conv, x), variant=lambda: _layout(x))
-              or _plain(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d))
+    reason = (hooks_reason() or policy_reason("conv_bn", x, size=lambda: conv_macs(conv, x), variant=lambda: _layout(x))
+              or plain_reason(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d))
     if not reason and not is_proxy(x) and (not isinstance(x, torch.Tensor) or x.dim() != 4):
         reason = "input is not a (batch, channels, height, width) tensor (BatchNorm2d raises on it)"
     return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked, activation)
@@ -584,7 +516,7 @@ def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:
     statistics is folded into the Linear: one matmul."""
     if not _fold_may_pay(linear, bn, x):
         return _unpaid("linear_bn", linear, bn, x)
-    reason = _hooks_reason() or policy_reason("linear_bn", x) or _plain(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
+    reason = hooks_reason() or policy_reason("linear_bn", x) or plain_reason(linear, nn.Linear) or _fold_reason(bn, nn.BatchNorm1d)
     if not reason and (is_proxy(x) or x.dim() != 2):  # (fx: the rank is unknown while tracing)
         reason = f"input of rank {x.dim()} (folding needs (batch, features))"
     return _folded_call("linear_bn", linear, bn, x, reason, F.linear)

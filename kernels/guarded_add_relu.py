@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .guarded import _context_reason, _fallback, epilogue_activation
+from .guard_checks import context_reason, record_fallback
+from .guarded import epilogue_activation
 from .ops import finite
 from .policy import policy_reason
 from .telemetry import record
@@ -61,7 +62,7 @@ def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> 
         reason, unshared = policy_reason("add_relu", x) or "torch.compile", False
     else:
         unshared = sys.getrefcount(x) == _UNSHARED_REFCOUNT  # (while no other local holds x)
-        reason = _context_reason(x, residual) or policy_reason("add_relu", x) or _operands_reason(x, residual)
+        reason = context_reason(x, residual) or policy_reason("add_relu", x) or _operands_reason(x, residual)
     relu = "" if reason else epilogue_activation(activation)
     if not reason and not relu:
         reason = f"activation is {type(activation).__name__}, not a ReLU"
@@ -80,7 +81,7 @@ def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> 
             if not total <= top:
                 reason = "the sum could overflow (aten's _add_relu would clamp it to the largest float)"
     if reason:
-        _fallback("add_relu", reason)
+        record_fallback("add_relu", reason)
         return _original(activation, x, residual, in_place)
     out = torch._add_relu_(x, residual) if in_place else torch._add_relu(x, residual)
     if total <= top:
@@ -88,7 +89,7 @@ def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> 
     else:  # an operand recorded without a bound: no element of the result reached the clamp?
         peak = float(out.amax()) if out.numel() else 0.0
         if not peak < top:
-            _fallback("add_relu", "the sum overflowed (aten's _add_relu clamped it to the largest float)")
+            record_fallback("add_relu", "the sum overflowed (aten's _add_relu clamped it to the largest float)")
             return _original(activation, x, residual, in_place)
         finite.mark(out, peak)
     record("add_relu", "torch")

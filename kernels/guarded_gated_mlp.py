@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .guarded import _context_reason, _fallback, _has_hooks, _plain, defines_own_forward, gelu_mode
+from .guard_checks import context_reason, defines_own_forward, has_hooks, plain_reason, record_fallback
+from .guarded import gelu_mode
 from .ops.gated_act import gated_act
 from .policy import policy_reason
 from .telemetry import record_backend
@@ -54,7 +55,7 @@ def _transformers_activation(activation: Any, class_name: str) -> str:
         return f"activation is {cls.__name__}, not transformers' {class_name}"
     if not defines_own_forward(cls, "transformers.activations"):
         return f"{class_name}.forward is replaced"
-    if _has_hooks(activation):
+    if has_hooks(activation):
         return f"{class_name} has hooks"
     return ""
 
@@ -68,7 +69,7 @@ def _silu_call(activation: Any, args: tuple, kwargs: dict) -> str | None:
             return "F.silu with unexpected arguments"
         return ""
     if isinstance(activation, nn.SiLU):
-        return _plain(activation, nn.SiLU) or ("nn.SiLU called with extra arguments" if args or kwargs else "")
+        return plain_reason(activation, nn.SiLU) or ("nn.SiLU called with extra arguments" if args or kwargs else "")
     if type(activation).__name__ == "SiLUActivation":
         why = _transformers_activation(activation, "SiLUActivation")
         return why or ("SiLUActivation called with extra arguments" if args or kwargs else "")
@@ -190,11 +191,11 @@ def linear_form(module: Any) -> tuple[str | None, str]:
     does, ``("cast", "")`` when it is an ``nn.Linear`` subclass whose forward is exactly
     ``F.linear(x, self.weight.to(x.dtype), self.bias)``, ``("cast_all", "")`` when that forward
     casts the bias as well (:func:`_cast_form`); else ``(None, why not)``."""
-    why = _plain(module, nn.Linear)
+    why = plain_reason(module, nn.Linear)
     if not why:
         return "plain", ""
     cls = type(module)
-    if isinstance(module, nn.Linear) and why == f"{cls.__name__} overrides forward" and not _has_hooks(module):
+    if isinstance(module, nn.Linear) and why == f"{cls.__name__} overrides forward" and not has_hooks(module):
         form = _cast_form(cls.forward)
         if form is not None:
             return form, ""
@@ -224,7 +225,7 @@ def gated_mlp(gate: nn.Module, up: nn.Module, down: nn.Module, act: Any, x: torc
     """``down(act(gate(x), *act_args, **act_kwargs) * up(x))``; with plain ``nn.Linear``
     projections and a SiLU/GeLU activation, ``act(g) * u`` runs as one op that recomputes
     ``act(g)`` in the backward instead of storing it."""
-    reason = _context_reason(x) or policy_reason(KERNEL, x)
+    reason = context_reason(x) or policy_reason(KERNEL, x)
     activation = forms = None
     if not reason:
         forms = [linear_form(m) for m in (gate, up, down)]
@@ -234,7 +235,7 @@ def gated_mlp(gate: nn.Module, up: nn.Module, down: nn.Module, act: Any, x: torc
     if not reason:
         activation, reason = gated_activation(act, act_args, act_kwargs)
     if reason:
-        _fallback(KERNEL, reason)
+        record_fallback(KERNEL, reason)
         return down(act(gate(x), *act_args, **act_kwargs) * up(x))
     (gate_form, _), (up_form, _), (down_form, _) = forms
     g = _linear(gate, gate_form, x)
@@ -288,7 +289,7 @@ def gated_mlp_packed(gate_up: nn.Module, down: nn.Module, act: Any, x: torch.Ten
     otherwise the original computation runs."""
     if (chunks is None) == (split is None) or gate not in (0, 1):
         raise TypeError("gated_mlp_packed takes one of chunks= and split=, and gate=0 or gate=1")
-    reason = _context_reason(x) or policy_reason(KERNEL, x)
+    reason = context_reason(x) or policy_reason(KERNEL, x)
     activation = gate_up_form = down_form = None
     if not reason:
         gate_up_form, reason = linear_form(gate_up)
@@ -301,7 +302,7 @@ def gated_mlp_packed(gate_up: nn.Module, down: nn.Module, act: Any, x: torch.Ten
     if not reason:
         reason = _packed_in_place_reason(act, act_args, act_kwargs)
     if reason:
-        _fallback(KERNEL, reason)
+        record_fallback(KERNEL, reason)
         g, u = _split(gate_up(x), chunks, split, dim, gate)
         return down(act(g, *act_args, **act_kwargs) * u)
     g, u = _split(_linear(gate_up, gate_up_form, x), chunks, split, dim, gate)

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backend import _constant_under_compile
-from .guarded import _context_reason, _fallback, _plain
+from .guard_checks import context_reason, plain_reason, record_fallback
 from .ops import finite
 from .ops.linear_cross_entropy import _compute_dtype, chunk_rows, linear_cross_entropy_sum
 from .policy import policy_reason
@@ -346,9 +346,9 @@ def _fused_reason(head: Any, hidden_states: Any) -> str:
         return f"logits kept ({KEEP_LOGITS_ENV} or keep_logits())"
     if not torch.is_grad_enabled():
         return "grad disabled (evaluation: the logits are returned)"
-    reason = (_context_reason(hidden_states)
+    reason = (context_reason(hidden_states)
               or policy_reason(KERNEL, hidden_states, size=lambda: _logits_size(head, hidden_states))
-              or _plain(head, nn.Linear))
+              or plain_reason(head, nn.Linear))
     if reason:
         return reason
     if not head.training:
@@ -436,7 +436,7 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
     module doc): ``(None, loss)`` without the logits ever existing."""
     labels = _labels_of(loss_args, loss_kwargs)
     if labels is None:
-        _fallback(KERNEL, "no labels (inference: the logits are returned)")
+        record_fallback(KERNEL, "no labels (inference: the logits are returned)")
         return _original(head, hidden_states, loss_function, labels, loss_args, loss_kwargs)
     bound = None
     reason = _fused_reason(head, hidden_states) or _causal_lm_loss_reason(loss_function)
@@ -447,7 +447,7 @@ def linear_cross_entropy(head: nn.Module, hidden_states: Any, loss_function: Any
     if not reason:
         reason = _range_reason(hidden_states, head.weight, head.bias, hidden_states.numel() // hidden_states.shape[-1])
     if reason:
-        _fallback(KERNEL, reason)
+        record_fallback(KERNEL, reason)
         return _original(head, hidden_states, loss_function, labels, loss_args, loss_kwargs)
     loss_sum, count = linear_cross_entropy_sum(
         hidden_states, head.weight, head.bias, targets, ignore_index=bound.get("ignore_index", -100),
@@ -518,7 +518,7 @@ def _bind_cross_entropy(loss_fn: Any, loss_args: tuple, loss_kwargs: dict) -> tu
             return None, "cross entropy arguments do not bind: no target"
         return {**_CE_DEFAULTS, **args}, ""
     if type(loss_fn) is nn.CrossEntropyLoss:
-        reason = _plain(loss_fn, nn.CrossEntropyLoss)
+        reason = plain_reason(loss_fn, nn.CrossEntropyLoss)
         if reason:
             return None, reason
         if len(loss_args) + len(loss_kwargs) != 1 or (loss_kwargs and "target" not in loss_kwargs):
@@ -640,7 +640,7 @@ def lm_head_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, *lo
         else:
             reason = _range_reason(h, head.weight, head.bias, tokens)
     if reason:
-        _fallback(KERNEL, reason)
+        record_fallback(KERNEL, reason)
         return _original_cross_entropy(head, hidden_states, loss_fn, loss_args, loss_kwargs, *layout)
     loss_sum, count = linear_cross_entropy_sum(h, head.weight, head.bias, target, ignore_index=bound["ignore_index"],
                                                upcast=upcast)

@@ -1,7 +1,8 @@
 """The package's layers, checked on the import graph (module-level *and* function-level imports):
 
     adopter.core      analysis core: DSL, extraction, structures, matching, rules, edit planning
-    adopter.kernels   what rewritten code calls (imports nothing else of adopter)
+    adopter.kernels   what rewritten code calls (imports nothing else of adopter but the catalogue)
+    adopter.core.catalogue  what the kernels accept, as data (imports nothing): rules and kernels read it
     adopter.configs   shipped model configs (data)
     adopter.tracing   builds on core              \\ siblings: neither imports the other
     adopter.rewrite   builds on core              /
@@ -28,17 +29,19 @@ PACKAGE_DIRS = {
 
 # What each layer may import (besides itself).
 ALLOWED = {
-    "core": {"core"},
-    "kernels": {"kernels"},
+    "catalogue": {"catalogue"},
+    "core": {"core", "catalogue"},
+    "kernels": {"kernels", "catalogue"},
     "configs": {"configs"},
-    "tracing": {"tracing", "core", "configs", "kernels"},
-    "rewrite": {"rewrite", "core", "kernels"},
-    "top": {"top", "core", "kernels", "configs", "tracing", "rewrite"},
+    "tracing": {"tracing", "core", "configs", "kernels", "catalogue"},
+    "rewrite": {"rewrite", "core", "kernels", "catalogue"},
+    "top": {"top", "core", "kernels", "configs", "tracing", "rewrite", "catalogue"},
 }
 
 
 def layer_of(module: str) -> str:
     for prefix, layer in (
+        ("adopter.core.catalogue", "catalogue"),
         ("adopter.core", "core"),
         ("adopter.kernels", "kernels"),
         ("adopter.configs", "configs"),

@@ -640,7 +640,7 @@ def test_peft_lora_matches_original_and_summary_names_the_lora_fallback(Optimize
     ``dropout_add_layer_norm``, which only gets the LoRA layer's output, stays fused; after
     ``merge_and_unload`` the Linear is plain again and ``linear_gelu`` fuses."""
     pytest.importorskip("peft")
-    from adopter.kernels.guarded import _plain
+    from adopter.kernels.guard_checks import plain_reason as _plain
     from torch import nn
 
     original, optimized = make_pair(Optimized, dropout=0.1)
@@ -744,7 +744,7 @@ def test_peft_lora_llama_matches_original(request):
     losses and LoRA gradients; the LoRA-wrapped gate/up/down send ``gated_mlp`` to the original
     path (the summary says why), RMSNorm, rotary and the fused linear + cross-entropy stay fused."""
     pytest.importorskip("peft")
-    from adopter.kernels.guarded import _plain
+    from adopter.kernels.guard_checks import plain_reason as _plain
     from torch import nn
 
     cls, optimized_cls, config = request.getfixturevalue("llama_tiny")  # after the importorskip

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adopter.core.catalogue import GELU_CONFIG_KEYS, TRANSFORMERS_GELUS
 from adopter.core.dsl import Layer, Var
 from adopter.core.match import MatchContext
 from adopter.core.rules._common import const_text
@@ -30,21 +31,13 @@ _TA = "transformers.activations."
 
 
 # Activation modules computing exact (erf) GeLU or its tanh approximation: both are kernel modes.
-GELU_MODULES = (
-    "torch.nn.GELU",
-    _TA + "GELUActivation",
-    _TA + "NewGELUActivation",
-    _TA + "GELUTanh",
-    _TA + "PytorchGELUTanh",
-    _TA + "FastGELUActivation",
-    _TA + "AccurateGELUActivation",
-)
+GELU_MODULES = ("torch.nn.GELU", *(_TA + name for name in TRANSFORMERS_GELUS))
 
 
 ACT2FN = _TA + "ACT2FN"  # ACT2FN[key] / get_activation(key) with a key unknown statically
 
 
-GELU_KEYS = {"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate"}
+GELU_KEYS = set(GELU_CONFIG_KEYS)
 
 
 CONFIG_ATTR = re.compile(r"^(?:self\.)?(?:config|cfg|.*_config)\.([A-Za-z_][A-Za-z_0-9]*)$")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from adopter.core.catalogue import NOT_KERNEL_GELUS, TRANSFORMERS_GELUS
 from adopter.core.codemod.base import (
     ChainPlan,
     Codemod,
@@ -302,20 +303,8 @@ class BiasedGeLU(Codemod):
 # ---------------------------------------------------------------- runtime
 
 # GeLU variants by activation class name: what the fused kernel's ``approximate`` must be.
-GELU_CLASSES = {
-    "GELU": None,  # torch.nn.GELU: read .approximate
-    "GELUActivation": "none",
-    "NewGELUActivation": "tanh",
-    "GELUTanh": "tanh",
-    "PytorchGELUTanh": "tanh",
-    "GELUPytorchTanh": "tanh",
-    "FastGELUActivation": "tanh",
-    "AccurateGELUActivation": "tanh",
-}
-_NOT_KERNEL_GELU = {
-    "QuickGELUActivation": "QuickGELU (x*sigmoid(1.702x)) is not the GeLU the kernel implements",
-    "ClippedGELUActivation": "clipped GeLU is not the GeLU the kernel implements",
-}
+GELU_CLASSES = {"GELU": None, **TRANSFORMERS_GELUS}  # torch.nn.GELU: read .approximate
+_NOT_KERNEL_GELU = NOT_KERNEL_GELUS
 
 
 def gelu_kind(module: Any) -> tuple[str | None, str]:

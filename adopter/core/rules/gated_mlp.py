@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from adopter.core.catalogue import TRANSFORMERS_GELUS
 from adopter.core.codemod.base import (
     ChainPlan,
     Codemod,
@@ -556,8 +557,7 @@ class GatedMLP(Codemod):
 
 # Activation instances the kernel computes, by class name (transformers' ACT2FN classes included).
 _SILU_CLASSES = {"SiLU", "SiLUActivation"}
-_GELU_CLASSES = {"GELU", "GELUActivation", "NewGELUActivation", "GELUTanh", "PytorchGELUTanh",
-                 "FastGELUActivation", "AccurateGELUActivation"}
+_GELU_CLASSES = {"GELU", *TRANSFORMERS_GELUS}
 
 
 def _graph_activation(ops) -> str | None:
