@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 from adopter.rewrite import rewrite_file
 
-BODY = textwrap.dedent('''\
+BODY = "\n\n" + (Path(__file__).parent / "fixtures" / "rewrite" / "mlp_classes.py").read_text().split("\n\n\n", 1)[1]
 
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 16)
-            self.act = nn.GELU()
-
-        def forward(self, x):
-            h = self.fc(x)
-            h = self.act(h)
-            return h
-    ''')
 
 
 def _rewritten(tmp_path, head: str) -> str:

@@ -5,40 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 from adopter.rewrite import rewrite_file
 from adopter.rewrite.scripting import SCRIPTING_TEST, uses_torchscript, wants_guard
 
-MODEL = textwrap.dedent('''\
-    import torch
-    from torch import nn
+MODEL = "import torch\nfrom torch import nn\n\n\n" + (Path(__file__).parent / "fixtures" / "rewrite" / "mlp_classes.py").read_text().split("\n\n\n", 1)[1]
 
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 16)
-            self.act = nn.GELU()
-
-        def forward(self, x):
-            h = self.fc(x)
-            h = self.act(h)
-            return h
-
-
-    class MLPKw(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 16)
-            self.act = nn.GELU()
-
-        def forward(self, x, **kwargs):
-            h = self.fc(x)
-            h = self.act(h)
-            return h
-    ''')
 
 
 def _package(tmp_path, scripts: bool):

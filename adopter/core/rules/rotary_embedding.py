@@ -695,6 +695,22 @@ class _Facts:
         return None
 
 
+# id(function) -> (function, its _Facts): every candidate in a function reads the same facts (a
+# rotary-heavy file built them per candidate). Shared: callers must not change them.
+_FACTS: dict[int, tuple[ast.AST | None, _Facts]] = {}
+
+
+def _facts_of(fn: ast.AST | None) -> _Facts:
+    cached = _FACTS.get(id(fn))
+    if cached is not None and cached[0] is fn:
+        return cached[1]
+    facts = _Facts(fn)
+    if len(_FACTS) > 256:
+        _FACTS.clear()
+    _FACTS[id(fn)] = (fn, facts)
+    return facts
+
+
 def _inside(node: ast.AST, outer: ast.AST) -> bool:
     return any(n is node for n in walk(outer))
 
@@ -824,7 +840,7 @@ class _Site:
     @classmethod
     def of(cls_, tree: ast.Module, fn: ast.AST | None, qualname: str, expr: ast.AST) -> _Site:
         owner = _class_def(tree, qualname.rsplit(".", 1)[0]) if qualname and "." in qualname else None
-        facts = _Facts(fn)
+        facts = _facts_of(fn)
         stmt = None
         if fn is not None:
             stmt = next((s for s in walk(fn) if isinstance(s, ast.stmt) and s is not fn
