@@ -715,8 +715,9 @@ def test_chained_pre_norm_steps_reach_the_fixed_point(tmp_path, torch_backend):
     first = rewrite_file(path, get_rules(["Dropout_LayerNorm"]), write=True)
     assert first.status == "changed" and sum(o.applied for o in first.outcomes) == 2, first.outcomes
     new = path.read_text()
-    assert "x, norm2_out = dropout_add_layer_norm(self.drop1, self.norm2, self.f1(self.norm1(x)), x, prenorm=True)" in new
-    assert "x, norm3_out = dropout_add_layer_norm(self.drop2, self.norm3, self.f2(norm2_out), x, prenorm=True)" in new
+    flat = " ".join(new.split())  # (a file rewrite wraps lines past the file's length)
+    assert "x, norm2_out = dropout_add_layer_norm( self.drop1, self.norm2, self.f1(self.norm1(x)), x, prenorm=True )" in flat
+    assert "x, norm3_out = dropout_add_layer_norm( self.drop2, self.norm3, self.f2(norm2_out), x, prenorm=True )" in flat
     assert rewrite_file(path, get_rules(["Dropout_LayerNorm"])).status == "unchanged"
     before, after = types.ModuleType("chain_before"), types.ModuleType("chain_after")
     exec(compile(CHAIN, "chain_before", "exec"), before.__dict__)

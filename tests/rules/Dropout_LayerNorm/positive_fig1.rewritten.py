@@ -15,7 +15,9 @@ class BertSelfOutput(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
         hidden_states = self.dense(hidden_states)
-        hidden_states = dropout_add_layer_norm(self.dropout, self.LayerNorm, hidden_states, input_tensor)
+        hidden_states = dropout_add_layer_norm(
+            self.dropout, self.LayerNorm, hidden_states, input_tensor
+        )
         return hidden_states
 
 

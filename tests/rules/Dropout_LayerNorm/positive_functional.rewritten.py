@@ -22,11 +22,25 @@ class BartStyleLayer(nn.Module):
     def forward(self, hidden_states):
         residual = hidden_states
         hidden_states = self.self_attn(hidden_states)
-        hidden_states = dropout_add_layer_norm(nn.functional.dropout, self.self_attn_layer_norm, hidden_states, residual, p=self.dropout, training=self.training)
+        hidden_states = dropout_add_layer_norm(
+            nn.functional.dropout,
+            self.self_attn_layer_norm,
+            hidden_states,
+            residual,
+            p=self.dropout,
+            training=self.training,
+        )
 
         residual = hidden_states
         hidden_states = self.fc(hidden_states)
-        hidden_states = dropout_add_layer_norm(torch.nn.functional.dropout, self.final_layer_norm, hidden_states, residual, p=self.dropout, training=self.training)
+        hidden_states = dropout_add_layer_norm(
+            torch.nn.functional.dropout,
+            self.final_layer_norm,
+            hidden_states,
+            residual,
+            p=self.dropout,
+            training=self.training,
+        )
         return hidden_states
 
 

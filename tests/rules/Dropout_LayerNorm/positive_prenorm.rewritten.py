@@ -22,7 +22,9 @@ class ResearchBlock(nn.Module):
         self.drop2 = nn.Dropout(p)
 
     def forward(self, x):
-        x, norm2_out = dropout_add_layer_norm(self.drop1, self.norm2, self.attn(self.norm1(x)), x, prenorm=True)
+        x, norm2_out = dropout_add_layer_norm(
+            self.drop1, self.norm2, self.attn(self.norm1(x)), x, prenorm=True
+        )
         x = x + self.drop2(self.ff(norm2_out))
         return x
 
@@ -41,7 +43,9 @@ class ViTStyleLayer(nn.Module):
         residual = hidden_states
         hidden_states = self.layernorm_before(hidden_states)
         hidden_states = self.attention(hidden_states)
-        hidden_states, layernorm_after_out = dropout_add_layer_norm(self.dropout, self.layernorm_after, hidden_states, residual, prenorm=True)
+        hidden_states, layernorm_after_out = dropout_add_layer_norm(
+            self.dropout, self.layernorm_after, hidden_states, residual, prenorm=True
+        )
 
         residual = hidden_states
         hidden_states = layernorm_after_out
@@ -59,7 +63,9 @@ class StableLayerNormStyle(nn.Module):
 
     def forward(self, hidden_states, attn_output):
         attn_residual = hidden_states
-        hidden_states, final_layer_norm_out = dropout_add_layer_norm(self.dropout, self.final_layer_norm, attn_output, attn_residual, prenorm=True)
+        hidden_states, final_layer_norm_out = dropout_add_layer_norm(
+            self.dropout, self.final_layer_norm, attn_output, attn_residual, prenorm=True
+        )
         hidden_states = hidden_states + self.feed_forward(final_layer_norm_out)
         return hidden_states
 
@@ -76,7 +82,15 @@ class FunctionalPreNorm(nn.Module):
     def forward(self, hidden_states):
         residual = hidden_states
         hidden_states = self.self_attn(hidden_states)
-        hidden_states, final_layer_norm_out = dropout_add_layer_norm(F.dropout, self.final_layer_norm, hidden_states, residual, p=self.dropout, training=self.training, prenorm=True)
+        hidden_states, final_layer_norm_out = dropout_add_layer_norm(
+            F.dropout,
+            self.final_layer_norm,
+            hidden_states,
+            residual,
+            p=self.dropout,
+            training=self.training,
+            prenorm=True,
+        )
 
         residual = hidden_states
         hidden_states = final_layer_norm_out

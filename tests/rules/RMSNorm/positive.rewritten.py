@@ -54,7 +54,9 @@ class Olmo2RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states):
-        return rms_norm(hidden_states, self.weight, self.variance_epsilon, weight_before_cast=True)
+        return rms_norm(
+            hidden_states, self.weight, self.variance_epsilon, weight_before_cast=True
+        )
 
 
 class HeliumRMSNorm(nn.Module):
@@ -66,7 +68,13 @@ class HeliumRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states):
-        return rms_norm(hidden_states, self.weight, self.variance_epsilon, weight_fp32=True, weight_before_cast=True)
+        return rms_norm(
+            hidden_states,
+            self.weight,
+            self.variance_epsilon,
+            weight_fp32=True,
+            weight_before_cast=True,
+        )
 
 
 class GemmaRMSNorm(nn.Module):
@@ -82,7 +90,14 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x):
         # Llama does x.to(float16) * w whilst Gemma is (x * w).to(float16)
-        return rms_norm(x, self.weight, self.eps, offset=1.0, weight_fp32=True, weight_before_cast=True)
+        return rms_norm(
+            x,
+            self.weight,
+            self.eps,
+            offset=1.0,
+            weight_fp32=True,
+            weight_before_cast=True,
+        )
 
 
 class Llama4TextRMSNorm(nn.Module):
@@ -107,4 +122,6 @@ class T5LayerNorm(nn.Module):
     def forward(self, hidden_states):
         # T5 uses a layer_norm which only scales and doesn't shift
         # convert into half-precision if necessary
-        return rms_norm(hidden_states, self.weight, self.variance_epsilon, cast_to_half_weight=True)
+        return rms_norm(
+            hidden_states, self.weight, self.variance_epsilon, cast_to_half_weight=True
+        )

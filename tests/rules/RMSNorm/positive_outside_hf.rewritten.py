@@ -27,7 +27,9 @@ class LitGPTRMSNorm(torch.nn.Module):
         self.add_unit_offset = add_unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, offset=1.0 if self.add_unit_offset else 0.0, dim=self.dim)
+        return rms_norm(
+            x, self.weight, self.eps, offset=1.0 if self.add_unit_offset else 0.0, dim=self.dim
+        )
 
     def reset_parameters(self) -> None:
         torch.nn.init.ones_(self.weight)
@@ -45,7 +47,15 @@ class LitGPTScaleRMSNorm(torch.nn.Module):
         self.add_unit_offset = add_unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, offset=1.0 if self.add_unit_offset else 0.0, weight_before_cast=True, weight_fp32=False if self.add_unit_offset else True, dim=self.dim)
+        return rms_norm(
+            x,
+            self.weight,
+            self.eps,
+            offset=1.0 if self.add_unit_offset else 0.0,
+            weight_before_cast=True,
+            weight_fp32=False if self.add_unit_offset else True,
+            dim=self.dim,
+        )
 
     def reset_parameters(self) -> None:
         torch.nn.init.ones_(self.weight)
@@ -62,7 +72,15 @@ class AssignedOffsetRMSNorm(nn.Module):
         self.add_unit_offset = add_unit_offset
 
     def forward(self, x):
-        return rms_norm(x, self.weight, self.eps, offset=1.0 if self.add_unit_offset else 0.0, weight_before_cast=True, weight_fp32=False if self.add_unit_offset else True, dim=self.dim)
+        return rms_norm(
+            x,
+            self.weight,
+            self.eps,
+            offset=1.0 if self.add_unit_offset else 0.0,
+            weight_before_cast=True,
+            weight_fp32=False if self.add_unit_offset else True,
+            dim=self.dim,
+        )
 
 
 class MetaLlamaRMSNorm(torch.nn.Module):
@@ -134,7 +152,14 @@ class NegatedBranchRMSNorm(nn.Module):
         self.plain = plain
 
     def forward(self, x):
-        return rms_norm(x, self.weight, self.eps, offset=0.0 if self.plain else 1.0, weight_before_cast=True, weight_fp32=True)
+        return rms_norm(
+            x,
+            self.weight,
+            self.eps,
+            offset=0.0 if self.plain else 1.0,
+            weight_before_cast=True,
+            weight_fp32=True,
+        )
 
 
 class NoUpcastRMSNorm(nn.Module):

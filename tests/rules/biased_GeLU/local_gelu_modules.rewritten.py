@@ -24,7 +24,9 @@ class GeLU(nn.Module):
 class AnswerHead(nn.Module):
     def __init__(self, d, n):
         super().__init__()
-        self.logit_fc = GuardedSequential(nn.Linear(d, d * 2), GeLU(), nn.LayerNorm(d * 2), nn.Linear(d * 2, n))
+        self.logit_fc = GuardedSequential(
+            nn.Linear(d, d * 2), GeLU(), nn.LayerNorm(d * 2), nn.Linear(d * 2, n)
+        )
 
     def forward(self, hidden_states):
         return self.logit_fc(hidden_states)

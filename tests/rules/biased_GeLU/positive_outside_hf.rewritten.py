@@ -57,7 +57,9 @@ class InheritedHelperMLP(HelperMethodMLP):
         self.up = nn.Linear(dim, hidden)
 
     def forward(self, x):
-        return self.fc2(linear_gelu(self.up, (F.gelu if type(self).gelu is HelperMethodMLP.gelu else self.gelu), x))
+        return self.fc2(
+            linear_gelu(self.up, (F.gelu if type(self).gelu is HelperMethodMLP.gelu else self.gelu), x)
+        )
 
 
 class TanhHelperMLP(nn.Module):

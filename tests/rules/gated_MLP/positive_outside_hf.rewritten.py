@@ -60,7 +60,15 @@ class Phi3MLP(nn.Module):
         self.activation_fn = nn.SiLU()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return gated_mlp_packed(self.gate_up_proj, self.down_proj, self.activation_fn, hidden_states, chunks=2, dim=-1, gate=0)
+        return gated_mlp_packed(
+            self.gate_up_proj,
+            self.down_proj,
+            self.activation_fn,
+            hidden_states,
+            chunks=2,
+            dim=-1,
+            gate=0,
+        )
 
 
 class GeGLUFeedForward(nn.Module):
@@ -72,7 +80,9 @@ class GeGLUFeedForward(nn.Module):
         self.proj_out = nn.Linear(inner_dim, dim)
 
     def forward(self, x):
-        return gated_mlp_packed(self.proj_in, self.proj_out, F.gelu, x, chunks=2, dim=-1, gate=1, approximate="tanh")
+        return gated_mlp_packed(
+            self.proj_in, self.proj_out, F.gelu, x, chunks=2, dim=-1, gate=1, approximate="tanh"
+        )
 
 
 class SwiGLUSplit(nn.Module):
@@ -107,7 +117,9 @@ class TorchSplitGeGLU(nn.Module):
         self.act = nn.GELU()
 
     def forward(self, x):
-        return gated_mlp_packed(self.wi, self.wo, self.act, x, split=[self.hidden, self.hidden], dim=-1, gate=1)
+        return gated_mlp_packed(
+            self.wi, self.wo, self.act, x, split=[self.hidden, self.hidden], dim=-1, gate=1
+        )
 
 
 class LoRALinear(nn.Linear):

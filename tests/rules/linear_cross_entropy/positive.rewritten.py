@@ -24,8 +24,14 @@ class LlamaLikeForCausalLM(nn.Module):
         hidden_states = self.model(input_ids)
         hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
 
-        logits, loss = linear_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
-            self.lm_head, hidden_states, self.loss_function if labels is not None else None, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = linear_cross_entropy(
+            self.lm_head,
+            hidden_states,
+            self.loss_function if labels is not None else None,
+            labels=labels,
+            vocab_size=self.config.vocab_size,
+            **kwargs,
         )
 
         return CausalLMOutputWithPast(loss=loss, logits=logits)
@@ -44,8 +50,14 @@ class SliceIndicesForCausalLM(nn.Module):
         hidden_states = self.model(input_ids)
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
 
-        logits, loss = linear_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
-            self.lm_head, hidden_states[:, slice_indices, :], self.loss_function if labels is not None else None, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = linear_cross_entropy(
+            self.lm_head,
+            hidden_states[:, slice_indices, :],
+            self.loss_function if labels is not None else None,
+            labels=labels,
+            vocab_size=self.config.vocab_size,
+            **kwargs,
         )
 
         return CausalLMOutputWithPast(loss=loss, logits=logits)
@@ -62,8 +74,14 @@ class PositionalLossForCausalLM(nn.Module):
 
     def forward(self, input_ids, labels=None, **kwargs):
         hidden_states = self.model(input_ids)
-        logits, loss = linear_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
-            self.lm_head, hidden_states, self.loss_function if labels is not None else None, labels, self.vocab_size, **kwargs
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = linear_cross_entropy(
+            self.lm_head,
+            hidden_states,
+            self.loss_function if labels is not None else None,
+            labels,
+            self.vocab_size,
+            **kwargs,
         )
         return CausalLMOutputWithPast(loss=loss, logits=logits)
 
@@ -79,8 +97,14 @@ class TupleOutputForCausalLM(nn.Module):
 
     def forward(self, input_ids, labels=None, return_dict=True, **kwargs):
         hidden_states = self.model(input_ids)
-        logits, loss = linear_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
-            self.lm_head, hidden_states, self.loss_function if labels is not None else None, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = linear_cross_entropy(
+            self.lm_head,
+            hidden_states,
+            self.loss_function if labels is not None else None,
+            labels=labels,
+            vocab_size=self.config.vocab_size,
+            **kwargs,
         )
         if not return_dict:
             output = (logits, hidden_states)

@@ -55,7 +55,8 @@ class NanoGPT(_Trunk):
     def forward(self, idx, targets=None):
         x = self.trunk(idx)
         if targets is not None:
-            logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            logits, loss = lm_head_cross_entropy(
                 self.lm_head, x, F.cross_entropy, targets.view(-1), ignore_index=-1
             )
         else:
@@ -67,7 +68,8 @@ class NanoGPT(_Trunk):
 class ReshapeConfigVocab(_Trunk):
     def forward(self, idx, targets):
         x = self.trunk(idx)
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head,
             x,
             torch.nn.functional.cross_entropy,
@@ -81,7 +83,8 @@ class ReshapeConfigVocab(_Trunk):
 
 class FlattenImportedFunction(_Trunk):
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head, self.trunk(idx), cross_entropy, targets.flatten(0, 1), flatten=(0, 1)
         )
         return {"logits": logits, "loss": loss}
@@ -93,7 +96,8 @@ class LossModuleInInit(_Trunk):
         self.criterion = nn.CrossEntropyLoss(ignore_index=-1)
 
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head, self.trunk(idx), self.criterion, targets.view(-1), vocab=self.config.vocab_size
         )
         return logits, loss
@@ -101,7 +105,8 @@ class LossModuleInInit(_Trunk):
 
 class InlineLossModule(_Trunk):
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head, self.trunk(idx), nn.CrossEntropyLoss(ignore_index=0), targets.view(-1)
         )
         return logits, loss
@@ -116,7 +121,8 @@ class GPT2Shifted(_Trunk):
             loss = None
             shift_labels = labels[..., 1:].contiguous()
             loss_fct = CrossEntropyLoss()
-            lm_logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            lm_logits, loss = lm_head_cross_entropy(
                 self.lm_head,
                 hidden_states,
                 loss_fct,
@@ -132,7 +138,8 @@ class GPT2Shifted(_Trunk):
 
 class InlineShiftSum(_Trunk):
     def forward(self, idx):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head,
             self.trunk(idx),
             F.cross_entropy,
@@ -146,7 +153,8 @@ class InlineShiftSum(_Trunk):
 
 class UpcastBeforeView(_Trunk):
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head, self.trunk(idx), F.cross_entropy, targets.view(-1), upcast=True
         )
         return logits, loss
@@ -154,7 +162,8 @@ class UpcastBeforeView(_Trunk):
 
 class TorchtitanHelper(_Trunk):
     def forward(self, idx, labels):
-        pred, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        pred, loss = lm_head_cross_entropy(
             self.lm_head,
             self.trunk(idx),
             torch.nn.functional.cross_entropy,
@@ -167,7 +176,8 @@ class TorchtitanHelper(_Trunk):
 
 class StraightLineHelper(_Trunk):
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head,
             self.trunk(idx),
             F.cross_entropy,
@@ -180,7 +190,8 @@ class StraightLineHelper(_Trunk):
 
 class ModuleLevelLoss(_Trunk):
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head, self.trunk(idx), LOSS, targets.view(-1)
         )
         return logits, loss

@@ -45,7 +45,8 @@ class _GPT(nn.Module):
 
 class UnchunkedLoss(_GPT):
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head,
             self.ln_f(self.wte(idx)),
             F.cross_entropy,
@@ -59,7 +60,8 @@ class UnchunkedLoss(_GPT):
 
 class UnchunkedPositional(_GPT):
     def forward(self, idx, targets):
-        logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, loss = lm_head_cross_entropy(
             self.lm_head,
             self.ln_f(self.wte(idx)),
             F.cross_entropy,
@@ -81,7 +83,8 @@ class ChunkedLoss(_GPT):
 class ChunkSizeFromTheModule(_GPT):
     def forward(self, idx, targets):
         if self.loss_chunk_size == 0:  # adopter: only then is chunked_cross_entropy(...) the plain cross entropy
-            logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            logits, loss = lm_head_cross_entropy(
                 self.lm_head,
                 self.ln_f(self.wte(idx)),
                 F.cross_entropy,
@@ -92,7 +95,9 @@ class ChunkSizeFromTheModule(_GPT):
             )
         else:
             logits = self.lm_head(self.ln_f(self.wte(idx)))
-            loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=self.loss_chunk_size)
+            loss = chunked_cross_entropy(
+                logits[..., :-1, :], targets[..., 1:], chunk_size=self.loss_chunk_size
+            )
         return logits, loss
 
 
@@ -115,7 +120,8 @@ class ChunkSizeFromTheConfig(nn.Module):
             logits = self.lm_head(x)
             return logits
         if self.config.loss_chunk_size == 0:  # adopter: only then is chunked_cross_entropy(...) the plain cross entropy
-            logits, loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            logits, loss = lm_head_cross_entropy(
                 self.lm_head,
                 x,
                 F.cross_entropy,
@@ -126,7 +132,9 @@ class ChunkSizeFromTheConfig(nn.Module):
             )
         else:
             logits = self.lm_head(x)
-            loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:], chunk_size=self.config.loss_chunk_size)
+            loss = chunked_cross_entropy(
+                logits[..., :-1, :], targets[..., 1:], chunk_size=self.config.loss_chunk_size
+            )
         return logits, loss
 
 

@@ -34,7 +34,8 @@ class Llama2cLastLoss(_Trunk):
     def forward(self, tokens, targets=None):
         h = self.trunk(tokens)
         if targets is not None:
-            logits, self.last_loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+            logits, self.last_loss = lm_head_cross_entropy(
                 self.output, h, F.cross_entropy, targets.view(-1), ignore_index=-1
             )
         else:
@@ -45,7 +46,8 @@ class Llama2cLastLoss(_Trunk):
 
 class LastLossAfterBranches(_Trunk):
     def forward(self, tokens, targets):
-        logits, self.last_loss = lm_head_cross_entropy(  # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        # adopter: logits None when training with labels (fused loss); ADOPTER_KEEP_LOGITS=1 keeps them
+        logits, self.last_loss = lm_head_cross_entropy(
             self.output, self.trunk(tokens), F.cross_entropy, targets.reshape(-1), flatten="reshape"
         )
         return logits
