@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adopter.core.catalogue import TRANSFORMERS_GELUS
+from adopter.catalogue import TRANSFORMERS_GELUS
 
 from .backend import last_backend
 from .frozen import frozen_tensors, is_frozen, release, release_if_training

@@ -2,7 +2,7 @@
 
     adopter.core      analysis core: DSL, extraction, structures, matching, rules, edit planning
     adopter.kernels   what rewritten code calls (imports nothing else of adopter but the catalogue)
-    adopter.core.catalogue  what the kernels accept, as data (imports nothing): rules and kernels read it
+    adopter.catalogue  what the kernels accept, as data (imports nothing): rules and kernels read it
     adopter.configs   shipped model configs (data)
     adopter.tracing   builds on core              \\ siblings: neither imports the other
     adopter.rewrite   builds on core              /
@@ -41,7 +41,7 @@ ALLOWED = {
 
 def layer_of(module: str) -> str:
     for prefix, layer in (
-        ("adopter.core.catalogue", "catalogue"),
+        ("adopter.catalogue", "catalogue"),
         ("adopter.core", "core"),
         ("adopter.kernels", "kernels"),
         ("adopter.configs", "configs"),

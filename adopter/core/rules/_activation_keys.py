@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adopter.core.catalogue import GELU_CONFIG_KEYS, TRANSFORMERS_GELUS
+from adopter.catalogue import GELU_CONFIG_KEYS, TRANSFORMERS_GELUS
 from adopter.core.dsl import Layer, Var
 from adopter.core.match import MatchContext
 from adopter.core.rules._common import const_text

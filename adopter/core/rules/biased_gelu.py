@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from adopter.core.catalogue import NOT_KERNEL_GELUS, TRANSFORMERS_GELUS
+from adopter.catalogue import NOT_KERNEL_GELUS, TRANSFORMERS_GELUS
 from adopter.core.codemod.base import (
     ChainPlan,
     Codemod,

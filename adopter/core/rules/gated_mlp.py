@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from adopter.core.catalogue import TRANSFORMERS_GELUS
+from adopter.catalogue import TRANSFORMERS_GELUS
 from adopter.core.codemod.base import (
     ChainPlan,
     Codemod,
