@@ -18,7 +18,7 @@ from adopter.rewrite import cst
 from adopter.rewrite.apply import KERNELS_MODULE, add_kernel_imports, apply_edit
 from adopter.rewrite.line_length import line_limit, wrap_long_lines
 from adopter.rewrite.partial import PartialTree
-from adopter.rewrite.scripting import GuardError, keep_original_for_torchscript, wants_guard
+from adopter.rewrite.scripting import GuardError, guard_options, keep_original_for_torchscript
 from adopter.rewrite.source_io import WriteRefused, read_source, unified_diff, write_atomic
 
 from adopter.core.codemod.context import FileContext, Skip
@@ -435,14 +435,15 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool, 
             break
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
+    guard = guard_options(torchscript, name, source.text)
     try:
-        if wants_guard(torchscript, name, source.text):
-            text = keep_original_for_torchscript(source.text, text, scriptable_only=torchscript == "auto")
-        text = wrap_long_lines(source.text, text, line_limit(name, source.text))  # the user's line length
+        if guard["torchscript_guard"]:
+            text = keep_original_for_torchscript(source.text, text, guard["scriptable_only"])
     except GuardError as exc:
         reason = f"cannot keep the original for TorchScript ({exc}); file left unchanged"
         return FileRewrite(name, "failed", [MatchOutcome(o.match, False, reason) if o.applied else o for o in outcomes],
                            reason=reason)
+    text = wrap_long_lines(source.text, text, line_limit(name, source.text))  # the user's line length
     result = RewriteResult(new_text=text, outcomes=outcomes, diff=unified_diff(source.text, text, name))
     written = False
     if write:

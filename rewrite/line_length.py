@@ -11,8 +11,8 @@ write: a statement whose value is one call (``x = kernel(a, b, c)``, ``return ke
 line or already split), wrapped black-style: the arguments on one indented line when they fit,
 else one per line, each with a trailing comma; a comment after the statement's first line (the
 codemods' ``# adopter: ...`` notes) moves to its own line above. A statement of another shape, or
-with comments among its arguments, stays as written. The wrapped text must parse; if it does not, the
-rewrite keeps its long lines.
+with comments among its arguments, stays as written. The wrapped text must parse to the same
+syntax tree as before (layout only), else the rewrite keeps its long lines.
 """
 from __future__ import annotations
 
@@ -102,10 +102,10 @@ def wrap_long_lines(original: str, rewritten: str, limit: int) -> str:
             out[stmt.lineno - 1:stmt.end_lineno] = wrapped
     text = "\n".join(out)
     try:
-        ast.parse(text)
+        same = ast.dump(ast.parse(text)) == ast.dump(tree)
     except SyntaxError:
-        return rewritten
-    return text
+        same = False
+    return text if same else rewritten  # (layout only: the program must be the one proven)
 
 
 def _comments(lines: list[str]) -> list[tuple[int, int, str]]:

@@ -99,6 +99,12 @@ def wants_guard(choice: str, path: str | os.PathLike | None, text: str) -> bool:
     return choice == "always" or (choice == "auto" and uses_torchscript(path, text))
 
 
+def guard_options(choice: str, path: str | os.PathLike | None, text: str) -> dict:
+    """``rewrite_source``'s ``torchscript_guard`` and ``scriptable_only`` for ``choice``: what every
+    caller (file rewrites, optimize()) asks of the guard."""
+    return {"torchscript_guard": wants_guard(choice, path, text), "scriptable_only": choice == "auto"}
+
+
 def scriptable(fn: ast.AST) -> bool:
     """Whether TorchScript could compile ``fn``: no ``*args``/``**kwargs`` (it compiles no variadic
     signature) and no ``@torch.jit.ignore``/``@torch.jit.unused`` (it leaves those to Python)."""

@@ -71,6 +71,7 @@ def run_model(args) -> int:
     from adopter.commands._model import resolve_user_model
     from adopter.core.source_file import SourceReadError
     from adopter.errors import UserError
+    from adopter.rewrite.line_length import line_limit, wrap_long_lines
     from adopter.rewrite.source_io import WriteRefused, read_source, unified_diff, write_atomic
 
     if args.model_args and not args.model:
@@ -88,8 +89,12 @@ def run_model(args) -> int:
     roots = [os.path.realpath(p) for p in paths] or [os.path.realpath(os.getcwd())]
     outside = "not under the paths given" if paths else "outside the working directory (give its directory as PATH)"
     files: list[ModelFile] = []
-    for path in sorted(report.sources):
-        old, new = report.sources[path]
+    # what optimize() proved, laid out to the project's line length as `adopter rewrite PATH` does
+    # (rewrite/line_length.py: layout only, the syntax tree stays the one proven)
+    sources = {path: (old, wrap_long_lines(old, new, line_limit(path, old)))
+               for path, (old, new) in report.sources.items()}
+    for path in sorted(sources):
+        old, new = sources[path]
         shown = shown_path(path)
         entry = ModelFile(path, shown, diff=unified_diff(old, new, shown))
         entry.rewrites = [{"rule": a.rule, "lines": a.lines, "where": a.where, "status": a.status}
@@ -109,7 +114,7 @@ def run_model(args) -> int:
             failed = True
             continue
         target = os.path.realpath(f.path) if args.force else f.path
-        old, new = report.sources[f.path]
+        old, new = sources[f.path]
         try:
             current = read_source(target)
         except SourceReadError as exc:

@@ -302,16 +302,14 @@ TORCHSCRIPT_CHOICE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def _default_rewrite(text: str, matches: list[Match], filename: str, rules: Sequence[Any] = ()) -> RewriteOutput:
     from adopter.rewrite import rewrite_source
-    from adopter.rewrite.scripting import wants_guard
+    from adopter.rewrite.scripting import guard_options
 
     # No model config goes in: rewritten source must hold for every config (guarded kernels).
     # TorchScript guards as `adopter rewrite --torchscript` puts them: optimize(torchscript=...),
     # else ADOPTER_TORCHSCRIPT, else auto (only where the model's package scripts, around what
     # could be scripted).
     choice = TORCHSCRIPT_CHOICE.get() or os.environ.get("ADOPTER_TORCHSCRIPT") or "auto"
-    result = rewrite_source(text, matches, filename=filename, rules=rules,
-                            torchscript_guard=wants_guard(choice, filename, text),
-                            scriptable_only=choice == "auto")
+    result = rewrite_source(text, matches, filename=filename, rules=rules, **guard_options(choice, filename, text))
     applied = [o.match for o in result.outcomes if o.applied]
     failed = [(o.match, o.reason or "not applied by the rewriter") for o in result.outcomes if not o.applied]
     return RewriteOutput(result.new_text, applied, failed, result.diff or "")
