@@ -12,12 +12,13 @@ Shared between the rules: callers must not change the tree they walk.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
 
-__all__ = ["walk"]
+__all__ = ["per_node", "walk"]
 
-# id(node) -> (node, its walk); the node is held, so its id cannot be reused while cached
-_WALKS: dict[int, tuple[ast.AST, tuple[ast.AST, ...]]] = {}
-_MAX_WALKS = 8192  # a file's functions, statements and expressions asked about; dropped all at once
+_MAX_WALKS = 8192  # a file's functions, statements and expressions asked about
 
 
 def _breadth_first(node: ast.AST) -> tuple[ast.AST, ...]:
@@ -41,11 +42,34 @@ def _breadth_first(node: ast.AST) -> tuple[ast.AST, ...]:
 
 def walk(node: ast.AST) -> tuple[ast.AST, ...]:
     """``tuple(ast.walk(node))``, computed once per node."""
-    cached = _WALKS.get(id(node))
-    if cached is not None and cached[0] is node:
-        return cached[1]
-    nodes = _breadth_first(node)
-    if len(_WALKS) >= _MAX_WALKS:
-        _WALKS.clear()
-    _WALKS[id(node)] = (node, nodes)
-    return nodes
+    return _walk(node)
+
+
+R = TypeVar("R")
+
+
+def per_node(limit: int) -> Callable[[Callable[[Any], R]], Callable[[Any], R]]:
+    """Keep a one-argument function's answer per node (by identity: equal trees are not shared), at
+    most ``limit`` of them, dropped all at once: facts an analysis derives from a tree it never
+    changes (a function's parent map, the names it binds). The node is held while its answer is,
+    so its id cannot be reused. Callers must not change what they get."""
+    def decorate(fn: Callable[[Any], R]) -> Callable[[Any], R]:
+        kept: dict[int, tuple[Any, R]] = {}
+
+        @wraps(fn)
+        def cached(node: Any) -> R:
+            hit = kept.get(id(node))
+            if hit is not None and hit[0] is node:
+                return hit[1]
+            answer = fn(node)
+            if len(kept) >= limit:
+                kept.clear()
+            kept[id(node)] = (node, answer)
+            return answer
+
+        cached.cache_clear = kept.clear  # type: ignore[attr-defined]
+        return cached
+    return decorate
+
+
+_walk = per_node(_MAX_WALKS)(_breadth_first)

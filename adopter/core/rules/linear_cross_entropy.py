@@ -34,7 +34,7 @@ from adopter.core.match.source import function_ast, parse_file, same_file_lineag
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR
 from adopter.core.structures import Match
-from adopter.core.syntax import walk
+from adopter.core.syntax import per_node, walk
 
 DSL = """
 rule linear_cross_entropy
@@ -124,22 +124,12 @@ class NotAMatch(Exception):
     """The Linear is not an LM head feeding ``self.loss_function``."""
 
 
-# id(fn) -> (fn, its parent map): every Linear of a function asks for the same map (a file's
-# dozens of Linears each walked the whole function again). Shared: callers must not change it.
-_PARENTS: dict[int, tuple[ast.AST, dict[ast.AST, ast.AST]]] = {}
-
-
+@per_node(64)  # (every Linear of a function asks for the same map: a file's dozens walked it again)
 def _parents(fn: ast.AST) -> dict[ast.AST, ast.AST]:
-    cached = _PARENTS.get(id(fn))
-    if cached is not None and cached[0] is fn:
-        return cached[1]
     out = {}
     for node in walk(fn):
         for child in ast.iter_child_nodes(node):
             out[child] = node
-    if len(_PARENTS) > 64:
-        _PARENTS.clear()
-    _PARENTS[id(fn)] = (fn, out)
     return out
 
 
@@ -762,18 +752,9 @@ def _calls_no_cross_entropy(tree: ast.Module, fn: ast.AST) -> bool:
     return known
 
 
-_FACTS: dict[int, tuple[ast.Module, _FileFacts]] = {}
-
-
+@per_node(32)
 def _file_facts(tree: ast.Module) -> _FileFacts:
-    cached = _FACTS.get(id(tree))
-    if cached is not None and cached[0] is tree:
-        return cached[1]
-    facts = _FileFacts(tree)
-    if len(_FACTS) > 32:
-        _FACTS.clear()
-    _FACTS[id(tree)] = (tree, facts)
-    return facts
+    return _FileFacts(tree)
 
 
 def _classifier_head(tree: ast.Module, fn: ast.AST, head_call: ast.Call) -> str:

@@ -55,7 +55,7 @@ from adopter.core.match import MatchContext, NotACandidate
 from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.structures import Match
-from adopter.core.syntax import walk
+from adopter.core.syntax import per_node, walk
 
 # Extraction inlines ``rotate_half(x)`` into the calling function (its ``-x2`` and ``torch.cat``,
 # not the slicing). ``Rule.inlined_functions`` folds that run back into one call at the call site:
@@ -695,20 +695,8 @@ class _Facts:
         return None
 
 
-# id(function) -> (function, its _Facts): every candidate in a function reads the same facts (a
-# rotary-heavy file built them per candidate). Shared: callers must not change them.
-_FACTS: dict[int, tuple[ast.AST | None, _Facts]] = {}
-
-
-def _facts_of(fn: ast.AST | None) -> _Facts:
-    cached = _FACTS.get(id(fn))
-    if cached is not None and cached[0] is fn:
-        return cached[1]
-    facts = _Facts(fn)
-    if len(_FACTS) > 256:
-        _FACTS.clear()
-    _FACTS[id(fn)] = (fn, facts)
-    return facts
+# every candidate in a function reads the same facts (a rotary-heavy file built them per candidate)
+_facts_of = per_node(256)(_Facts)
 
 
 def _inside(node: ast.AST, outer: ast.AST) -> bool:
