@@ -19,7 +19,7 @@ negative, and writes one results file per corpus:
     llm_styles   -> benchmarks/results/corpus_llm_styles_precision.json
 
 Exit status 0 even when the scores miss the targets (it is a measurement; the targets are asserted
-by ``tests/test_corpus.py``); 2 when a requested corpus has no file that can be scanned.
+by ``tests/analysis/test_corpus.py``); 2 when a requested corpus has no file that can be scanned.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Differential kernel fuzzing, long tier: many more seeds and mode combinations than the fast tier
-(``tests/test_kernel_fuzz.py``), same tables and comparison (``tests/fuzz_cases.py``).
+(``tests/kernels/test_kernel_fuzz.py``), same tables and comparison (``tests/kernels/fuzz_cases.py``).
 
     OMP_NUM_THREADS=1 python benchmarks/fuzz_kernels.py --seeds 4 [--random 600] [--no-compile]
         [--rows conv_bn,qkv] [--out benchmarks/results/kernel_fuzz.json] [--time-budget 540]

@@ -24,7 +24,7 @@ is replaced on rendering:
 
     text <!-- render_docs: NAME#FIGURE -->275 s<!-- /render_docs --> text   (one figure, inline)
 
-``tests/test_docs_rendered.py`` checks that every marker's text is what rendering produces.
+``tests/cli/test_docs_rendered.py`` checks that every marker's text is what rendering produces.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ FORMAT = "adopter-render-docs/1"
 # Changes to these paths cannot change a command's output (the README's Python blocks, which
 # can, are stored in the record itself): they do not count as uncommitted code changes.
 DOC_PATHS = ("README.md", "docs/", "benchmarks/results/docs/", "benchmarks/render_docs.py",
-             "tests/test_docs_rendered.py")
+             "tests/cli/test_docs_rendered.py")
 
 MARKER = re.compile(
     r"<!-- render_docs: (?P<name>[A-Za-z0-9_.-]+)(?:#(?P<figure>[A-Za-z0-9_.-]+))? -->"
@@ -248,7 +248,7 @@ ENTRIES = [  # in running order: the test suite last, as it checks the documents
     Entry(
         "readme-python-api",
         ("python", "readme_snippets.py"),
-        "README: what the README's Python blocks print (tests/test_readme_snippets.py compares it too)",
+        "README: what the README's Python blocks print (tests/cli/test_readme_snippets.py compares it too)",
         shown="the README's Python blocks run as one script (`python readme_snippets.py`)",
         in_temp_dir=True, fence="text", script=readme_python_blocks, env={"PYTHONPATH": str(ROOT)},
     ),

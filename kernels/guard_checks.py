@@ -87,5 +87,5 @@ def defines_own_forward(cls: type, module_name: str) -> bool:
 
 
 # what torch.compiler.assume_constant_result sets, without the import of torch._dynamo it makes
-# (importing adopter.kernels stays light: tests/test_kernels_torch.py)
+# (importing adopter.kernels stays light: tests/kernels/test_kernels_torch.py)
 defines_own_forward._dynamo_marked_constant = True  # type: ignore[attr-defined]

@@ -48,7 +48,7 @@ BACKEND_POLICY: dict[str, dict[str, str]] = {
 #   recomputes it (in float64) from the parameters on every call: compiled ResNet-50 inference runs
 #   at 0.78x (batch 1) and 0.96x (batch 8) of compiling the original. Listed here they measured
 #   0.95x and 0.99x (results/stacking_resnet-50_conv_bn_policy.md), but compiled outputs then carry
-#   the unfolded rounding, which tests/test_kernels_compile.py::test_conv_bn[False] (1e-6 against the
+#   the unfolded rounding, which tests/kernels/test_kernels_compile.py::test_conv_bn[False] (1e-6 against the
 #   eager fold) rejects; not listed until that test's tolerance or the fold under compile changes.
 # * rms_norm, rotary, gated_mlp: their torch paths are autograd Functions of torch ops that dynamo
 #   traces into the graph (not opaque to inductor); the original math instead bought ~2% on a
@@ -56,7 +56,7 @@ BACKEND_POLICY: dict[str, dict[str, str]] = {
 #   their triton kernels are opaque to inductor, they (and dropout_add_layer_norm, linear_gelu) are
 #   candidates once measured.
 # * Never linear_cross_entropy: inductor cannot avoid the (tokens x vocab) logits; the custom op
-#   keeps compiled training at the fused loss's memory (tests/test_compile_stacking.py).
+#   keeps compiled training at the fused loss's memory (tests/kernels/test_compile_stacking.py).
 # conv_bn / linear_bn: an eval-mode fold cannot use its eager cache while compiled, so the graph
 # would recompute the fold (float64, weight-sized) at every call: compile of the optimized ResNet-50
 # ran at 0.78x (batch 1) and 0.96x (batch 8) of compile of the original; with the original math

@@ -1,6 +1,6 @@
 """Pure logic of the peer-suite benchmark: per-test outcomes from the plugin's JSON lines, the
 test groups, the pristine vs rewritten comparison and the causes of new failures. No network,
-no virtual environment, no torch: ``tests/test_peer_suites.py`` runs it on synthetic data."""
+no virtual environment, no torch: ``tests/e2e/test_peer_suites.py`` runs it on synthetic data."""
 
 from __future__ import annotations
 
