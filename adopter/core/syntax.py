@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-__all__ = ["per_node", "walk"]
+__all__ = ["dotted_name", "per_node", "walk"]
 
 _MAX_WALKS = 8192  # a file's functions, statements and expressions asked about
 
@@ -43,6 +43,18 @@ def _breadth_first(node: ast.AST) -> tuple[ast.AST, ...]:
 def walk(node: ast.AST) -> tuple[ast.AST, ...]:
     """``tuple(ast.walk(node))``, computed once per node."""
     return _walk(node)
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 R = TypeVar("R")

@@ -255,9 +255,8 @@ class ChainPlan:
             stmt = ctx.statement_of(call)
             if stmt is anchor_stmt:
                 raise Skip(f"line {call.lineno}: a matched call sits beside the anchor call in one statement")
-            target = simple_assign_target(stmt)
-            value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) else None
-            if target is None or value is not call:
+            value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+            if not self._targets(stmt) or value is not call:
                 raise Skip(f"line {call.lineno}: matched call is part of a larger expression")
             if stmt not in deleted:
                 deleted.append(stmt)
@@ -279,35 +278,32 @@ class ChainPlan:
     def _effective(self, stmt: ast.stmt) -> ast.stmt:
         return stmt
 
+    def _targets(self, stmt: ast.stmt) -> tuple[str, ...]:
+        """The names a deleted statement binds (the intermediates only matched code may read)."""
+        name = simple_assign_target(stmt)
+        return (name,) if name is not None else ()
+
     def _check_intermediates(self, deleted: list[ast.stmt], anchor: ast.expr, anchor_stmt: ast.stmt) -> None:
-        """A deleted statement's target may be read only by matched code, until rebound."""
+        """A deleted statement's targets may be read only by matched code, until rebound by a
+        plain assignment in the same block (or by the anchor statement)."""
         ctx = self.ctx
-        exempt = [anchor] + deleted
+        exempt = [anchor, *deleted]
         for stmt in deleted:
-            name = simple_assign_target(stmt)
-            rebinders = [
-                s
-                for s in walk(self.fn)
-                if isinstance(s, (ast.Assign, ast.AnnAssign))
-                and simple_assign_target(s) == name
-                and s not in deleted
-                and (s.lineno, s.col_offset) > (stmt.lineno, stmt.col_offset)
-            ]
-            for node in walk(self.fn):
-                if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
-                    continue
-                if (node.lineno, node.col_offset) <= (stmt.end_lineno, stmt.end_col_offset):
-                    continue
-                if any(self._inside(node, e) for e in exempt):
-                    continue
-                shadowed = any(
-                    (r.end_lineno, r.end_col_offset) <= (node.lineno, node.col_offset)
-                    and ctx.block_of(r)[2] is ctx.block_of(stmt)[2]
-                    or (r is anchor_stmt and (r.end_lineno, r.end_col_offset) <= (node.lineno, node.col_offset))
-                    for r in rebinders
-                )
-                if not shadowed:
-                    raise Skip(f"intermediate {name!r} is also read at line {node.lineno}")
+            for name in self._targets(stmt):
+                rebinders = [s for s in walk(self.fn) if isinstance(s, (ast.Assign, ast.AnnAssign))
+                             and simple_assign_target(s) == name and s not in deleted
+                             and (s.lineno, s.col_offset) > (stmt.lineno, stmt.col_offset)]
+                for node in walk(self.fn):
+                    if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
+                        continue
+                    if (node.lineno, node.col_offset) <= (stmt.end_lineno, stmt.end_col_offset):
+                        continue
+                    if any(self._inside(node, e) for e in exempt):
+                        continue
+                    if not any((r.end_lineno, r.end_col_offset) <= (node.lineno, node.col_offset)
+                               and (ctx.block_of(r)[2] is ctx.block_of(stmt)[2] or r is anchor_stmt)
+                               for r in rebinders):
+                        raise Skip(f"intermediate {name!r} is also read at line {node.lineno}")
 
     def _check_moves(self, deleted: list[ast.stmt], anchor_stmt: ast.stmt) -> None:
         """Argument expressions taken from deleted statements must evaluate to the same

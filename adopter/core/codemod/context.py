@@ -278,6 +278,41 @@ class FileContext:
                     frontier.append(cls.name)
         return out
 
+    def method_in_class_family(self, class_name: str, name: str) -> tuple[str, ast.FunctionDef] | None:
+        """``(owner, def)`` of method ``name`` on ``class_name`` or its nearest same-file base."""
+        todo, seen = [class_name], set()
+        while todo:
+            cls = self.classes.get(todo.pop(0))
+            if cls is None or cls.name in seen:
+                continue
+            seen.add(cls.name)
+            for stmt in cls.body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
+                    return cls.name, stmt  # type: ignore[return-value]
+            todo.extend(b.id for b in cls.bases if isinstance(b, ast.Name))
+        return None
+
+    def defined_here(self, name: str) -> bool:
+        """``name`` is a class or function defined at module level of this file."""
+        return any(isinstance(s, (ast.ClassDef, ast.FunctionDef)) and s.name == name for s in self.tree.body)
+
+    def same_file_callable(self, class_name: str | None, call: ast.Call) -> str | None:
+        """The name of a same-file class or function ``call`` runs, if it is one: ``gelu(x)`` with
+        a module-level ``def gelu``, or ``self.act(x)`` with ``self.act = MyAct()`` in the class.
+        The kernels recognize torch and transformers activations at run time, so a site whose
+        activation is the file's own would always fall back."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            return func.id if self.defined_here(func.id) else None
+        attr = is_self_attr(func)
+        if attr is None or class_name is None:
+            return None
+        for stmt in self.class_attr_stores(class_name, attr):
+            value = getattr(stmt, "value", None)
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and self.defined_here(value.func.id):
+                return value.func.id
+        return None
+
     def class_attr_stores(self, class_name: str, attr: str) -> list[ast.stmt]:
         cls = self.classes.get(class_name)
         out = []

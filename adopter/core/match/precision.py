@@ -29,7 +29,7 @@ from functools import lru_cache
 from adopter.core.match.context import Refusal
 from adopter.core.match.source import function_ast, parse_file, source_lines
 from adopter.core.structures import FileStructures, InitBinding, Match
-from adopter.core.syntax import walk
+from adopter.core.syntax import dotted_name, walk
 
 # ---------------------------------------------------------------- torchscript
 
@@ -40,16 +40,7 @@ _SCRIPT_TEXT = re.compile(r"jit\.script\b|script_method|from\s+torch\.jit\s+impo
 
 
 def _dotted(e: ast.expr) -> str | None:
-    if isinstance(e, ast.Call):
-        e = e.func
-    parts = []
-    while isinstance(e, ast.Attribute):
-        parts.append(e.attr)
-        e = e.value
-    if not isinstance(e, ast.Name):
-        return None
-    parts.append(e.id)
-    return ".".join(reversed(parts))
+    return dotted_name(e.func if isinstance(e, ast.Call) else e)
 
 
 def _qualified(e: ast.expr, imports: dict[str, str]) -> str | None:

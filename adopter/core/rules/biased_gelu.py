@@ -169,44 +169,6 @@ def _gelu_functions(structures, source: str | None) -> dict[str, str]:
 KERNEL = "linear_gelu"
 
 
-def _defined_here(ctx: FileContext, name: str) -> bool:
-    """``name`` is a class or function defined at module level of this file."""
-    return any(
-        isinstance(stmt, (ast.ClassDef, ast.FunctionDef)) and stmt.name == name for stmt in ctx.tree.body
-    )
-
-
-def _local_activation(ctx: FileContext, match: Match, act: ast.Call) -> str | None:
-    """The name of a same-file class or function the activation call runs, if it is one: the
-    kernel recognizes torch/transformers GeLUs at run time, so such a site would always fall back."""
-    func = act.func
-    if isinstance(func, ast.Name):
-        return func.id if _defined_here(ctx, func.id) else None
-    attr = is_self_attr(func)
-    if attr is None or match.class_name is None:
-        return None
-    for stmt in ctx.class_attr_stores(match.class_name, attr):
-        value = getattr(stmt, "value", None)
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and _defined_here(ctx, value.func.id):
-            return value.func.id
-    return None
-
-
-def _method_in_class_family(ctx: FileContext, class_name: str, name: str) -> tuple[str, ast.FunctionDef] | None:
-    """``(owner, def)`` of method ``name`` on ``class_name`` or its nearest same-file base."""
-    todo, seen = [class_name], set()
-    while todo:
-        cls = ctx.classes.get(todo.pop(0))
-        if cls is None or cls.name in seen:
-            continue
-        seen.add(cls.name)
-        for stmt in cls.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
-                return cls.name, stmt
-        todo.extend(b.id for b in cls.bases if isinstance(b, ast.Name))
-    return None
-
-
 def _module_level_fqn(ctx: FileContext, name: str) -> str:
     """What a module-level import binds ``name`` to (``F`` -> ``torch.nn.functional``), else ``?``."""
     found = "?"
@@ -234,7 +196,7 @@ def _gelu_method(ctx: FileContext, match: Match, act: ast.Call) -> str | None:
     attr = is_self_attr(act.func)
     if attr is None or match.class_name is None or len(act.args) != 1 or act.keywords:
         return None
-    found = _method_in_class_family(ctx, match.class_name, attr)
+    found = ctx.method_in_class_family(match.class_name, attr)
     if found is None:
         return None
     owner, method = found
@@ -282,7 +244,7 @@ class BiasedGeLU(Codemod):
         if any(isinstance(a, ast.Starred) for a in act.args) or any(k.arg is None for k in act.keywords):
             raise Skip("the GeLU call unpacks arguments")
         separate_calls(lin, act)
-        local = _local_activation(ctx, match, act)
+        local = ctx.same_file_callable(match.class_name, act)
         method = _gelu_method(ctx, match, act)
         if local is not None:
             raise Skip(

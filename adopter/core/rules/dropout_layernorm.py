@@ -263,7 +263,7 @@ class _HelperSplit:
             raise Skip(f"{several}: the add does not read the call of {method.name} itself")
         if match.class_name is None or ctx.enclosing_class_name(fn) is None:
             raise several
-        found = _method_in_class(ctx, match.class_name, method.name)
+        found = ctx.method_in_class_family(match.class_name, method.name)
         if found is None or found[1] is not method:
             raise Skip(f"{several}: self.{method.name} is not the helper that the scan followed")
         owner = found[0]
@@ -280,7 +280,7 @@ class _HelperSplit:
         dropout = module_handle(ctx, drop, "Dropout")
         # the same name each time, so a later pass finds the method an earlier one added
         new_name, text = _split_method(ctx, method, drop)
-        existing = _method_in_class(ctx, owner, new_name)
+        existing = ctx.method_in_class_family(owner, new_name)
         taken = {m for c in family for m in _method_names(ctx, c)} | _self_attrs(ctx, family)
         if existing is not None:
             if existing[0] != owner or _normalized(ctx, existing[1]) != _normalized_text(text):
@@ -308,21 +308,6 @@ class _HelperSplit:
             return f"({fused} if {guard} else {original})"
 
         return render
-
-
-def _method_in_class(ctx: FileContext, class_name: str, name: str) -> tuple[str, ast.FunctionDef] | None:
-    """``(owner, def)`` of method ``name`` on ``class_name`` or its nearest same-file base."""
-    todo, seen = [class_name], set()
-    while todo:
-        cls = ctx.classes.get(todo.pop(0))
-        if cls is None or cls.name in seen:
-            continue
-        seen.add(cls.name)
-        for stmt in cls.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
-                return cls.name, stmt
-        todo.extend(b.id for b in cls.bases if isinstance(b, ast.Name))
-    return None
 
 
 def _method_names(ctx: FileContext, class_name: str) -> set[str]:

@@ -40,11 +40,10 @@ from adopter.core.codemod.base import (
     match_function,
     matched_exprs,
     module_handle,
-    pos,
     separate_calls,
 )
-from adopter.core.codemod.context import FileContext, Skip, is_self_attr, simple_assign_target, stores
-from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
+from adopter.core.codemod.context import FileContext, Skip, simple_assign_target, stores
+from adopter.core.codemod.edits import Edit
 from adopter.core.dsl import Layer, TensorOp, Var
 from adopter.core.match import MatchContext
 from adopter.core.match.context import NotACandidate, Refusal
@@ -323,26 +322,6 @@ KERNEL = "gated_mlp"
 PACKED_KERNEL = "gated_mlp_packed"
 
 
-def _defined_here(ctx: FileContext, name: str) -> bool:
-    return any(isinstance(s, (ast.ClassDef, ast.FunctionDef)) and s.name == name for s in ctx.tree.body)
-
-
-def _local_activation(ctx: FileContext, match: Match, act: ast.Call) -> str | None:
-    """A same-file class or function the activation call runs: the kernel recognizes torch and
-    transformers activations at run time, so such a site would always fall back."""
-    func = act.func
-    if isinstance(func, ast.Name):
-        return func.id if _defined_here(ctx, func.id) else None
-    attr = is_self_attr(func)
-    if attr is None or match.class_name is None:
-        return None
-    for stmt in ctx.class_attr_stores(match.class_name, attr):
-        value = getattr(stmt, "value", None)
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and _defined_here(ctx, value.func.id):
-            return value.func.id
-    return None
-
-
 def _inside(node: ast.AST, container: ast.AST) -> bool:
     return (node.lineno, node.col_offset) >= (container.lineno, container.col_offset) and (
         node.end_lineno, node.end_col_offset) <= (container.end_lineno, container.end_col_offset)
@@ -361,7 +340,7 @@ def _activation_call(ctx: FileContext, match: Match, act: ast.expr, product: ast
         raise Skip("the activation call unpacks arguments")
     if not isinstance(product, ast.BinOp) or not isinstance(product.op, ast.Mult):
         raise Skip("the product must be a `*` expression")
-    local = _local_activation(ctx, match, act)
+    local = ctx.same_file_callable(match.class_name, act)
     if local is not None:
         raise Skip(
             f"the activation is {local}, defined in this file: the kernel recognizes torch and transformers "
@@ -380,60 +359,7 @@ class _PackedPlan(ChainPlan):
         self.halves = halves
 
     def _targets(self, stmt: ast.stmt) -> tuple[str, ...]:
-        if stmt is self.halves.stmt:
-            return self.halves.names
-        name = simple_assign_target(stmt)
-        return (name,) if name is not None else ()
-
-    def build(self) -> ForwardEdit:
-        ctx = self.ctx
-        anchor = self.calls[-1]
-        anchor_stmt = ctx.statement_of(anchor)
-        deleted: list[ast.stmt] = []
-        for call in self.calls[:-1]:
-            if self._inside(call, anchor):
-                continue
-            stmt = ctx.statement_of(call)
-            if stmt is anchor_stmt:
-                raise Skip(f"line {call.lineno}: a matched call sits beside the anchor call in one statement")
-            value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
-            if not self._targets(stmt) or value is not call:
-                raise Skip(f"line {call.lineno}: matched call is part of a larger expression")
-            if stmt not in deleted:
-                deleted.append(stmt)
-        statements = [*deleted, anchor_stmt]
-        self._check_intermediates(deleted, anchor, anchor_stmt)
-        self._check_moves(deleted, anchor_stmt)
-        if sorted(statements, key=lambda s: (s.lineno, s.col_offset)) != statements:
-            raise Skip("matched statements are not in source order")
-        return ForwardEdit(
-            statements=tuple(pos(ctx, s) for s in statements),
-            anchor=pos(ctx, anchor_stmt),
-            expr_edits=(ExprEdit(ctx.char_span(anchor), self.anchor_text),),
-            delete=tuple(pos(ctx, s) for s in deleted),
-        )
-
-    def _check_intermediates(self, deleted: list[ast.stmt], anchor: ast.expr, anchor_stmt: ast.stmt) -> None:
-        """A deleted statement's targets may be read only by matched code, until rebound by a
-        plain assignment in the same block (or by the anchor statement)."""
-        ctx = self.ctx
-        exempt = [anchor, *deleted]
-        for stmt in deleted:
-            for name in self._targets(stmt):
-                rebinders = [s for s in walk(self.fn) if isinstance(s, (ast.Assign, ast.AnnAssign))
-                             and simple_assign_target(s) == name and s not in deleted
-                             and (s.lineno, s.col_offset) > (stmt.lineno, stmt.col_offset)]
-                for node in walk(self.fn):
-                    if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
-                        continue
-                    if (node.lineno, node.col_offset) <= (stmt.end_lineno, stmt.end_col_offset):
-                        continue
-                    if any(self._inside(node, e) for e in exempt):
-                        continue
-                    if not any((r.end_lineno, r.end_col_offset) <= (node.lineno, node.col_offset)
-                               and (ctx.block_of(r)[2] is ctx.block_of(stmt)[2] or r is anchor_stmt)
-                               for r in rebinders):
-                        raise Skip(f"intermediate {name!r} is also read at line {node.lineno}")
+        return self.halves.names if stmt is self.halves.stmt else super()._targets(stmt)
 
 
 _PACKED_KEYWORDS = ("chunks", "split", "dim", "gate")

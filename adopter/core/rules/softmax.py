@@ -27,7 +27,7 @@ from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime
 from adopter.core.rules._common import kwarg
 from adopter.core.structures import Match
-from adopter.core.syntax import walk
+from adopter.core.syntax import dotted_name, walk
 
 DSL = """
 rule softmax
@@ -236,14 +236,10 @@ _TUPLE_SAME_RANK = {"torch.topk", "torch.Tensor.topk", "torch.sort", "torch.Tens
 
 def _fqn(imports: dict, node: ast.AST) -> str | None:
     """``nn.Linear`` -> ``torch.nn.Linear`` through the file's imports."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    head = imports.get(node.id)
-    return ".".join([head, *reversed(parts)]) if head else None
+    name = dotted_name(node)
+    head, _, rest = (name or "").partition(".")
+    resolved = imports.get(head) if name else None
+    return ".".join(filter(None, (resolved, rest))) if resolved else None
 
 
 def _class_def(tree: ast.AST, name: str) -> ast.ClassDef | None:
