@@ -38,9 +38,10 @@ test: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q
 
-# the fast subset (no model instantiation or corpus runs): a few minutes (README: the recorded run)
+# the fast subset (no model instantiation or corpus runs), one pytest-xdist worker per core:
+# a few minutes (README: the recorded run)
 test-fast: install
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -m "not slow" -n auto
 
 # one rule's story: its snapshot cases (tests/rules/<Rule>, ADOPTER_UPDATE_SNAPSHOTS=1 writes them)
 # and every test whose path or name says the rule or its kernel (tests/conftest.py: RULE_KEYWORDS)

@@ -326,7 +326,7 @@ ENTRIES = [  # in running order: the test suite last, as it checks the documents
     ),
     Entry(
         "tests-fast",
-        ("python", "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"),
+        ("python", "-m", "pytest", "-q", "-m", "not slow", "-n", "auto", "-p", "no:cacheprovider"),
         "README: the fast test subset's size and wall time",
         expected_status=(0, 1), timeout_s=1800, figures=_pytest_figures,
     ),

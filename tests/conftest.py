@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -73,6 +74,13 @@ RULE_KEYWORDS = {
 
 
 def pytest_configure(config):
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        # one pytest-xdist worker per core (make test-fast): torch's own default of one thread
+        # per core in every worker would oversubscribe the cores the workers already share
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
     config.addinivalue_line("markers", "rule(name): a snapshot case of a rule's fixture folder (tests/rules)")
     for rule in RULE_KEYWORDS:
         config.addinivalue_line("markers", f"rule_{rule}: the tests of rule {rule} (make test-rule RULE={rule})")
