@@ -1,10 +1,11 @@
-"""Trace codes: why a trace gave a match the status it has, where one status has several causes.
+"""Trace codes: why a trace gave a match an ``untraced``, ``not-executed`` or ``rejected`` status.
 
-A trace sets a match's status (``untraced``, ``not-executed``, ``rejected``...) and a prose
-``reason`` for people; ``Match.trace_code`` (a key of :data:`TRACE_CODES`) names the cause for
-programs and tests, as ``Match.code`` names a precision class. Reasons may be reworded; codes
-are the contract. ``confirmed`` and ``runtime-only`` matches carry none (each status has one
-cause), nor does a match the trace left as it was (``refused``).
+A trace sets a match's status and a prose ``reason`` for people; ``Match.trace_code`` (a key of
+:data:`TRACE_CODES`) names the cause for programs and tests, as ``Match.code`` names a precision
+class. Reasons may be reworded; codes are the contract. Every match of those three statuses
+carries one (``rejected`` has a single cause, named all the same, so that a reader keys on the
+code alone); ``confirmed`` and ``runtime-only`` matches carry none, nor does one the trace left
+as it was (``refused``).
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ TRACE_CODES: dict[TraceCode, tuple[MatchStatus, str]] = {
 }
 
 
+CODED_STATUSES = frozenset(status for status, _ in TRACE_CODES.values())
+
+
 def traced(match: Match, status: MatchStatus, reason: str, code: TraceCode | None = None) -> Match:
-    """``match`` with the status a trace gave it, its reason and trace code (none for a status
-    with one cause: ``confirmed``); a code must be one of :data:`TRACE_CODES`, of that status."""
-    if code is not None and TRACE_CODES.get(code, ("",))[0] != status:
+    """``match`` with the status a trace gave it, its reason and its trace code: one of
+    :data:`TRACE_CODES` of that status for a status of :data:`CODED_STATUSES`, else none."""
+    if (code is not None or status in CODED_STATUSES) and TRACE_CODES.get(code, ("",))[0] != status:
         raise ValueError(f"trace code {code!r} is not one of status {status!r}")
     return replace(match, status=status, reason=reason, trace_code=code or "")

@@ -192,6 +192,8 @@ def test_trace_codes_are_documented_and_belong_to_one_status():
     assert traced(traced(m, "untraced", "why", "not-in-model"), "confirmed", "runs").trace_code == ""
     with pytest.raises(ValueError, match="not one of status"):
         traced(m, "not-executed", "why", "not-in-model")
+    with pytest.raises(ValueError, match="not one of status"):
+        traced(m, "untraced", "why")  # every untraced, not-executed or rejected match names its cause
 
 
 def test_dpt_batch_norm_branch_off_is_not_executed(dpt_off):
