@@ -16,6 +16,9 @@ by the match's rule name. For every static :class:`Match`:
   ``ACT2FN[config.hidden_act]``, q/k/v projections with different in_features...).
 * ``untraced`` — no trace is available, or the class is not part of this model.
 
+Each of the last three names its cause in ``Match.trace_code`` (:data:`.trace_codes.TRACE_CODES`:
+``lines-not-run``, ``not-fed``, ``not-in-model``...); the ``reason`` says it in prose.
+
 A ``conditional`` match (the source does not settle whether the kernel applies, e.g. the
 activation behind ``ACT2FN[config.hidden_act]``) is settled the same way (its ``condition`` is
 kept); a ``refused`` one (a precision precondition fails) is returned unchanged.
@@ -48,6 +51,7 @@ from .build_sites import built_at, recorded
 from .capture import Capture, CaptureError, capture_model, leaf_modules_of
 from .runtime_only import find_runtime_only
 from .source_map import enclosing_condition, enclosing_scope
+from .trace_codes import TraceCode, traced
 from .trace_index import TraceIndex, realpath
 
 # ------------------------------------------------------------------ helpers on matches
@@ -123,6 +127,7 @@ class _Found:
     groups: list[set[str]]
     missing: list[int]  # indexes of matched nodes with no graph node
     problem: str = ""  # order/data-flow failure
+    problem_code: TraceCode | None = None  # its trace code
 
 
 def _candidates(
@@ -207,12 +212,14 @@ def _evaluate_instance(index: TraceIndex, match: Match, instance: str, model: nn
             found.problem = (
                 f"line {match.nodes[i].node.span.line} does not feed line {match.nodes[j].node.span.line} at runtime"
             )
+            found.problem_code = "not-fed"
             return found
     for js in shared:
         roots = [index.roots(groups[j], groups[j]) for j in js]
         if not set.intersection(*roots):
             lines = ", ".join(str(match.nodes[j].node.span.line) for j in js)
             found.problem = f"lines {lines} do not read the same tensor at runtime"
+            found.problem_code = "inputs-differ"
             return found
     # order: data-connected nodes are ordered by construction; straight-line statements by line
     first = [min((index.by_name[n].index for n in g), default=-1) for g in groups]
@@ -225,6 +232,7 @@ def _evaluate_instance(index: TraceIndex, match: Match, instance: str, model: nn
                 continue
             if (sa.stmt_line < sb.stmt_line) != (first[a] < first[b]):
                 found.problem = f"lines {sa.line} and {sb.line} execute in the other order"
+                found.problem_code = "out-of-order"
                 return found
     return found
 
@@ -308,13 +316,14 @@ def _confirm_sequential(index: TraceIndex, match: Match, model: nn.Module, rule:
     file = realpath(match.file)
     span = match.sequential
     if not recorded(model):
-        return replace(match, status="untraced", reason=(
+        return traced(match, "untraced", (
             "where a Sequential was built is known only for models adopter instantiates "
-            "(adopter scan --model, optimize, verify)"))
+            "(adopter scan --model, optimize, verify)"), "sequential-unrecorded")
     built = built_at(model, file, span.line, span.end_line)
     if not built:
-        return replace(match, status="not-executed", reason=(
-            f"no nn.Sequential of this model is built at line {span.line} under this configuration"))
+        return traced(match, "not-executed", (
+            f"no nn.Sequential of this model is built at line {span.line} under this configuration"),
+            "sequential-not-built")
     wanted = [_torch_class(mn.node.type) for mn in match.nodes if isinstance(mn.node, Layer)]
     confirmed, failure = [], ""
     for path, seq in built:
@@ -339,11 +348,12 @@ def _confirm_sequential(index: TraceIndex, match: Match, model: nn.Module, rule:
             confirmed.append(f"{_join(path, a)} -> {b}")
     if confirmed:
         more = f" and {len(confirmed) - 1} more" if len(confirmed) > 1 else ""
-        return replace(match, status="confirmed", reason=f"runs in the Sequential built here: {confirmed[0]}{more}")
+        return traced(match, "confirmed", f"runs in the Sequential built here: {confirmed[0]}{more}")
     if failure:
-        return replace(match, status="rejected", reason=f"runtime precondition fails: {failure}")
-    return replace(match, status="not-executed", reason=(
-        f"the nn.Sequential built at line {span.line} does not run two such consecutive children"))
+        return traced(match, "rejected", f"runtime precondition fails: {failure}", "runtime-check")
+    return traced(match, "not-executed", (
+        f"the nn.Sequential built at line {span.line} does not run two such consecutive children"),
+        "sequential-pair-not-run")
 
 
 def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule | None) -> Match:
@@ -354,13 +364,11 @@ def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule |
     if match.class_name:
         instances = [p for p, _ in _instances(model, match.class_name, file)]
         if not instances:
-            return replace(
-                match, status="untraced",
-                reason=f"class {match.class_name} is not part of this model (no instance of it)",
-            )
+            return traced(match, "untraced", f"class {match.class_name} is not part of this model (no instance of it)",
+                          "not-in-model")
     else:
         if file not in index.by_file and not any(_class_file(type(m)) == file for m in model.modules()):
-            return replace(match, status="untraced", reason=f"{os.path.basename(file)} is not part of this model")
+            return traced(match, "untraced", f"{os.path.basename(file)} is not part of this model", "not-in-model")
         instances = [""]
     results = [_evaluate_instance(index, match_r, inst, model) for inst in instances]
     ok = [r for r in results if not r.missing and not r.problem]
@@ -375,7 +383,8 @@ def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule |
                 facts = facts or facts_r
         if len(failures) == len(ok):
             inst, failure = failures[0]
-            return replace(match, status="rejected", reason=f"runtime precondition fails in {inst or 'model'}: {failure}")
+            return traced(match, "rejected", f"runtime precondition fails in {inst or 'model'}: {failure}",
+                          "runtime-check")
         n = len(ok) - len(failures)
         label = "instance" if n == 1 else "instances"
         first = next(r.instance for r in ok if r.instance not in {i for i, _ in failures})
@@ -386,11 +395,11 @@ def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule |
             reason += f"; {facts}"
         if failures:
             reason += f"; precondition fails in {len(failures)} other: {failures[0][1]}"
-        return replace(match, status="confirmed", reason=reason)
+        return traced(match, "confirmed", reason)
     partial = [r for r in results if len(r.missing) < len(match.nodes)]
-    problem = next((r.problem for r in results if r.problem), "")
-    if problem:
-        return replace(match, status="not-executed", reason=f"{where} runs but {problem}")
+    flawed = next((r for r in results if r.problem), None)
+    if flawed is not None:
+        return traced(match, "not-executed", f"{where} runs but {flawed.problem}", flawed.problem_code)
     lines = sorted({match.nodes[i].node.span.line for r in results for i in r.missing if match.nodes[i].node.span})
     if partial:
         r = min(partial, key=lambda r: len(r.missing))
@@ -412,7 +421,7 @@ def _confirm_one(index: TraceIndex, match: Match, model: nn.Module, rule: Rule |
         )
     else:
         reason = f"{match.function} line{'s' if len(lines) != 1 else ''} {line_text} never execute{'s' if len(lines) == 1 else ''} under this configuration"
-    return replace(match, status="not-executed", reason=reason)
+    return traced(match, "not-executed", reason, "lines-not-run")
 
 
 def _modules_of(match: Match) -> frozenset[str]:
@@ -434,7 +443,7 @@ def _confirmed_through_its_pair(match: Match, matches: Sequence[Match]) -> Match
     for other in matches:
         if (other.status == "confirmed" and other.rule == match.rule and other.class_name == match.class_name
                 and realpath(other.file) == realpath(match.file) and _modules_of(other) == modules):
-            return replace(match, status="confirmed", reason=(
+            return traced(match, "confirmed", (
                 f"the pair {', '.join(sorted(modules))} that {other.function} runs (line {min(other.lines or [0])}); "
                 f"{match.function} did not run in the trace, and every method that runs the pair gets its rewrite"
             ))
@@ -473,7 +482,7 @@ def confirm_matches(
             capture = capture_model(model, example_inputs, leaf_modules=leaf_modules_of(rules or all_rules()))
         except CaptureError as exc:
             reason = f"model could not be traced: {exc}"
-            return [m if m.status == "refused" else replace(m, status="untraced", reason=reason) for m in matches]
+            return [m if m.status == "refused" else traced(m, "untraced", reason, "capture-failed") for m in matches]
     index = TraceIndex.build(capture)
     # A refused match stays refused (a precision precondition fails whatever runs); a conditional
     # one is settled here like a static one (confirmed, rejected...), keeping its condition.
@@ -494,7 +503,7 @@ def confirm_matches(
 
 def with_config_note(match: Match, attn: str) -> Match:
     """Name the attention implementation where the lines that did not run are eager attention code."""
-    if match.status == "not-executed" and "eager" in match.reason and "under this configuration" in match.reason:
+    if match.trace_code == "lines-not-run" and "eager" in match.reason:
         return replace(match, reason=match.reason.replace(
             "under this configuration", f"under this configuration (attn_implementation={attn})"))
     return match

@@ -136,6 +136,7 @@ def to_sarif(report, rules, *, root: str | None = None, skipped: list[dict] | No
                 **({"code": m.code} if m.code else {}),
                 **({"condition": m.condition} if m.condition else {}),
                 **({"reason": m.reason} if m.reason else {}),
+                **({"trace_code": m.trace_code} if m.trace_code else {}),
                 **({"class": m.class_name} if m.class_name else {}),
                 "function": m.function,
             },

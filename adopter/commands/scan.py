@@ -22,8 +22,10 @@ of the kernel fails; shown with its code). Codes:
 Only `static` (and, with --model, `confirmed`) matches are predictions; `adopter rewrite` never
 applies a conditional or refused match (`adopter rewrite --model package.module:Class` applies
 the ones a trace confirms). With --model every match gets a runtime status (confirmed,
-not-executed, untraced, rejected, runtime-only); refused ones stay refused. --model imports and
-runs the model's code; without it nothing scanned is imported.
+not-executed, untraced, rejected, runtime-only); refused ones stay refused; an untraced,
+not-executed or rejected one names its cause in JSON and SARIF as trace_code (not-in-model,
+lines-not-run, runtime-check...: adopter.tracing.TRACE_CODES). --model imports and runs the
+model's code; without it nothing scanned is imported.
 
 --format sarif writes SARIF 2.1.0 (GitHub code scanning and other SARIF viewers): one result per
 match, ruleId the rule, level warning for static/confirmed/runtime-only, note for conditional,

@@ -109,9 +109,9 @@ def run(args) -> int:
     except CaptureError as exc:
         capture_info = {"method": None, "failed": exc.errors}
         reason = f"model could not be traced: {exc}"
-        from dataclasses import replace
+        from adopter.tracing.trace_codes import traced
 
-        report.matches = [m if m.status == "refused" else replace(m, status="untraced", reason=reason)
+        report.matches = [m if m.status == "refused" else traced(m, "untraced", reason, "capture-failed")
                           for m in report.matches]
         print(f"adopter trace: could not trace {args.model}: {exc}; static matches reported as untraced",
               file=sys.stderr)

@@ -139,7 +139,8 @@ PRECISION_CODES = {
 # rejected). "refused" (static): the pattern fits but a precision precondition fails — the kernel
 # is not provably applicable (``Match.code`` names the class, ``reason`` says why). Only
 # ``static`` and ``confirmed`` matches are predictions; only ``confirmed`` ones (``static`` ones
-# for ``adopter rewrite``) are ever rewritten.
+# for ``adopter rewrite``) are ever rewritten. A trace names the cause of an ``untraced``,
+# ``not-executed`` or ``rejected`` status in ``Match.trace_code``.
 MatchStatus = Literal[
     "static", "confirmed", "not-executed", "untraced", "runtime-only", "rejected", "conditional", "refused"
 ]
@@ -184,6 +185,9 @@ class Match:
     code: str = ""
     # What a ``conditional`` match needs to hold ("GeLU only if config.hidden_act in {...}").
     condition: str = ""
+    # Why a trace gave the match its status, where the status has several causes (``not-in-model``,
+    # ``lines-not-run``...: a key of :data:`adopter.tracing.trace_codes.TRACE_CODES`).
+    trace_code: str = ""
 
     @property
     def lines(self) -> list[int]:
@@ -211,4 +215,5 @@ class Match:
             **({"reason": self.reason} if self.reason else {}),
             **({"code": self.code} if self.code else {}),
             **({"condition": self.condition} if self.condition else {}),
+            **({"trace_code": self.trace_code} if self.trace_code else {}),
         }

@@ -79,7 +79,7 @@ def test_scan_sarif_validates_and_has_one_result_per_match(project):
         "biased_GeLU in Block.forward: conditional (needs-config): self.act is nn.GELU only if smooth")
     refused = by_status["refused"]
     assert (refused["ruleId"], refused["level"], refused["kind"]) == ("softmax", "none", "informational")
-    assert "dim-not-last" in refused["message"]["text"]
+    assert refused["properties"]["code"] == "dim-not-last"
     assert run["invocations"] == [{"executionSuccessful": True}]
 
 
@@ -124,6 +124,28 @@ def test_a_file_that_does_not_parse_is_a_notification_and_exit_2(project):
     errors = [n for n in invocation["toolExecutionNotifications"] if n["level"] == "error"]
     assert [n["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for n in errors] == ["models/broken.py"]
     assert [d["id"] for d in doc["runs"][0]["tool"]["driver"]["rules"]] == ["softmax"]
+
+
+def test_a_traced_status_keeps_its_trace_code(tmp_path):
+    """A match a trace left not-executed carries its cause as the ``trace_code`` property."""
+    from dataclasses import replace
+
+    from adopter.commands._sarif import to_sarif
+    from adopter.core.rules import all_rules
+    from adopter.core.scan import ScanReport, scan_source
+
+    path = tmp_path / "block.py"
+    path.write_text(MODEL)
+    rules = all_rules()
+    matches = [m for m in scan_source(MODEL, str(path), rules) if m.status == "static"]
+    traced = [replace(m, status="not-executed", reason="line 18 never executes", trace_code="lines-not-run")
+              for m in matches]
+    doc = to_sarif(ScanReport(files_scanned=1, seconds=0.0, matches=traced), rules, root=str(tmp_path))
+    validate(doc)
+    results = doc["runs"][0]["results"]
+    assert results and all(r["properties"]["trace_code"] == "lines-not-run" for r in results)
+    plain = to_sarif(ScanReport(files_scanned=1, seconds=0.0, matches=matches), rules, root=str(tmp_path))
+    assert all("trace_code" not in r["properties"] for r in plain["runs"][0]["results"])
 
 
 def test_sarif_after_a_trace_validates(tmp_path):

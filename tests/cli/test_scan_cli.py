@@ -104,7 +104,8 @@ def test_model_option_calls_tracing(tree, capsys, monkeypatch):
         from dataclasses import replace
 
         return [replace(m, status="confirmed") for m in matches[:1]] + [
-            replace(m, status="not-executed", reason="branch not taken") for m in matches[1:]
+            replace(m, status="not-executed", reason="branch not taken", trace_code="lines-not-run")
+            for m in matches[1:]
         ]
 
     fake = types.ModuleType("adopter.tracing")
@@ -115,7 +116,8 @@ def test_model_option_calls_tracing(tree, capsys, monkeypatch):
     data = json.loads(capsys.readouterr().out)
     assert rc == 0 and calls["args"] == (2, "bert-base-uncased", "cpu")
     assert [m["status"] for m in data["matches"]] == ["confirmed", "not-executed"]
-    assert data["matches"][1]["reason"] == "branch not taken"
+    assert data["matches"][1]["reason"] == "branch not taken"  # as the tracing said it
+    assert data["matches"][1]["trace_code"] == "lines-not-run" and "trace_code" not in data["matches"][0]
     rc = main(["scan", str(tree / "pkg" / "good.py"), "--model", "bert-base-uncased"])
     out = capsys.readouterr().out
     assert "confirmed" in out and "not-executed (branch not taken)" in out

@@ -172,17 +172,34 @@ def test_untraceable_model_keeps_static_matches_as_untraced():
     assert set(err.value.errors) == {"symbolic_trace", "export"}
     m = make_match("Conv_BatchNorm", DataDependent, [layer("torch.nn.Linear", 10, "DataDependent.forward", module="self.linear")])
     (out,) = confirm_matches(model, {"x": torch.randn(2, 4)}, [m])
-    assert out.status == "untraced" and out.reason.startswith("model could not be traced")
-    assert "symbolic_trace: " in out.reason and "export: " in out.reason
+    assert (out.status, out.trace_code) == ("untraced", "capture-failed")
+    assert "symbolic_trace: " in out.reason and "export: " in out.reason  # the reason names each tracer's error
 
 
 # ------------------------------------------------------------------ confirmation
 
 
+def test_trace_codes_are_documented_and_belong_to_one_status():
+    from typing import get_args
+
+    from adopter.tracing.trace_codes import TRACE_CODES, TraceCode, traced
+
+    assert set(TRACE_CODES) == set(get_args(TraceCode))
+    assert {status for status, _ in TRACE_CODES.values()} == {"untraced", "not-executed", "rejected"}
+    m = make_match("Conv_BatchNorm", DataDependent, [layer("torch.nn.Linear", 10, "DataDependent.forward",
+                                                           module="self.linear")])
+    assert traced(m, "untraced", "why", "not-in-model").trace_code == "not-in-model"
+    assert traced(traced(m, "untraced", "why", "not-in-model"), "confirmed", "runs").trace_code == ""
+    with pytest.raises(ValueError, match="not one of status"):
+        traced(m, "not-executed", "why", "not-in-model")
+    with pytest.raises(ValueError, match="not one of status"):
+        traced(m, "untraced", "why")  # every untraced, not-executed or rejected match names its cause
+
+
 def test_dpt_batch_norm_branch_off_is_not_executed(dpt_off):
     out = confirm_matches(dpt_off.model, dpt_off.example_inputs, [conv_bn_match(1), conv_bn_match(2)])
     static = [m for m in out if m.status != "runtime-only"]
-    assert [m.status for m in static] == ["not-executed", "not-executed"]
+    assert [(m.status, m.trace_code) for m in static] == [("not-executed", "lines-not-run")] * 2
     bn_line = line_of(dpt_like.PreActResidualLayer.forward, "self.batch_norm1(")
     assert f"line {bn_line} (under `if self.use_batch_norm`) never executes" in static[0].reason
     assert "PreActResidualLayer runs (2 instances)" in static[0].reason
@@ -200,14 +217,13 @@ def test_dpt_batch_norm_branch_on_is_confirmed(dpt_on):
 def test_lines_that_run_without_the_matched_data_flow_are_not_confirmed(dpt_on):
     # convolution1 does not feed batch_norm2: both lines run, the sequence does not
     (out,) = confirm_matches(dpt_on.model, dpt_on.example_inputs, [conv_bn_match(1, bn=2)], runtime_only=False)
-    assert out.status == "not-executed"
-    assert "does not feed line" in out.reason
+    assert (out.status, out.trace_code) == ("not-executed", "not-fed")
 
 
 def test_class_not_in_the_model_is_untraced(dpt_on):
     m = make_match("Linear_BatchNorm", dpt_like.NeedsArgs, [layer("torch.nn.Linear", 60, "NeedsArgs.forward", module="self.layers[0]")])
     (out,) = confirm_matches(dpt_on.model, dpt_on.example_inputs, [m], runtime_only=False)
-    assert out.status == "untraced" and "NeedsArgs is not part of this model" in out.reason
+    assert (out.status, out.trace_code) == ("untraced", "not-in-model")
 
 
 def test_runtime_only_sequences_are_reported_with_their_lines(dpt_on):
@@ -237,7 +253,8 @@ def test_non_gelu_activation_rejects_biased_gelu(dpt_on):
         (out,) = confirm_matches(model, dpt_on.example_inputs, [head_gelu_match()], runtime_only=False)
     finally:
         model.head.act = original
-    assert out.status == "rejected" and "activation is ReLU, not a GeLU" in out.reason
+    assert (out.status, out.trace_code) == ("rejected", "runtime-check")
+    assert "activation is ReLU, not a GeLU" in out.reason  # the reason says which check failed
 
 
 def test_gelu_kind_inspects_the_instance():
@@ -302,4 +319,4 @@ def test_fused_qkv_reading_different_tensors_is_not_confirmed():
     built = build_model(attention_like.CrossAttention, device="cpu",
                         example_inputs={"hidden_states": torch.randn(2, 5, 8), "encoder_states": torch.randn(2, 3, 8)})
     (out,) = confirm_matches(built.model, built.example_inputs, [fused_qkv(attention_like.CrossAttention)])
-    assert out.status == "not-executed" and "do not read the same tensor at runtime" in out.reason
+    assert (out.status, out.trace_code) == ("not-executed", "inputs-differ")

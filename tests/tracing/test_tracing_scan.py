@@ -74,6 +74,11 @@ def test_trace_command_json_on_tiny_bert(capsys):
     assert got[("fused_QKV", "BertSelfAttention")] == "confirmed"
     assert got[("softmax", "eager_attention_forward")] == "not-executed"
     assert got[("biased_GeLU", "BertPredictionHeadTransform")] == "untraced"  # not part of BertModel
+    # the cause of each status that has several, as a code in the JSON (none for a confirmed match)
+    codes = {(m["rule"], m["class"] or m["function"]): m.get("trace_code") for m in payload["matches"]}
+    assert codes[("softmax", "eager_attention_forward")] == "lines-not-run"
+    assert codes[("biased_GeLU", "BertPredictionHeadTransform")] == "not-in-model"
+    assert codes[("fused_QKV", "BertSelfAttention")] is None
     softmax = next(m for m in payload["matches"] if m["rule"] == "softmax")
     assert "attn_implementation=sdpa" in softmax["reason"]
 
@@ -143,5 +148,6 @@ def test_trace_command_when_capture_fails_reports_untraced(monkeypatch, capsys):
     assert "could not trace tiny-bert" in captured.err and captured.err.count("\n") == 1
     payload = json.loads(captured.out)
     assert payload["capture"] == {"method": None, "failed": {"export": "RuntimeError: boom"}}
-    assert payload["matches"] and {m["status"] for m in payload["matches"]} == {"untraced"}
-    assert all("RuntimeError: boom" in m["reason"] for m in payload["matches"])
+    assert payload["matches"] and {(m["status"], m["trace_code"]) for m in payload["matches"]} == {
+        ("untraced", "capture-failed")}
+    assert all("RuntimeError: boom" in m["reason"] for m in payload["matches"])  # the reason carries the error
