@@ -387,7 +387,7 @@ def file_outcome(rule: str, rel: str, static_sites: list[dict], run: dict | None
     runtime_only = 0
     confirmed_after = 0
     for s in skipped:
-        kind = reason_kind(s["reason"])
+        kind = s.get("kind") or reason_kind(s["reason"])  # (reports before the kind field: from the prose)
         if kind == "precondition":
             continue  # every rule is tried on every candidate: not a match of this rule
         if kind == "runtime-only":

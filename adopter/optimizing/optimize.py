@@ -35,7 +35,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from adopter.core.structures import Match
 from adopter.errors import AdopterWarning, OptimizeError, one_line
@@ -129,6 +129,16 @@ class AppliedRewrite:
         return "; ".join(parts)
 
 
+# Why a match was not applied, as a code (SkippedRewrite.kind; the report's JSON carries it): a static
+# precondition or precision refusal, a trace status, or a check of the rewritten class that failed.
+SkipKind = Literal[
+    "precondition", "refused", "conditional-untraced",
+    "not-executed", "untraced", "rejected", "runtime-only", "conditional", "static",
+    "rewrite-failed", "load-failed", "build-failed", "not-equivalent", "not-equivalent-combined",
+    "not-equivalent-flipped",
+]
+
+
 @dataclass
 class SkippedRewrite:
     rule: str
@@ -136,6 +146,7 @@ class SkippedRewrite:
     lines: list[int]
     reason: str
     max_abs_diff: float | None = None  # when dropped for not being equivalent
+    kind: SkipKind = "precondition"  # why, as a code (the reason says it in words)
 
     @property
     def where(self) -> str:
@@ -148,6 +159,7 @@ class SkippedRewrite:
             "file": self.file,
             "lines": self.lines,
             "reason": self.reason,
+            "kind": self.kind,
             "where": self.where,
             **({"max_abs_diff": self.max_abs_diff} if self.max_abs_diff is not None else {}),
         }
@@ -188,7 +200,7 @@ class OptimizeReport:
             checked = "; equivalent to the original" if eq.equivalent else "; NOT equivalent to the original"
             if getattr(eq, "max_abs_diff", None) is not None:
                 checked += f", max |diff| {eq.max_abs_diff:.2g}"
-        n_rejected = sum(1 for s in self.skipped if s.reason.startswith("precondition"))
+        n_rejected = sum(1 for s in self.skipped if s.kind == "precondition")
         rejected_text = f", {n_rejected} rejected by a rule precondition" if n_rejected else ""
         lines = [
             f"adopter: {self.model_class}: {len(self.applied)} rewrite(s) applied, "
@@ -207,8 +219,7 @@ class OptimizeReport:
             lines += _kernel_notes(self.applied)
         groups: dict[tuple[str, str, str], list[SkippedRewrite]] = {}
         for s in self.skipped:
-            kind = s.reason.split(":", 1)[0] if ":" in s.reason else s.reason
-            groups.setdefault((kind, s.rule, s.where), []).append(s)
+            groups.setdefault((s.kind, s.rule, s.where), []).append(s)
         rejected = {k: v for k, v in groups.items() if k[0] == "precondition"}
         others = {k: v for k, v in groups.items() if k[0] != "precondition"}
         if others:
@@ -464,8 +475,8 @@ class _OptimizeRun:
         self.final_error = ""  # why the final class could not be checked (it cannot be built)
         self.flipped: tuple = (None, None)  # (equivalence under the flipped config, its kernel calls)
 
-    def skip(self, rule: str, m: Match, reason: str, diff: float | None = None) -> None:
-        self.report.skipped.append(SkippedRewrite(rule, m.file, m.lines, reason, diff))
+    def skip(self, rule: str, m: Match, kind: SkipKind, reason: str, diff: float | None = None) -> None:
+        self.report.skipped.append(SkippedRewrite(rule, m.file, m.lines, reason, diff, kind))
 
     # ---------------------------------------------------------------- stages
 
@@ -474,8 +485,10 @@ class _OptimizeRun:
         matches, rejected = self.pipe.scan(list(self.files.values()), self.rule_objects)
         for m in rejected:
             # refused: the pattern fits but a precision precondition of the kernel fails (its code says which)
-            self.skip(m.rule, m, f"refused ({m.code}): {m.reason}" if m.status == "refused"
-                      else f"precondition: {m.reason}")
+            if m.status == "refused":
+                self.skip(m.rule, m, "refused", f"refused ({m.code}): {m.reason}")
+            else:
+                self.skip(m.rule, m, "precondition", f"precondition: {m.reason}")
         return matches
 
     def confirm(self, matches: list[Match]) -> list[Match]:
@@ -504,7 +517,7 @@ class _OptimizeRun:
             candidates = [m for m in matches if m.status != "conditional"]
             for m in matches:
                 if m.status == "conditional":
-                    self.skip(m.rule, m, f"conditional ({m.code}): {m.condition}; no trace settled it")
+                    self.skip(m.rule, m, "conditional-untraced", f"conditional ({m.code}): {m.condition}; no trace settled it")
         else:
             report.traced = True
             confirmed = _runtime_reach(self.subject, self.files, self.texts, matches, confirmed, self.rule_objects,
@@ -512,7 +525,7 @@ class _OptimizeRun:
             candidates = [m for m in confirmed if m.status == "confirmed"]
             for m in confirmed:
                 if m.status != "confirmed":
-                    self.skip(m.rule, m, m.status + (f": {m.reason}" if m.reason else ""))
+                    self.skip(m.rule, m, m.status, m.status + (f": {m.reason}" if m.reason else ""))  # type: ignore[arg-type]
         in_files = set(self.files.values())
         return [m for m in candidates if os.path.realpath(m.file) in in_files]
 
@@ -529,10 +542,10 @@ class _OptimizeRun:
                 new_cls, _, applied, failed, _ = self.build(rule_matches)
             except Exception as exc:  # noqa: BLE001 - a rewrite that does not load is dropped
                 for m in rule_matches:
-                    self.skip(rule, m, f"rewritten source fails to load: {one_line(exc)}")
+                    self.skip(rule, m, "load-failed", f"rewritten source fails to load: {one_line(exc)}")
                 continue
             for m, reason in failed:
-                self.skip(rule, m, f"rewrite: {reason}")
+                self.skip(rule, m, "rewrite-failed", f"rewrite: {reason}")
             if not applied:
                 continue
             result, error = self.equivalent(new_cls)
@@ -542,8 +555,9 @@ class _OptimizeRun:
                     if not result.error
                     else f"not equivalent: {result.error}"
                 )
+                kind: SkipKind = "build-failed" if result is None else "not-equivalent"
                 for m in applied:
-                    self.skip(rule, m, reason, None if result is None else result.max_abs_diff)
+                    self.skip(rule, m, kind, reason, None if result is None else result.max_abs_diff)
                 continue
             accepted[rule] = applied
         return accepted
@@ -561,7 +575,7 @@ class _OptimizeRun:
                     kept.append(rule)
                 else:
                     for m in accepted[rule]:
-                        self.skip(rule, m, "not equivalent in combination with the other rules",
+                        self.skip(rule, m, "not-equivalent-combined", "not equivalent in combination with the other rules",
                                   None if trial is None else trial.max_abs_diff)
             final_rules = kept
             result = self.build_final(accepted, final_rules)
@@ -585,7 +599,8 @@ class _OptimizeRun:
         wrong = [r for r in final_rules if not flip_check.equivalent(self.combine(accepted, [r])[0])]
         for rule in wrong:
             for m in accepted[rule]:
-                self.skip(rule, m, f"not equivalent under the flipped config ({flip_check.flips_text})")
+                self.skip(rule, m, "not-equivalent-flipped",
+                          f"not equivalent under the flipped config ({flip_check.flips_text})")
         final_rules = [r for r in final_rules if r not in wrong]
         result = self.build_final(accepted, final_rules)
         self.flipped = flip_check.run(self.final[0])
