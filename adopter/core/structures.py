@@ -184,6 +184,11 @@ class Match:
     code: str = ""
     # What a ``conditional`` match needs to hold ("GeLU only if config.hidden_act in {...}").
     condition: str = ""
+    # What the rule's analysis found at this site (a rule's own frozen dataclass), set by a
+    # precondition (``MatchContext.keep_site``) for the rule's codemod, which then need not
+    # analyse the site again. Positions and names only, no syntax-tree node: the codemod reads
+    # its own parse of the text, and matches travel between processes.
+    site: object | None = field(default=None, compare=False, repr=False)
 
     @property
     def lines(self) -> list[int]:
