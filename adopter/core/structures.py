@@ -188,6 +188,11 @@ class Match:
     # Why a trace gave the match its status, where the status has several causes (``not-in-model``,
     # ``lines-not-run``...: a key of :data:`adopter.tracing.trace_codes.TRACE_CODES`).
     trace_code: str = ""
+    # What the rule's analysis found at this site (a rule's own frozen dataclass), set by a
+    # precondition (``MatchContext.keep_site``) for the rule's codemod, which then need not
+    # analyse the site again. Positions and names only, no syntax-tree node: the codemod reads
+    # its own parse of the text, and matches travel between processes.
+    site: object | None = field(default=None, compare=False, repr=False)
 
     @property
     def lines(self) -> list[int]:

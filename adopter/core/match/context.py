@@ -65,6 +65,10 @@ class MatchContext:
     path_cache: dict[str, Any] = field(default_factory=dict)
     # the file's source text when the caller has it (source-level checks)
     source: str | None = None
+    # shared by every match of the file, every rule, in one matching run (``match_structures``):
+    # a rule's analysis of a site, which its precondition is asked again on every path through
+    # the site (keys start with the rule's name)
+    file_cache: dict[Any, Any] = field(default_factory=dict)
 
     def producers(self) -> dict[tuple[str, int], Node]:
         """(name, version) -> the node of the path whose output it is."""
@@ -95,6 +99,11 @@ class MatchContext:
         if code not in PRECISION_CODES:
             raise ValueError(f"unknown precision code {code!r}")
         self.extra.setdefault("conditional", (code, condition))
+
+    def keep_site(self, site: Any) -> None:
+        """Hand what the rule's analysis found at this match to its codemod: the match is kept with
+        ``Match.site`` set (read back with :func:`site_of`)."""
+        self.extra["site"] = site
 
     def binding(self, name: str) -> Value | None:
         return self.match.bindings.get(name)
@@ -169,3 +178,8 @@ def run_preconditions(preconditions, ctx: MatchContext) -> str | None:
 def conditional_of(ctx: MatchContext) -> tuple[str, str] | None:
     """``(code, condition)`` when a precondition marked the match conditional."""
     return ctx.extra.get("conditional")
+
+
+def site_of(ctx: MatchContext) -> Any:
+    """What a precondition kept for the codemod (:meth:`MatchContext.keep_site`), or None."""
+    return ctx.extra.get("site")

@@ -13,6 +13,7 @@ from adopter.core.match.context import (
     RuleLike,
     conditional_of,
     run_preconditions,
+    site_of,
 )
 from adopter.core.match.core import _PathIndex, _search
 from adopter.core.match.init_match import class_init_bindings, match_init
@@ -73,11 +74,13 @@ def _match_path(
     found_on: dict | None = None,
     path_id: tuple = (),
     ranker: _VariantRanker | None = None,
+    file_cache: dict | None = None,
 ) -> None:
     """Match ``rule`` on one path into ``accepted``/``rejected`` (keyed by :func:`_dedup_key`).
 
     With a ``ranker``, a key accepted on an earlier path is replaced by a later path's variant
-    with other nodes that ranks better (see :func:`variant_rank`)."""
+    with other nodes that ranks better (see :func:`variant_rank`). ``file_cache``: shared by the
+    preconditions of every match of the file (``MatchContext.file_cache``)."""
     veto = getattr(rule, "veto_across_paths", True)
     rehome = getattr(rule, "rehome", True)
     for variant in rule.variants:
@@ -103,7 +106,7 @@ def _match_path(
             if not veto and key in accepted and ranker is None:
                 continue
             ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant, path_cache=path_cache,
-                               source=source)
+                               source=source, file_cache=file_cache if file_cache is not None else {})
             reason = run_preconditions(rule.preconditions, ctx)
             if not reason:
                 # precision classes every rule shares (the rule's own come from its preconditions)
@@ -113,6 +116,10 @@ def _match_path(
             cond = conditional_of(ctx) if not reason else None
             if cond is not None:
                 m = replace(m, status="conditional", code=cond[0], condition=cond[1])
+                homed = _rehome(m, structures) if rehome else m
+            site = site_of(ctx) if not reason else None
+            if site is not None:  # what the rule's analysis found, for its codemod
+                m = replace(m, site=site)
                 homed = _rehome(m, structures) if rehome else m
             extra = ctx.extra.get("extra_nodes")
             if not reason and extra:
@@ -166,6 +173,7 @@ def match_structures(
     rejected_by_rule: list[dict] = [{} for _ in rules]
     found_on: list[dict] = [{} for _ in rules]
     key_cache: dict[int, str | None] = {}
+    file_cache: dict = {}  # (MatchContext.file_cache)
     optional_by_class: dict[str | None, frozenset] = {}
     opted_in = [r for r in rules if getattr(r, "match_subclasses", False)]
     aliases = layer_subclass_aliases(structures, source, _pattern_layer_types(opted_in)) if opted_in else {}
@@ -210,7 +218,7 @@ def match_structures(
                         if use is None:
                             use = aliased_indexes[key] = _PathIndex(path.nodes, {}, rule_aliases[i])
                     _match_path(rule, st, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
-                                path_cache, source, found_on[i], (f_index, p_index), ranker)
+                                path_cache, source, found_on[i], (f_index, p_index), ranker, file_cache)
     span_sets_by: dict[int, dict] = {}
     for i, rule in enumerate(rules):
         if getattr(rule, "veto_across_paths", True):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from adopter.core.dsl import Arg, Layer, Var
-from adopter.core.match.context import MatchContext, Refusal, RuleLike, conditional_of, run_preconditions
+from adopter.core.match.context import MatchContext, Refusal, RuleLike, conditional_of, run_preconditions, site_of
 from adopter.core.match.core import _PathIndex, _search
 from adopter.core.match.init_match import match_init
 from adopter.core.structures import (
@@ -99,6 +99,9 @@ def match_sequentials(
                         cond = conditional_of(ctx) or _entry_types_condition(build, nodes, positions)
                         if cond is not None:
                             m = replace(m, status="conditional", code=cond[0], condition=cond[1])
+                        site = site_of(ctx)
+                        if site is not None:  # what the rule's analysis found, for its codemod
+                            m = replace(m, site=site)
                         out.setdefault(m.key(), m)
     # a pair refused for one combination of entry types and matched for another is reported matched
     out.update({k: m for k, m in refused.items() if k not in out})
