@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from adopter.core.syntax import per_node, walk
+from adopter.core.syntax import dotted_name, per_node, walk
 
 
 def import_map(tree: ast.Module, fn: ast.AST | None = None) -> dict[str, str]:
@@ -35,17 +35,6 @@ def import_map(tree: ast.Module, fn: ast.AST | None = None) -> dict[str, str]:
                 for handler in getattr(node, "handlers", []):
                     stack += handler.body
     return out
-
-
-def dotted_name(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def qualified(node: ast.AST, imports: dict[str, str], local: set[str]) -> str | None:
