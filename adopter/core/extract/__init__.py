@@ -49,13 +49,18 @@ Calls that are no DL computation (builtins, shape queries, tensor factories, log
 ``self.<attr>`` in a module produce a barrier ``Layer(UNKNOWN_TYPE)``.
 
 Modules of this package (each imports only the stdlib, :mod:`adopter.core.dsl`,
-:mod:`adopter.core.dsl_text`, :mod:`adopter.core.structures` and its siblings):
+:mod:`adopter.core.dsl_text`, :mod:`adopter.core.structures`, :mod:`adopter.core.source_file`,
+:mod:`adopter.core.syntax`, :mod:`adopter.core.symbolic` (dotted names) and its siblings):
 
 * :mod:`~adopter.core.extract.driver` — ``extract_source`` / ``extract_file``: runs the
   steps below over one file and builds the :class:`FileStructures`; ``torch_base_of``.
 * :mod:`~adopter.core.extract.symbols` — symbol tables of one file: imports and aliases,
   module-level functions and dicts, the class table (MRO in the file, methods, bindings).
-* :mod:`~adopter.core.extract.init_bindings` — ``__init__`` extraction (``InitBinding``).
+* :mod:`~adopter.core.extract.init_bindings` — ``__init__`` extraction (``InitBinding``),
+  assembled from :mod:`~adopter.core.extract.init_values` (what an expression may hold:
+  layer constructions, class references, factories followed) and
+  :mod:`~adopter.core.extract.init_containers` (lists and Sequentials being built, the
+  children of container bindings).
 * :mod:`~adopter.core.extract.values` — abstract values and states, extraction limits.
 * :mod:`~adopter.core.extract.interp` — the forward interpreter, assembled from
   :mod:`~adopter.core.extract.paths` (statements, control-flow paths),

@@ -1,7 +1,8 @@
 """Symbol tables of one source file: imports and their aliases, module-level functions,
 dicts and name aliases (:class:`_File`), and the class table (:class:`_ClassCtx`: methods,
 same-file bases, ``__init__`` bindings, whether a class is a module). Also the small AST
-helpers every step uses: dotted names, spans, activation keys."""
+helpers every step uses: dotted names (:func:`adopter.core.symbolic.dotted`, which the rules'
+evaluator reads names with too), spans, activation keys."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from adopter.core.dsl import Arg, Const, Span
 from adopter.core.extract import tables as T
 from adopter.core.extract.values import _V, _unparse
 from adopter.core.structures import InitBinding
+from adopter.core.symbolic import dotted as _dotted
 
 _OPAQUE_CLASS_SUFFIXES = ("Output", "Config", "Cache", "Mixin", "Kwargs", "Dict")
 # an element of a container: ``[0]``, or a child's name (``self.mlp[c_fc]`` of a ModuleDict or an
@@ -22,17 +24,6 @@ _INDEX = re.compile(r"\[(?:\d+|[A-Za-z_]\w*)\]")
 
 
 # ---------------------------------------------------------------- names and imports
-
-
-def _dotted(expr) -> str | None:
-    parts = []
-    while type(expr) is ast.Attribute:
-        parts.append(expr.attr)
-        expr = expr.value
-    if type(expr) is ast.Name:
-        parts.append(expr.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def _module_info(filename: str) -> tuple[str, str | None]:

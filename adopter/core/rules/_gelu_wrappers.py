@@ -13,10 +13,11 @@ A class qualifies only when every way it can compute is known:
   expression of ``x`` (autograd derives it), or ``Fn.apply(x)`` of a same-file
   ``torch.autograd.Function`` whose ``forward`` and ``backward`` are interpreted here.
 
-Arithmetic (written-out formulas, same-file helper functions) is checked numerically: a small
-interpreter over a whitelist (numbers, ``+ - * / **``, ``tanh``/``erf``/``exp``/``sqrt`` of
-``torch``/``math``, ``math.pi``, plain assignments, ``x[0]`` of a tuple) evaluates it at sample
-points and compares with exact GeLU (erf) and with its tanh approximation; an autograd
+Arithmetic (written-out formulas, same-file helper functions) is checked numerically: the shared
+evaluator (:mod:`adopter.core.symbolic`), its hooks reading a whitelist (numbers, ``+ - * / **``,
+``tanh``/``erf``/``exp``/``sqrt`` of ``torch``/``math``, ``math.pi``, plain assignments, ``x[0]``
+of a tuple, ``ctx.save_for_backward``/``ctx.saved_tensors``), evaluates it at sample points with
+floats standing for tensors and compares with exact GeLU (erf) and with its tanh approximation; an autograd
 Function's ``backward`` must give that GeLU's derivative. Anything outside the whitelist makes
 the class unknown: it is then not a GeLU (no match), never a guess.
 """
@@ -27,6 +28,7 @@ import math
 import re
 
 from adopter.core.source_file import source_lines
+from adopter.core.symbolic import Evaluator, Returned, Unknown, dotted, is_docstring, positional_parameters
 
 # module-level activations of transformers.activations -> kernel mode
 _ACTIVATION_FUNCS = {
@@ -54,115 +56,111 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(1.0, abs(b))
 
 
-class _Unknown(Exception):
-    """Code outside the interpreter's whitelist."""
+# what the autograd context stands for in an environment, and the key of what it saved
+_CTX = "<ctx>"
+_SAVED = "<saved>"
 
 
-class _Interp:
-    """Evaluates whitelisted scalar arithmetic of same-file functions (floats stand for tensors)."""
+class _FormulaEvaluator(Evaluator[object]):
+    """Evaluates whitelisted scalar arithmetic of same-file functions: values are floats (a
+    tensor's value at one sample point), tuples of them, and :data:`_CTX`."""
+
+    max_depth = 8
 
     def __init__(self, functions: dict[str, ast.FunctionDef], imports: dict[str, str]):
         self.functions = functions
         self.imports = imports
-        self.depth = 0
 
     def qualified(self, e: ast.expr) -> str | None:
-        if isinstance(e, ast.Name):
-            return self.imports.get(e.id, e.id)
-        if isinstance(e, ast.Attribute):
-            base = self.qualified(e.value)
-            return f"{base}.{e.attr}" if base else None
-        return None
+        """``e``'s dotted name with its first part resolved through the file's imports."""
+        name = dotted(e)
+        if name is None:
+            return None
+        head, dot, rest = name.partition(".")
+        return self.imports.get(head, head) + dot + rest
 
     def call_function(self, fn: ast.FunctionDef, args: list) -> object:
-        a = fn.args
-        if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != len(args):
-            raise _Unknown
+        params = positional_parameters(fn)
+        if params is None or len(params) != len(args):
+            raise Unknown(fn.name)
         if fn.decorator_list and not (len(fn.decorator_list) == 1 and self.qualified(fn.decorator_list[0])
                                       == "staticmethod"):
-            raise _Unknown
-        self.depth += 1
-        if self.depth > 8:
-            raise _Unknown
-        try:
-            return self.run(fn.body, dict(zip((p.arg for p in a.args), args)))
-        finally:
-            self.depth -= 1
+            raise Unknown(fn.name)
+        return self.inline(fn, dict(zip(params, args)))
 
-    def run(self, body: list[ast.stmt], env: dict) -> object:
-        for i, st in enumerate(body):
-            if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) \
-                    and isinstance(st.value.value, str):
-                continue  # docstring
-            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-                env[st.targets[0].id] = self.eval(st.value, env)
-            elif isinstance(st, ast.Return) and st.value is not None:
-                return self.eval(st.value, env)
-            elif isinstance(st, ast.Expr) and self._is_save_for_backward(st.value, env):
-                env["<saved>"] = tuple(self.eval(a, env) for a in st.value.args)
-            else:
-                raise _Unknown
-        raise _Unknown  # falls off the end: returns None
+    def statement(self, st: ast.stmt, env: dict, rest: list[ast.stmt]) -> Returned | None:
+        if isinstance(st, ast.Expr) and self._is_save_for_backward(st.value, env):
+            env[_SAVED] = tuple(self.eval(a, env) for a in st.value.args)
+            return None
+        return super().statement(st, env, rest)
 
     @staticmethod
     def _is_save_for_backward(e: ast.expr, env: dict) -> bool:
         return (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "save_for_backward"
-                and isinstance(e.func.value, ast.Name) and env.get(e.func.value.id) == "<ctx>" and not e.keywords)
+                and isinstance(e.func.value, ast.Name) and env.get(e.func.value.id) == _CTX and not e.keywords)
 
-    def eval(self, e: ast.expr, env: dict) -> object:
-        if isinstance(e, ast.Constant) and type(e.value) in (int, float):
+    def constant(self, e: ast.Constant, env: dict) -> object:
+        if type(e.value) in (int, float):
             return float(e.value)
-        if isinstance(e, ast.Name):
-            if e.id not in env:
-                raise _Unknown
-            return env[e.id]
-        if isinstance(e, ast.Attribute):
-            if isinstance(e.value, ast.Name) and env.get(e.value.id) == "<ctx>" and e.attr == "saved_tensors":
-                if "<saved>" not in env:
-                    raise _Unknown
-                return env["<saved>"]
-            if self.qualified(e) == "math.pi":
-                return math.pi
-            raise _Unknown
-        if isinstance(e, ast.BinOp):
-            a, b = self.eval(e.left, env), self.eval(e.right, env)
-            if not (isinstance(a, float) and isinstance(b, float)):
-                raise _Unknown
-            ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-                   ast.Div: lambda: a / b, ast.Pow: lambda: a ** b}
-            if type(e.op) not in ops:
-                raise _Unknown
+        raise Unknown(ast.unparse(e))
+
+    def attribute(self, e: ast.Attribute, env: dict) -> object:
+        if isinstance(e.value, ast.Name) and env.get(e.value.id) == _CTX and e.attr == "saved_tensors":
+            if _SAVED not in env:
+                raise Unknown(ast.unparse(e))
+            return env[_SAVED]
+        if self.qualified(e) == "math.pi":
+            return math.pi
+        raise Unknown(ast.unparse(e))
+
+    def binop(self, e: ast.BinOp, env: dict) -> object:
+        a, b = self.eval(e.left, env), self.eval(e.right, env)
+        if not (isinstance(a, float) and isinstance(b, float)):
+            raise Unknown(ast.unparse(e))
+        ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+               ast.Div: lambda: a / b, ast.Pow: lambda: a ** b}
+        if type(e.op) not in ops:
+            raise Unknown(ast.unparse(e))
+        try:
+            return float(ops[type(e.op)]())
+        except (ZeroDivisionError, OverflowError, TypeError):
+            raise Unknown(ast.unparse(e)) from None
+
+    def unaryop(self, e: ast.UnaryOp, env: dict) -> object:
+        if not isinstance(e.op, (ast.USub, ast.UAdd)):
+            raise Unknown(ast.unparse(e))
+        v = self.eval(e.operand, env)
+        if not isinstance(v, float):
+            raise Unknown(ast.unparse(e))
+        return -v if isinstance(e.op, ast.USub) else v
+
+    def subscript(self, e: ast.Subscript, env: dict) -> object:
+        if not (isinstance(e.slice, ast.Constant) and type(e.slice.value) is int):
+            raise Unknown(ast.unparse(e))
+        v = self.eval(e.value, env)
+        if not isinstance(v, tuple) or not -len(v) <= e.slice.value < len(v):
+            raise Unknown(ast.unparse(e))
+        return v[e.slice.value]
+
+    def call(self, e: ast.Call, env: dict) -> object:
+        if e.keywords or any(isinstance(a, ast.Starred) for a in e.args):
+            raise Unknown(ast.unparse(e))
+        args = [self.eval(a, env) for a in e.args]
+        name = self.qualified(e.func)
+        if isinstance(e.func, ast.Name) and e.func.id in self.functions and e.func.id not in env:
+            return self.call_function(self.functions[e.func.id], args)
+        if name and name.split(".")[0] in ("torch", "math") and name.rsplit(".", 1)[-1] in _MATH \
+                and name.count(".") == 1 and len(args) == 1 and isinstance(args[0], float):
             try:
-                return float(ops[type(e.op)]())
-            except (ZeroDivisionError, OverflowError, TypeError):
-                raise _Unknown from None
-        if isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
-            v = self.eval(e.operand, env)
-            if not isinstance(v, float):
-                raise _Unknown
-            return -v if isinstance(e.op, ast.USub) else v
-        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and type(e.slice.value) is int:
-            v = self.eval(e.value, env)
-            if not isinstance(v, tuple) or not -len(v) <= e.slice.value < len(v):
-                raise _Unknown
-            return v[e.slice.value]
-        if isinstance(e, ast.Call) and not e.keywords and not any(isinstance(a, ast.Starred) for a in e.args):
-            args = [self.eval(a, env) for a in e.args]
-            name = self.qualified(e.func)
-            if isinstance(e.func, ast.Name) and e.func.id in self.functions and e.func.id not in env:
-                return self.call_function(self.functions[e.func.id], args)
-            if name and name.split(".")[0] in ("torch", "math") and name.rsplit(".", 1)[-1] in _MATH \
-                    and name.count(".") == 1 and len(args) == 1 and isinstance(args[0], float):
-                try:
-                    return float(_MATH[name.rsplit(".", 1)[-1]](args[0]))
-                except (ValueError, OverflowError):
-                    raise _Unknown from None
-        raise _Unknown
+                return float(_MATH[name.rsplit(".", 1)[-1]](args[0]))
+            except (ValueError, OverflowError):
+                raise Unknown(ast.unparse(e)) from None
+        raise Unknown(ast.unparse(e))
 
 
 def _only_docstring_or(body: list[ast.stmt], allowed) -> bool:
     for i, st in enumerate(body):
-        if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
+        if i == 0 and is_docstring(st):
             continue
         if not allowed(st):
             return False
@@ -181,9 +179,7 @@ def _is_super_init(st: ast.stmt) -> bool:
 
 
 def _single_return(fn: ast.FunctionDef) -> ast.expr | None:
-    body = [st for i, st in enumerate(fn.body)
-            if not (i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
-                    and isinstance(st.value.value, str))]
+    body = [st for i, st in enumerate(fn.body) if not (i == 0 and is_docstring(st))]
     if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
         return body[0].value
     return None
@@ -193,7 +189,7 @@ def _formula_mode(fn_eval) -> str | None:
     """The GeLU mode a scalar function computes at every sample point, or None."""
     try:
         values = [fn_eval(x) for x in _SAMPLES]
-    except _Unknown:
+    except Unknown:
         return None
     for mode in ("none", "tanh"):
         if all(isinstance(v, float) and _close(v, _gelu(x, mode)) for x, v in zip(_SAMPLES, values)):
@@ -273,14 +269,14 @@ class _Analyzer:
         self.functions = _Names(top, ast.FunctionDef)
         self.imports = imports
         self.bases = bases
-        self.interp = _Interp(self.functions, imports)
+        self.formulas = _FormulaEvaluator(self.functions, imports)
 
     def module_mode(self, cls: ast.ClassDef) -> str | None:
         if self.bases.get(cls.name) != ("torch.nn.Module",) or cls.decorator_list or cls.keywords:
             return None
         methods = {}
         for i, st in enumerate(cls.body):
-            if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
+            if i == 0 and is_docstring(st):
                 continue
             if not isinstance(st, ast.FunctionDef) or st.decorator_list or st.name in methods:
                 return None
@@ -292,10 +288,10 @@ class _Analyzer:
                                  or init.args.kwonlyargs or not _only_docstring_or(init.body, _is_super_init)):
             return None
         fwd = methods["forward"]
-        a = fwd.args
-        if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != 2:
+        params = positional_parameters(fwd)
+        if params is None or len(params) != 2:
             return None
-        x = a.args[1].arg
+        x = params[1]
         ret = _single_return(fwd)
         if ret is None:
             return None
@@ -304,7 +300,7 @@ class _Analyzer:
     def expr_mode(self, e: ast.expr, x: str) -> str | None:
         if isinstance(e, ast.Call) and len(e.args) == 1 and isinstance(e.args[0], ast.Name) and e.args[0].id == x \
                 and not isinstance(e.args[0], ast.Starred):
-            name = self.interp.qualified(e.func) or ""
+            name = self.formulas.qualified(e.func) or ""
             if name == "torch.nn.functional.gelu":
                 kw = {k.arg: k.value for k in e.keywords}
                 if set(kw) - {"approximate"}:
@@ -319,14 +315,14 @@ class _Analyzer:
                     and e.func.value.id in self.classes and not e.keywords):
                 return self.autograd_mode(self.classes[e.func.value.id])
         # a written-out formula of x: autograd differentiates it, the forward values decide
-        return _formula_mode(lambda v: self.interp.eval(e, {x: v}))
+        return _formula_mode(lambda v: self.formulas.eval(e, {x: v}))
 
     def autograd_mode(self, cls: ast.ClassDef) -> str | None:
         if self.bases.get(cls.name) != ("torch.autograd.Function",) or cls.decorator_list or cls.keywords:
             return None
         methods = {}
         for i, st in enumerate(cls.body):
-            if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
+            if i == 0 and is_docstring(st):
                 continue
             if not isinstance(st, ast.FunctionDef) or st.name in methods:
                 return None
@@ -349,7 +345,7 @@ class _Analyzer:
                 try:
                     self._call_with_ctx(fwd, xv, env)
                     got = self._call_with_ctx(bwd, g, env)
-                except _Unknown:
+                except Unknown:
                     return None
                 if not isinstance(got, float) or not _close(got, g * _gelu_grad(xv, mode)):
                     return None
@@ -357,16 +353,16 @@ class _Analyzer:
 
     def _call_with_ctx(self, fn: ast.FunctionDef, value: float, env: dict) -> object:
         """Run a ``@staticmethod def f(ctx, value)``; ``env`` carries what ``ctx`` saved."""
-        a = fn.args
-        if (a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != 2
-                or len(fn.decorator_list) != 1 or self.interp.qualified(fn.decorator_list[0]) != "staticmethod"):
-            raise _Unknown
-        local = {a.args[0].arg: "<ctx>", a.args[1].arg: value}
-        if "<saved>" in env:
-            local["<saved>"] = env["<saved>"]
-        out = self.interp.run(fn.body, local)
-        if "<saved>" in local:
-            env["<saved>"] = local["<saved>"]
+        params = positional_parameters(fn)
+        if (params is None or len(params) != 2
+                or len(fn.decorator_list) != 1 or self.formulas.qualified(fn.decorator_list[0]) != "staticmethod"):
+            raise Unknown(fn.name)
+        local = {params[0]: _CTX, params[1]: value}
+        if _SAVED in env:
+            local[_SAVED] = env[_SAVED]
+        out = self.formulas.run(fn.body, local)
+        if _SAVED in local:
+            env[_SAVED] = local[_SAVED]
         return out
 
 
@@ -392,13 +388,13 @@ def gelu_functions(source: str | None, imports: dict[str, str], bases: dict[str,
         fn = top.get(name, ast.FunctionDef)
         if fn is None or _rebound_at_module_level(source, name, imports):
             continue
-        a = fn.args
-        if fn.decorator_list or a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != 1:
+        params = positional_parameters(fn)
+        if fn.decorator_list or params is None or len(params) != 1:
             continue
         ret = _single_return(fn)
         if ret is None:
             continue
-        mode = an.expr_mode(ret, a.args[0].arg)
+        mode = an.expr_mode(ret, params[0])
         if mode is not None:
             out[name] = mode
     return out

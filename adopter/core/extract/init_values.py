@@ -1,0 +1,298 @@
+"""What an expression in ``__init__`` may hold: candidate ``(type, args, activation key, site)``
+values of a layer construction, a class reference (``norm_layer = nn.LayerNorm``), an
+``ACT2FN[...]``/``get_activation(...)`` lookup, a ``functools.partial`` of a class; factory
+functions and methods of the file (or of a module of its package) followed into their bodies,
+their parameters bound as the call binds them and ``if`` tests on constant parameters decided
+(:func:`_fold`). A mixin of :class:`adopter.core.extract.init_bindings._InitExtractor`, whose state
+it reads."""
+
+from __future__ import annotations
+
+import ast
+
+from adopter.core.dsl import Arg, Const
+from adopter.core.extract.init_containers import _SEQUENTIAL
+from adopter.core.extract.symbols import _activation_instance, _activation_type, _dotted, _File
+from adopter.core.extract.values import _unparse
+
+# Nesting of factory functions followed from ``__init__`` (``conv_bn`` -> ``conv3x3`` -> ...).
+_MAX_FACTORY_DEPTH = 6
+
+
+def _const_args(call: ast.Call) -> tuple[Arg, ...]:
+    out = []
+    for a in call.args:
+        if type(a) is ast.Starred:
+            out.append(Arg(Const("*" + _unparse(a.value))))
+        else:
+            out.append(Arg(Const(_unparse(a))))
+    for k in call.keywords:
+        if k.arg is None:
+            out.append(Arg(Const("**" + _unparse(k.value))))
+        else:
+            out.append(Arg(Const(_unparse(k.value)), k.arg))
+    return tuple(out)
+
+
+def _positional_params(fn: ast.FunctionDef, skip_self: bool) -> list[ast.arg]:
+    a = fn.args
+    params = list(a.posonlyargs) + list(a.args)
+    return params[1:] if skip_self and params else params
+
+
+def _defaults(fn: ast.FunctionDef) -> list[tuple[ast.arg, ast.expr]]:
+    """(parameter, default expression) of every parameter of ``fn`` that has a default."""
+    a = fn.args
+    params = _positional_params(fn, skip_self=False)
+    pairs = list(zip(params[len(params) - len(a.defaults):], a.defaults)) if a.defaults else []
+    return pairs + [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+
+
+def _constant_defaults(fn: ast.FunctionDef) -> dict[str, object]:
+    """Parameters of ``fn`` whose default is a constant (``activation: str = "gelu"``)."""
+    return {p.arg: d.value for p, d in _defaults(fn) if type(d) is ast.Constant}
+
+
+def _fold(test: ast.AST, consts: dict[str, object]) -> bool | None:
+    """The value of an ``if`` test over constant parameters (``activation == "gelu"``,
+    ``name in ("relu", "gelu")``, ``not flag``), or None when it depends on anything else."""
+    t = type(test)
+    if t is ast.Name:
+        return bool(consts[test.id]) if test.id in consts else None
+    if t is ast.UnaryOp and type(test.op) is ast.Not:
+        inner = _fold(test.operand, consts)
+        return None if inner is None else not inner
+    if t is ast.Compare and len(test.ops) == 1 and type(test.left) is ast.Name and test.left.id in consts:
+        left, op, right = consts[test.left.id], type(test.ops[0]), test.comparators[0]
+        if type(right) is ast.Constant:
+            if op in (ast.Eq, ast.Is):
+                return left == right.value
+            if op in (ast.NotEq, ast.IsNot):
+                return left != right.value
+        if type(right) in (ast.Tuple, ast.List, ast.Set) and all(type(e) is ast.Constant for e in right.elts):
+            values = [e.value for e in right.elts]
+            if op is ast.In:
+                return left in values
+            if op is ast.NotIn:
+                return left not in values
+    return None
+
+
+class _InitValues:
+    """Value resolution and factories of :class:`~adopter.core.extract.init_bindings._InitExtractor`."""
+
+    def parameter_defaults(self, fn: ast.FunctionDef) -> dict[str, list[tuple]]:
+        """Parameters whose default is a class (``norm_layer: Type = nn.BatchNorm2d``,
+        ``act_layer=partial(nn.GELU, approximate="tanh")``): the class unless a caller passes
+        another (what a caller in another file passes is unknown here; the trace says)."""
+        out = {}
+        for p, d in _defaults(fn):
+            refs = self.class_refs(d) if type(d) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
+            if refs:
+                out[p.arg] = refs
+        return out
+
+    def bound_parameters(self, fn: ast.FunctionDef, call: ast.Call, skip_self: bool) -> tuple[dict, dict]:
+        """Parameters of a factory ``fn`` as ``call`` (evaluated in the current scope) binds
+        them: ``(layers, constants)`` — class references and constructed layers passed in, else
+        the defaults; constants the call writes, else the factory's constant defaults."""
+        out = self.parameter_defaults(fn)
+        a = fn.args
+        names = [p.arg for p in _positional_params(fn, skip_self)]
+        passed: list[tuple[str, ast.AST]] = []
+        for i, arg in enumerate(call.args):
+            if type(arg) is ast.Starred:
+                break
+            if i < len(names):
+                passed.append((names[i], arg))
+        known = set(names) | {p.arg for p in a.kwonlyargs}
+        passed += [(k.arg, k.value) for k in call.keywords if k.arg in known]
+        consts = _constant_defaults(fn)
+        for name, arg in passed:
+            if type(arg) is ast.Constant:
+                consts[name] = arg.value
+            elif type(arg) is ast.Name and arg.id in self.consts:
+                consts[name] = self.consts[arg.id]
+            else:
+                consts.pop(name, None)
+        for name, arg in passed:
+            vals = [v for v in self.values(arg) if v[3] is not None]
+            refs = self.class_refs(arg) if type(arg) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
+            if vals or refs:
+                out[name] = vals + refs
+            else:
+                out.pop(name, None)  # a value we cannot resolve: unknown, not the default
+        return out, consts
+
+    def factory_values(self, fn: ast.FunctionDef, call: ast.Call, owner: str | None, home: _File | None = None) -> list[tuple]:
+        """What a factory function/method defined in this file (or, ``home``, another module of
+        its package) returns when ``call`` calls it (``conv3x3(inplanes, planes)`` ->
+        ``nn.Conv2d(...)`` built in its body). The sites are the constructions inside the
+        factory; [] when nothing resolves."""
+        if fn.name in self.visiting or len(self.visiting) > _MAX_FACTORY_DEPTH:
+            return []
+        params, consts = self.bound_parameters(fn, call, skip_self=owner is not None)
+        if home is not None:
+            # the body is evaluated with its own module's names; what it builds is noted there
+            saved_fc, saved_cls = self.fc, self.cls
+            self.fc, self.cls = home, None
+            try:
+                return self.factory_values_in_scope(fn, params, consts, owner)
+            finally:
+                self.fc, self.cls = saved_fc, saved_cls
+        return self.factory_values_in_scope(fn, params, consts, owner)
+
+    def factory_values_in_scope(self, fn: ast.FunctionDef, params: dict, consts: dict, owner: str | None) -> list[tuple]:
+        saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts)
+        saved_alias, self.attr_alias = self.attr_alias, {}
+        self.consts = consts
+        self.visiting.add(fn.name)
+        self.qual = f"{owner}.{fn.name}" if owner else fn.name
+        self.local, self.lists, self.returns = params, {}, []
+        if owner is None:
+            self.self_name = "self"
+        try:
+            self.block(fn.body, True)
+            return self.returns
+        finally:
+            self.visiting.discard(fn.name)
+            self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts = saved
+            self.attr_alias = saved_alias
+
+    def callee_types(self, f) -> list[str]:
+        t = type(f)
+        if t is ast.Name:
+            if f.id in self.local:
+                return [v[0] for v in self.local[f.id] if v[3] is None]
+            if f.id in self.fc.partials:
+                return self.callee_types(self.fc.partials[f.id])
+            if f.id in self.fc.classes:
+                return [self.fc.class_type(f.id)]
+            if f.id in self.fc.local_class_alias:
+                return [self.fc.class_type(self.fc.local_class_alias[f.id])]
+            if f.id in self.fc.functions:
+                return [f"{self.fc.module}.{f.id}"]
+            fq = self.fc.imports.get(f.id)
+            return [fq] if fq else []
+        if t is ast.Attribute:
+            d = _dotted(f)
+            if d is not None and not d.startswith(self.self_name + "."):
+                fq = self.fc.fqn(d)
+                return [fq] if fq else []
+            if self.cls is not None and d is not None and d.count(".") == 1:
+                # ``self._norm_layer`` holding a class ``__init__`` stored before
+                return [ty for ty, _a, _k, site in self.cls.class_attrs.get(d.split(".")[1], ()) if site is None]
+            return []
+        if t is ast.IfExp:
+            taken = _fold(f.test, self.consts) if self.consts else None
+            if taken is not None:  # ``LoRALinear if lora else nn.Linear`` with ``lora`` a constant
+                return self.callee_types(f.body if taken else f.orelse)
+            return self.callee_types(f.body) + self.callee_types(f.orelse)
+        if t is ast.Call and f.args and self.is_partial(f.func):
+            # ``partial(nn.BatchNorm2d, eps=1e-3)``: a class with some arguments bound
+            return self.callee_types(f.args[0])
+        if t is ast.Subscript and type(f.value) is ast.Name and f.value.id in self.fc.dicts:
+            d = self.fc.dicts[f.value.id]
+            key = f.slice
+            vals = d.values
+            if type(key) is ast.Constant:
+                vals = [v for k, v in zip(d.keys, d.values) if type(k) is ast.Constant and k.value == key.value]
+            out = []
+            for v in vals:
+                for ty in self.callee_types(v):
+                    if ty not in out:
+                        out.append(ty)
+            return out
+        return []
+
+    def is_partial(self, expr) -> bool:
+        d = _dotted(expr)
+        return d is not None and (self.fc.fqn(d) or d) == "functools.partial"
+
+    def is_act2fn(self, expr) -> bool:
+        d = _dotted(expr)
+        if d is None:
+            return False
+        fq = self.fc.fqn(d) or d
+        return fq.rsplit(".", 1)[-1] == "ACT2FN"
+
+    def values(self, v) -> list[tuple]:
+        """Candidate (type, args, activation, layer-holder-call) for an assigned value."""
+        t = type(v)
+        if t is ast.Call:
+            f = v.func
+            if type(f) is ast.Subscript and self.is_act2fn(f.value):
+                ty, args, key = _activation_type(f.slice)
+                return [(ty, args, key, v)]
+            fd = _dotted(f)
+            fq = (self.fc.fqn(fd) if fd else None) or fd or ""
+            if fq.rsplit(".", 1)[-1] == "get_activation" and v.args:
+                ty, args, key = _activation_type(v.args[0])
+                return [(ty, args, key, v)]
+            if type(f) is ast.Name and f.id in self.local:
+                # calling a local that holds a class (``attention_class(config)``)
+                return [(ty, _const_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
+            if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
+                made = self.factory_values(self.fc.functions[f.id], v, None)
+                if made:
+                    return made
+            method = self.own_method(f)
+            if method is not None:
+                made = self.factory_values(method, v, self.cls.name)
+                if made:
+                    return made
+            out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
+            if len(out) == 1 and not out[0][0].startswith("torch."):
+                found = self.fc.package_function(out[0][0])
+                if found is not None:
+                    made = self.factory_values(found[1], v, None, found[0])
+                    if made:
+                        return made
+            if any(ty == _SEQUENTIAL for ty, _a, _k, _s in out):
+                self.note_sequential(v)
+            return out
+        if t is ast.Subscript and self.is_act2fn(v.value):
+            ty, args, key = _activation_type(v.slice)
+            return [(ty, args, key, v)]
+        if t is ast.IfExp:
+            taken = _fold(v.test, self.consts) if self.consts else None
+            if taken is not None:  # a factory's ``A(i, o) if flag else B(i, o)`` with a constant flag
+                return self.values(v.body if taken else v.orelse)
+            return self.values(v.body) + self.values(v.orelse)
+        if t is ast.BoolOp:
+            return [x for operand in v.values for x in self.values(operand)]
+        if t is ast.Name:
+            if v.id in self.local:
+                return [x for x in self.local[v.id] if x[3] is not None]
+            fq = self.fc.imports.get(v.id)
+            if fq and v.id not in self.fc.classes:
+                return [(_activation_instance(fq) or fq, (), None, v)]
+            if v.id in self.fc.functions:
+                return [(f"{self.fc.module}.{v.id}", (), None, v)]
+            return []
+        if t is ast.Attribute:
+            d = _dotted(v)
+            if d is not None and not d.startswith(self.self_name + "."):
+                fq = self.fc.fqn(d)
+                if fq and (fq.startswith("torch.") or fq.startswith("transformers.activations")):
+                    return [(fq, (), None, v)]
+            elif d is not None and d.count(".") == 1:
+                # ``nn.Sequential(self.conv1, self.bn1)``: a layer this __init__ bound before
+                attr = "self." + d.split(".")[1]
+                return [(b.layer.type, b.layer.args, b.activation, v)
+                        for b in self.out if b.attr == attr and b.container is None]
+            return []
+        return []
+
+    def own_method(self, f) -> ast.FunctionDef | None:
+        """``self.<m>`` of a method defined in this class or a same-file base (``self._make_layer``)."""
+        if self.cls is None or type(f) is not ast.Attribute or type(f.value) is not ast.Name:
+            return None
+        if f.value.id != self.self_name:
+            return None
+        fdef, _owner = self.cls.find_method(f.attr)
+        return fdef
+
+    def class_refs(self, v) -> list[tuple]:
+        """A local bound to a class/function (``attention_class = A if c else B``)."""
+        return [(ty, None, None, None) for ty in self.callee_types(v)]
