@@ -27,6 +27,8 @@ import ast
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from adopter.core.syntax import dotted_name as dotted  # noqa: F401 (re-exported: the rules read it here)
+
 V = TypeVar("V")
 
 
@@ -185,18 +187,6 @@ class Evaluator(Generic[V]):
 
 
 # ---------------------------------------------------------------- reading the ast
-
-
-def dotted(node: ast.AST) -> str | None:
-    """``a.b.c`` of a name or a chain of attributes on a name; None for any other expression."""
-    parts = []
-    while type(node) is ast.Attribute:
-        parts.append(node.attr)
-        node = node.value
-    if type(node) is ast.Name:
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def is_docstring(st: ast.stmt) -> bool:

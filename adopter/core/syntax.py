@@ -46,15 +46,15 @@ def walk(node: ast.AST) -> tuple[ast.AST, ...]:
 
 
 def dotted_name(node: ast.AST) -> str | None:
-    """``a.b.c`` for a chain of attributes on a name, else None."""
+    """``a.b.c`` of a name or a chain of attributes on a name; None for any other expression."""
     parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
+    while type(node) is ast.Attribute:  # (type, not isinstance: hot in extraction)
+        parts.append(node.attr)  # type: ignore[attr-defined]
+        node = node.value  # type: ignore[attr-defined]
+    if type(node) is ast.Name:
+        parts.append(node.id)  # type: ignore[attr-defined]
+        return ".".join(reversed(parts))
+    return None
 
 
 R = TypeVar("R")

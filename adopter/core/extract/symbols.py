@@ -15,7 +15,7 @@ from adopter.core.dsl import Arg, Const, Span
 from adopter.core.extract import tables as T
 from adopter.core.extract.values import _V, _unparse
 from adopter.core.structures import InitBinding
-from adopter.core.symbolic import dotted as _dotted
+from adopter.core.syntax import dotted_name as _dotted
 
 _OPAQUE_CLASS_SUFFIXES = ("Output", "Config", "Cache", "Mixin", "Kwargs", "Dict")
 # an element of a container: ``[0]``, or a child's name (``self.mlp[c_fc]`` of a ModuleDict or an
