@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-__all__ = ["dotted_name", "per_node", "walk"]
+__all__ = ["descendants", "dotted_name", "per_node", "walk"]
 
 _MAX_WALKS = 8192  # a file's functions, statements and expressions asked about
 
@@ -43,6 +43,13 @@ def _breadth_first(node: ast.AST) -> tuple[ast.AST, ...]:
 def walk(node: ast.AST) -> tuple[ast.AST, ...]:
     """``tuple(ast.walk(node))``, computed once per node."""
     return _walk(node)
+
+
+def descendants(node: ast.AST) -> tuple[ast.AST, ...]:
+    """``tuple(ast.walk(node))`` computed afresh, not kept: for a walk asked once of each of many
+    small nodes (every assignment's value, every statement of a function), which would only push
+    out of :func:`walk`'s cache the functions and classes asked about again and again."""
+    return _breadth_first(node)
 
 
 def dotted_name(node: ast.AST) -> str | None:

@@ -145,8 +145,8 @@ class SkippedRewrite:
     file: str
     lines: list[int]
     reason: str
+    kind: SkipKind  # why, as a code (the reason says it in words)
     max_abs_diff: float | None = None  # when dropped for not being equivalent
-    kind: SkipKind = "precondition"  # why, as a code (the reason says it in words)
 
     @property
     def where(self) -> str:
@@ -476,7 +476,7 @@ class _OptimizeRun:
         self.flipped: tuple = (None, None)  # (equivalence under the flipped config, its kernel calls)
 
     def skip(self, rule: str, m: Match, kind: SkipKind, reason: str, diff: float | None = None) -> None:
-        self.report.skipped.append(SkippedRewrite(rule, m.file, m.lines, reason, diff, kind))
+        self.report.skipped.append(SkippedRewrite(rule, m.file, m.lines, reason, kind, diff))
 
     # ---------------------------------------------------------------- stages
 

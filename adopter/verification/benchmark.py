@@ -351,6 +351,9 @@ def run_pytest_benchmark(
         argv += ["-p", "pytest_benchmark.plugin"]
         previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
         os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        # this run is no xdist worker even when its caller is one (verify inside a test run with
+        # pytest -n): pytest-benchmark reads PYTEST_XDIST_WORKER and would skip every benchmark
+        xdist = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith("PYTEST_XDIST_")]}
         try:
             with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
                 # (pytest-benchmark opens --benchmark-json with argparse.FileType at each of
@@ -364,6 +367,7 @@ def run_pytest_benchmark(
                 os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
             else:
                 os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
+            os.environ.update(xdist)
     text = output.getvalue()
     if code != 0:
         tail = "\n".join(text.strip().splitlines()[-15:])

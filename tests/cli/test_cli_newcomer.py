@@ -82,8 +82,9 @@ def test_str_of_report_is_a_grouped_readable_summary():
     for rule in ("T5Attention", "GPT2Attention"):
         for cls in ("BertSelfAttention", "BertCrossAttention", "(none)"):
             report.skipped.append(SkippedRewrite(rule, "/x/modeling_bert.py", [125],
-                                                 f"precondition: class {cls} is not a {rule} class"))
-    report.skipped.append(SkippedRewrite("softmax", "/x/modeling_bert.py", [130], "not-executed: line 130 never runs"))
+                                                 f"precondition: class {cls} is not a {rule} class", "precondition"))
+    report.skipped.append(SkippedRewrite("softmax", "/x/modeling_bert.py", [130], "not-executed: line 130 never runs",
+                                          "not-executed"))
     text = str(report)
     assert "SkippedRewrite(" not in text and "\n" in text
     assert "1 rewrite(s) applied, 1 match(es) not applied, 6 rejected by a rule precondition" in text

@@ -345,7 +345,7 @@ def test_baseline_round_trip_and_bad_files(tmp_path):
 def test_shipped_baseline_is_a_valid_result():
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "baselines", "tiny-bert.json")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "baselines", "tiny-bert.json")
     data = load_json(path, "baseline")
     assert data["rules_applied"], "the project's baseline must pin the rules applied on tiny-bert"
     gate = evaluate_gate(data, data, 0.05)
@@ -431,7 +431,7 @@ def test_cli_gate_fails_end_to_end_when_rules_are_lost(tmp_path, capsys):
 
     from adopter.cli import main
 
-    shipped = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "baselines", "tiny-bert.json")
+    shipped = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "baselines", "tiny-bert.json")
     # (on CPU the shipped baseline's rules are not applied: they never run fused at tiny-bert's size;
     # here, with the cost model off, a baseline that applied them all)
     recorded = json.loads(open(shipped).read())

@@ -12,7 +12,7 @@ from adopter.core.dsl import Arg, Layer, Node, Span, TensorOp, Var
 from adopter.core.match.source import parse_file
 from adopter.core.match.source_uses import class_attribute_reads
 from adopter.core.structures import FileStructures
-from adopter.core.syntax import walk
+from adopter.core.syntax import descendants, walk
 
 # ---------------------------------------------------------------- same-file layer subclasses
 
@@ -95,7 +95,7 @@ def _call_sites(source: str, names: Iterable[str]) -> dict[tuple[int, str], list
                                           ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                   and not type(st).__name__ in ("Match", "TryStar")]
         for st in simple:
-            for c in walk(st):
+            for c in descendants(st):
                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in wanted:
                     out.setdefault((c.lineno, c.func.id), []).append((c, qual, st))
 

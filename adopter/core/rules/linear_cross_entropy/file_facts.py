@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from adopter.core.rules.linear_cross_entropy.names import argument, callee_name, names_read, single_assign
-from adopter.core.syntax import per_node, walk
+from adopter.core.syntax import descendants, per_node, walk
 
 
 def might_be_cross_entropy(source: str) -> bool:
@@ -95,7 +95,7 @@ class FileFacts:
                 elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     bound = {t.id if isinstance(t, ast.Name) else t.attr for target in targets
-                             for t in walk(target) if isinstance(t, (ast.Name, ast.Attribute))}
+                             for t in descendants(target) if isinstance(t, (ast.Name, ast.Attribute))}
                     bindings.append((bound, names_read(node.value)))
             for node in self.tree.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
