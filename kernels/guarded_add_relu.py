@@ -47,9 +47,10 @@ def _probe_caller() -> int:
     return _probe(None, x, None, in_place=True)
 
 
-# The reference count of ``x`` inside :func:`add_relu` when only the caller's local name holds it
-# (measured on this interpreter, called the way rewrites call it).
-_UNSHARED_REFCOUNT = _probe_caller()
+# The reference count of ``x`` inside :func:`add_relu` when only the caller's local name holds it is
+# measured by calling the probe the way rewrites call the kernel, at each call: it is not a constant
+# of the interpreter (once torch.compile has run, dynamo's frame evaluation holds one more reference
+# to every argument, in the probe's frame as in the kernel's).
 
 
 def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> Any:
@@ -61,7 +62,7 @@ def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> 
     if torch.compiler.is_compiling():  # (before anything dynamo would not trace)
         reason, unshared = policy_reason("add_relu", x) or "torch.compile", False
     else:
-        unshared = sys.getrefcount(x) == _UNSHARED_REFCOUNT  # (while no other local holds x)
+        unshared = sys.getrefcount(x) == _probe_caller()  # (while no other local holds x)
         reason = context_reason(x, residual) or policy_reason("add_relu", x) or _operands_reason(x, residual)
     relu = "" if reason else epilogue_activation(activation)
     if not reason and not relu:

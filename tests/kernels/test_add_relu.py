@@ -139,6 +139,21 @@ def test_requires_grad_operands_under_no_grad_are_fused():
 # ---------------------------------------------------------------- 2. in place: who sees the sum
 
 
+def test_in_place_fuses_after_a_compiled_run_changed_the_frames_reference_counts():
+    # Found by test order: after this fuzz case (a fused conv+BN module compiled with aot_eager), every
+    # Python frame held one more reference to its arguments, and an in-place add_relu whose x only the
+    # caller held was taken for shared (a count measured once at import). The count is measured per call.
+    import fuzz_cases as fc
+
+    fc.run_case(*fc.case_from_id("fused_conv_bn_module|compile_aot_eager/no_grad/requires_grad_off+train_call|s0"))
+    x, r = _known_pair()
+    want = torch.relu(x + r)
+    with torch.no_grad(), count_kernel_calls() as counted:
+        out = add_relu(nn.ReLU(), x, r, in_place=True)
+    assert _calls(counted) == [("torch", "")]
+    assert out is x and torch.equal(out, want)
+
+
 def test_in_place_relu_writes_into_x_even_when_x_is_referenced():
     x, r = _known_pair()
     x0 = x.clone()
