@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-__all__ = ["descendants", "dotted_name", "per_node", "walk"]
+__all__ = ["descendants", "dotted_name", "per_node", "statements", "walk"]
 
 _MAX_WALKS = 8192  # a file's functions, statements and expressions asked about
 
@@ -25,24 +25,47 @@ def _breadth_first(node: ast.AST) -> tuple[ast.AST, ...]:
     # ast.walk's order (a queue: the node, its children in field order, theirs...) without its
     # generator per node (iter_child_nodes over iter_fields): about three times faster
     out = [node]
-    append, index = out.append, 0
-    while index < len(out):
-        current = out[index]
-        index += 1
+    append, AST = out.append, ast.AST
+    for current in out:  # (the list grows while it is read: the queue)
         for name in current._fields:
             value = getattr(current, name, None)
-            if isinstance(value, ast.AST):
-                append(value)
-            elif isinstance(value, list):
+            if type(value) is list:
                 for item in value:
-                    if isinstance(item, ast.AST):
+                    if isinstance(item, AST):
                         append(item)
+            elif isinstance(value, AST):
+                append(value)
+    return tuple(out)
+
+
+_BLOCK_FIELDS = frozenset(("body", "orelse", "finalbody", "handlers", "cases"))
+
+
+def _statements(node: ast.AST) -> tuple[ast.stmt, ...]:
+    # the statements of walk(node), in its order, reading only the fields that hold blocks: a
+    # statement is never inside an expression, so the expressions (most of a tree) are not visited
+    out: list[ast.stmt] = []
+    queue = [node]
+    for current in queue:
+        for name in current._fields:
+            block = getattr(current, name, None) if name in _BLOCK_FIELDS else None
+            if type(block) is list:  # (a lambda's or an if-expression's body is one expression)
+                for item in block:
+                    queue.append(item)  # (an except handler or a match case holds statements)
+                    if isinstance(item, ast.stmt):
+                        out.append(item)
     return tuple(out)
 
 
 def walk(node: ast.AST) -> tuple[ast.AST, ...]:
     """``tuple(ast.walk(node))``, computed once per node."""
     return _walk(node)
+
+
+def statements(node: ast.AST) -> tuple[ast.stmt, ...]:
+    """The statements in ``walk(node)`` (``node`` itself excluded), in its order, computed once per
+    node: for the questions only statements answer (imports, assignments, function definitions)."""
+    return _statements_kept(node)
 
 
 def descendants(node: ast.AST) -> tuple[ast.AST, ...]:
@@ -92,3 +115,4 @@ def per_node(limit: int) -> Callable[[Callable[[Any], R]], Callable[[Any], R]]:
 
 
 _walk = per_node(_MAX_WALKS)(_breadth_first)
+_statements_kept = per_node(_MAX_WALKS)(_statements)

@@ -12,7 +12,7 @@ from adopter.core.dsl import Arg, Layer, Node, Span, TensorOp, Var
 from adopter.core.match.source import parse_file
 from adopter.core.match.source_uses import class_attribute_reads
 from adopter.core.structures import FileStructures
-from adopter.core.syntax import descendants, walk
+from adopter.core.syntax import descendants, statements, walk
 
 # ---------------------------------------------------------------- same-file layer subclasses
 
@@ -90,7 +90,7 @@ def _call_sites(source: str, names: Iterable[str]) -> dict[tuple[int, str], list
             return out
 
     def visit_function(fn, qual: str) -> None:
-        simple = [st for st in walk(fn) if isinstance(st, ast.stmt) and st is not fn
+        simple = [st for st in statements(fn) if st is not fn
                   and not isinstance(st, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith,
                                           ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                   and not type(st).__name__ in ("Match", "TryStar")]

@@ -29,7 +29,7 @@ from functools import lru_cache
 from adopter.core.match.context import Refusal
 from adopter.core.match.source import function_ast, parse_file, source_lines
 from adopter.core.structures import FileStructures, InitBinding, Match
-from adopter.core.syntax import dotted_name, walk
+from adopter.core.syntax import dotted_name, statements, walk
 
 # ---------------------------------------------------------------- torchscript
 
@@ -619,7 +619,7 @@ def _class_methods(source: str) -> dict[str, dict[str, set[str]]]:
     if tree is None:
         return {}
     out: dict[str, dict[str, set[str]]] = {}
-    for node in walk(tree):
+    for node in statements(tree):
         if isinstance(node, ast.ClassDef):
             out[node.name] = {f.name: _self_calls(f) for f in node.body
                               if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name != "__init__"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from adopter.core.match.source import class_init_ast, function_ast, parse_file
 from adopter.core.source_file import SourceReadError, read_source
-from adopter.core.syntax import walk
+from adopter.core.syntax import statements, walk
 
 
 @lru_cache(maxsize=256)
@@ -40,7 +40,7 @@ def _defaults_of_file(path: str) -> dict[str, dict[str, frozenset]]:
             value = None
         found.setdefault(name, set()).add(value if isinstance(value, (str, int, float, bool)) else None)
 
-    for cls in walk(tree):
+    for cls in statements(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         found = {}
@@ -167,7 +167,7 @@ def param_passed(source: str, class_name: str, param: str) -> bool:
     tree = parse_file(source)
     if tree is None:
         return True
-    cls = next((n for n in walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    cls = next((n for n in statements(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) if cls else None
     if init is None:
         return True

@@ -27,7 +27,7 @@ from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime
 from adopter.core.rules._common import kwarg
 from adopter.core.structures import Match
-from adopter.core.syntax import dotted_name, walk
+from adopter.core.syntax import dotted_name, statements, walk
 
 DSL = """
 rule softmax
@@ -243,7 +243,7 @@ def _fqn(imports: dict, node: ast.AST) -> str | None:
 
 
 def _class_def(tree: ast.AST, name: str) -> ast.ClassDef | None:
-    found = [c for c in walk(tree) if isinstance(c, ast.ClassDef) and c.name == name]
+    found = [c for c in statements(tree) if isinstance(c, ast.ClassDef) and c.name == name]
     return found[0] if len(found) == 1 else None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from adopter.core.rules.linear_cross_entropy.names import argument, callee_name, names_read, single_assign
-from adopter.core.syntax import descendants, per_node, walk
+from adopter.core.syntax import descendants, per_node, statements, walk
 
 
 def might_be_cross_entropy(source: str) -> bool:
@@ -54,7 +54,7 @@ class FileFacts:
     def functions(self) -> list:
         """(lineno, end_lineno, function) of every function."""
         if self._functions is None:
-            self._functions = [(f.lineno, f.end_lineno, f) for f in walk(self.tree)
+            self._functions = [(f.lineno, f.end_lineno, f) for f in statements(self.tree)
                                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
         return self._functions
 
@@ -87,7 +87,7 @@ class FileFacts:
         if self._ce_names is None:
             names = {"cross_entropy", "CrossEntropyLoss"}
             bindings: list[tuple[set[str], set[str]]] = []  # (names bound, names read by the value)
-            for node in walk(self.tree):
+            for node in statements(self.tree):  # (imports and assignments are statements)
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     for alias in node.names:
                         if alias.asname and alias.name.rsplit(".", 1)[-1] in names:

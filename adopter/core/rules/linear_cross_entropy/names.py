@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from adopter.core.syntax import descendants, dotted_name, per_node, walk
+from adopter.core.syntax import descendants, dotted_name, per_node, statements, walk
 
 
 def import_map(tree: ast.Module, fn: ast.AST | None = None) -> dict[str, str]:
@@ -97,7 +97,7 @@ def argument(call: ast.Call, index: int, keyword: str) -> ast.expr | None:
 
 def class_of(tree: ast.Module, fn: ast.AST) -> ast.ClassDef | None:
     """The class of ``tree`` whose body defines ``fn``."""
-    for node in walk(tree):
+    for node in statements(tree):
         if isinstance(node, ast.ClassDef) and fn in node.body:
             return node
     return None

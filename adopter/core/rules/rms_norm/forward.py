@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from adopter.core.match.source import parse_file, source_segment
 from adopter.core.rules.rms_norm.forms import INPUT, Form, _NotRMS, _Variant, classify
 from adopter.core.symbolic import Evaluator, Returned, Sym, Unknown
-from adopter.core.syntax import walk
+from adopter.core.syntax import statements, walk
 
 # ---------------------------------------------------------------- symbolic forward
 
@@ -251,7 +251,7 @@ def _torch_names(tree: ast.Module) -> set[str]:
 def _class_node(tree: ast.Module, name: str) -> ast.ClassDef | None:
     """The last definition of class ``name`` (also one nested in an ``if``/``try`` block)."""
     found = None
-    for c in walk(tree):
+    for c in statements(tree):
         if isinstance(c, ast.ClassDef) and c.name == name:
             found = c
     return found
@@ -324,7 +324,7 @@ def _mentions_norm(fn: ast.FunctionDef) -> bool:
 
 def _overriding_subclasses(tree: ast.Module, class_name: str, names: tuple[str, ...]) -> list[str]:
     """Same-file subclasses of ``class_name`` (direct or not) that override one of ``names``."""
-    classes = [c for c in walk(tree) if isinstance(c, ast.ClassDef)]
+    classes = [c for c in statements(tree) if isinstance(c, ast.ClassDef)]
     out: list[str] = []
     seen = {class_name}
     parents = [class_name]
