@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import configparser
-import difflib
 import io
 import re
 import tokenize
@@ -73,14 +72,13 @@ def _configured_limit(folder: str) -> int | None:
 
 def wrap_long_lines(original: str, rewritten: str, limit: int) -> str:
     """``rewritten`` with the lines the rewrite added that run past ``limit`` wrapped (module doc)."""
-    old_lines = original.split("\n")
     new_lines = rewritten.split("\n")
-    added = set()
-    matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
-    for op, _, _, j1, j2 in matcher.get_opcodes():
-        if op in ("replace", "insert"):
-            added.update(range(j1, j2))
-    long_lines = [i for i in sorted(added) if len(new_lines[i]) > limit]
+    # the long lines the rewrite wrote: no line of the original reads the same (a line the user
+    # wrote that long is theirs to keep, wherever the rewrite moved it)
+    long_lines = [i for i, line in enumerate(new_lines) if len(line) > limit]
+    if long_lines:
+        old_lines = set(original.split("\n"))
+        long_lines = [i for i in long_lines if new_lines[i] not in old_lines]
     if not long_lines:
         return rewritten
     try:
@@ -101,11 +99,24 @@ def wrap_long_lines(original: str, rewritten: str, limit: int) -> str:
         if wrapped is not None:
             out[stmt.lineno - 1:stmt.end_lineno] = wrapped
     text = "\n".join(out)
+    return text if _same_program(tree, new_lines, text) else rewritten  # (layout only: the program proven)
+
+
+def _same_program(tree: ast.Module, lines: list[str], text: str) -> bool:
+    """``text`` parses to ``tree`` (the tree of ``lines``): the same top-level statements, each
+    compared as a syntax tree where its text changed (unchanged text parses the same)."""
     try:
-        same = ast.dump(ast.parse(text)) == ast.dump(tree)
+        new_tree = ast.parse(text)
     except SyntaxError:
-        same = False
-    return text if same else rewritten  # (layout only: the program must be the one proven)
+        return False
+    if len(new_tree.body) != len(tree.body):
+        return False
+    new_lines = text.split("\n")
+    for before, after in zip(tree.body, new_tree.body):
+        if lines[before.lineno - 1:before.end_lineno] != new_lines[after.lineno - 1:after.end_lineno] \
+                and ast.dump(before) != ast.dump(after):
+            return False
+    return True
 
 
 def _comments(lines: list[str]) -> list[tuple[int, int, str]]:
