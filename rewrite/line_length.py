@@ -24,6 +24,8 @@ import tokenize
 from functools import lru_cache
 from pathlib import Path
 
+from adopter.core.syntax import statements
+
 DEFAULT_LIMIT = 88
 _TOML_LIMIT = re.compile(r"^\s*line[-_]length\s*=\s*(\d+)", re.M)
 
@@ -85,7 +87,7 @@ def wrap_long_lines(original: str, rewritten: str, limit: int) -> str:
         tree = ast.parse(rewritten)
     except SyntaxError:
         return rewritten
-    simple = [node for node in ast.walk(tree)
+    simple = [node for node in statements(tree)
               if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return))]
     out = list(new_lines)
     done: set[int] = set()
