@@ -434,3 +434,38 @@ def extract_source_cross():
     from adopter.core.extract import extract_source
 
     return extract_source(CROSS_SOURCE, "m.py")
+
+
+def _counting_rule(reads_path: bool):
+    asked = []
+
+    def precondition(ctx):
+        asked.append(len(ctx.path.nodes) if reads_path else ctx.match.function)
+        return None
+
+    return Rule("Dropout_LayerNorm", "k.Fused", "test", DLN, preconditions=(precondition,)), asked
+
+
+def test_a_verdict_reached_without_the_path_is_asked_once_per_function():
+    common = nodes(FIG1)
+    paths = [common + nodes(f"torch.relu(hidden_states#3) -> a{i}", first_line=30 + i) for i in range(3)]
+    rule, asked = _counting_rule(reads_path=False)
+    assert len(match_structures(structures(paths, INIT), [rule])) == 1
+    assert len(asked) == 1
+
+
+def test_a_precondition_reading_the_path_is_asked_on_every_path():
+    common = nodes(FIG1)
+    paths = [common + nodes(f"torch.relu(hidden_states#3) -> a{i}", first_line=30 + i) for i in range(3)]
+    rule, asked = _counting_rule(reads_path=True)
+    assert len(match_structures(structures(paths, INIT), [rule])) == 1
+    assert len(asked) == 3
+
+
+def test_only_nodes_reading_a_bound_variable_are_tried_and_all_of_them_are():
+    # two LayerNorms of the sum's name, one of another value: the reader index must keep both
+    text = FIG1 + "; torch.nn.LayerNorm@self.LayerNorm(other) -> z; torch.nn.LayerNorm@self.LayerNorm(tmp_1) -> w"
+    found = match_pattern(parse_pattern(
+        "torch.nn.Dropout@$drop($x) -> $y; $y + $res -> $sum; torch.nn.LayerNorm@$ln($sum) -> $out"),
+        nodes(text))
+    assert [positions for positions, _ in found] == [(1, 2, 3), (1, 2, 5)]

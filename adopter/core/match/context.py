@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from adopter.core.dsl import Layer, Node, RuleText, Value, Var
@@ -48,27 +47,52 @@ class RuleLike(Protocol):
     dedup: str  # "lines" or "class"
 
 
-@dataclass
 class MatchContext:
-    """Everything a precondition may look at."""
+    """Everything a precondition may look at.
 
-    match: Match
-    structures: FileStructures
-    function: FunctionStructures
-    path: PathStructure
-    cls: ClassInfo | None
-    init_bindings: tuple[InitBinding, ...]
-    node_indices: tuple[int, ...]  # positions in path.nodes of the matched nodes
-    variant: RuleText | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    # shared by every match on the same path (e.g. the path's producer map)
-    path_cache: dict[str, Any] = field(default_factory=dict)
-    # the file's source text when the caller has it (source-level checks)
-    source: str | None = None
-    # shared by every match of the file, every rule, in one matching run (``match_structures``):
-    # a rule's analysis of a site, which its precondition is asked again on every path through
-    # the site (keys start with the rule's name)
-    file_cache: dict[Any, Any] = field(default_factory=dict)
+    What a precondition reads of the path (``path``, ``node_indices``, ``path_cache``, and so
+    ``producers``/``readers``/``uses_outside``) is recorded in ``read_path``: a verdict reached
+    without reading the path holds on every path through the same matched nodes, and the driver
+    asks it once per function (``match.driver``)."""
+
+    def __init__(self, match: Match, structures: FileStructures, function: FunctionStructures,
+                 path: PathStructure, cls: ClassInfo | None, init_bindings: tuple[InitBinding, ...],
+                 node_indices: tuple[int, ...], variant: RuleText | None = None,
+                 extra: dict[str, Any] | None = None, path_cache: dict[str, Any] | None = None,
+                 source: str | None = None, file_cache: dict[Any, Any] | None = None):
+        self.match = match
+        self.structures = structures
+        self.function = function
+        self._path = path
+        self.cls = cls
+        self.init_bindings = init_bindings
+        self._node_indices = node_indices  # positions in path.nodes of the matched nodes
+        self.variant = variant
+        self.extra: dict[str, Any] = {} if extra is None else extra
+        # shared by every match on the same path (e.g. the path's producer map)
+        self._path_cache: dict[str, Any] = {} if path_cache is None else path_cache
+        # the file's source text when the caller has it (source-level checks)
+        self.source = source
+        # shared by every match of the file, every rule, in one matching run (``match_structures``):
+        # a rule's analysis of a site, which its precondition is asked again on every path through
+        # the site (keys start with the rule's name)
+        self.file_cache: dict[Any, Any] = {} if file_cache is None else file_cache
+        self.read_path = False
+
+    @property
+    def path(self) -> PathStructure:
+        self.read_path = True
+        return self._path
+
+    @property
+    def node_indices(self) -> tuple[int, ...]:
+        self.read_path = True
+        return self._node_indices
+
+    @property
+    def path_cache(self) -> dict[str, Any]:
+        self.read_path = True
+        return self._path_cache
 
     def producers(self) -> dict[tuple[str, int], Node]:
         """(name, version) -> the node of the path whose output it is."""

@@ -230,6 +230,7 @@ class _PathIndex:
         self.nodes = nodes
         self.aliases = aliases or None
         by_key: dict[str, list[int]] = {}
+        keys: list[str | None] = []
         cache = key_cache if key_cache is not None else {}
         get = cache.get
         for i, n in enumerate(nodes):
@@ -238,6 +239,7 @@ class _PathIndex:
                 k = cache[id(n)] = _node_key(n)
             if aliases and isinstance(n, Layer) and n.type in aliases:
                 k = "L:" + aliases[n.type]
+            keys.append(k)
             if k is not None:
                 lst = by_key.get(k)
                 if lst is None:
@@ -245,6 +247,27 @@ class _PathIndex:
                 else:
                     lst.append(i)
         self.by_key = by_key
+        self.keys = keys
+        self._readers: dict[str, list[int]] | None = None
+
+    def readers(self, name: str) -> list[int]:
+        """Positions of the nodes that read a variable named ``name`` (an argument or the module
+        called), ascending; built on first use."""
+        readers = self._readers
+        if readers is None:
+            readers = self._readers = {}
+            for i, n in enumerate(self.nodes):
+                for a in getattr(n, "args", ()):
+                    if isinstance(a.value, Var):
+                        lst = readers.setdefault(a.value.name, [])
+                        if not lst or lst[-1] != i:
+                            lst.append(i)
+                mod = getattr(n, "module", None)
+                if isinstance(mod, Var):
+                    lst = readers.setdefault(mod.name, [])
+                    if not lst or lst[-1] != i:
+                        lst.append(i)
+        return readers.get(name, [])
 
     def candidates(self, pn: Node, start: int) -> Iterable[int]:
         keys = _pattern_keys(pn)
@@ -260,6 +283,16 @@ class _PathIndex:
                 merged.extend(lst[bisect_left(lst, start):])
         merged.sort()
         return merged
+
+    def candidates_reading(self, pn: Node, start: int, name: str) -> list[int]:
+        """:meth:`candidates` that read a variable named ``name``."""
+        keys = _pattern_keys(pn)
+        lst = self.readers(name)
+        lst = lst[bisect_left(lst, start):]
+        if keys is None:
+            return lst
+        node_keys = self.keys
+        return [i for i in lst if node_keys[i] in keys]
 
     def has_all(self, pattern: Pattern) -> bool:
         by_key = self.by_key
@@ -278,17 +311,54 @@ class _PathIndex:
 
 MAX_MATCHES_PER_PATH = 200
 
+# (id(pattern node), aliases in use) -> (pattern node, the abstract variables a node must read to match it)
+_REQUIRED_READS: dict[tuple[int, bool], tuple[Node, tuple[str, ...]]] = {}
+
+
+def _required_reads(pn: Node, aliased: bool) -> tuple[str, ...]:
+    """The abstract variables of ``pn`` that every node matching it reads (:func:`match_node`): a
+    tensor op's operands, a layer's module and, where no alias can skip the comparison of a
+    subclass's arguments, its positional arguments (a keyword of the pattern may be absent and
+    defaulted)."""
+    hit = _REQUIRED_READS.get((id(pn), aliased))
+    if hit is not None and hit[0] is pn:
+        return hit[1]
+    names: list[str] = []
+    if isinstance(pn, TensorOp):
+        names = [a.value.name for a in pn.args if isinstance(a.value, Var) and a.value.name[:1] == "$"]
+    elif isinstance(pn, Layer):
+        if isinstance(pn.module, Var) and pn.module.name[:1] == "$":
+            names.append(pn.module.name)
+        if not aliased:
+            names += [a.value.name for a in pn.args
+                      if a.keyword is None and isinstance(a.value, Var) and a.value.name[:1] == "$"]
+    out = tuple(dict.fromkeys(names))
+    _REQUIRED_READS[(id(pn), aliased)] = (pn, out)
+    return out
+
 
 def _search(pattern: Pattern, index: _PathIndex, b: Bindings) -> Iterator[tuple[tuple[int, ...], Bindings]]:
     pnodes = pattern.nodes
     n_p = len(pnodes)
+    aliased = index.aliases is not None
 
     def rec(pi: int, start: int, b: Bindings, acc: tuple[int, ...]):
         if pi == n_p:
             yield acc, b
             return
         pn = pnodes[pi]
-        for ni in index.candidates(pn, start):
+        # a variable already bound to a variable of the path: only the nodes reading it can match
+        # (same_value compares names first), found by the path's reader index instead of trying
+        # every node of the type
+        read = None
+        if b:
+            for name in _required_reads(pn, aliased):
+                bound = b.get(name)
+                if isinstance(bound, Var):
+                    read = bound.name
+                    break
+        cands = index.candidates(pn, start) if read is None else index.candidates_reading(pn, start, read)
+        for ni in cands:
             nb = match_node(pn, index.nodes[ni], b, index.aliases)
             if nb is not None:
                 yield from rec(pi + 1, ni + 1, nb, acc + (ni,))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from adopter.core.dsl import Layer
 from adopter.core.match.context import (
@@ -59,6 +59,27 @@ def _pattern_layer_types(rules: Sequence[RuleLike]) -> set[str]:
     return out
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    """What the preconditions said of one match: why it fails, or the condition it holds under,
+    the site the rule's analysis kept and the nodes it added."""
+
+    reason: str | None
+    conditional: tuple[str, str] | None
+    site: object
+    extra_nodes: object
+
+
+def _verdict_key(rule: RuleLike, variant, m: Match) -> tuple | None:
+    """The same rule variant on the same nodes of one function, with the same bindings: the
+    preconditions see the same thing unless they read the path. None when a binding is unhashable."""
+    try:
+        return (id(rule), id(variant), tuple(id(mn.node) for mn in m.nodes), frozenset(m.bindings.items()),
+                tuple(id(b) for b in m.init_nodes), frozenset(m.init_bindings.items()))
+    except TypeError:
+        return None
+
+
 def _match_path(
     rule: RuleLike,
     structures: FileStructures,
@@ -75,12 +96,15 @@ def _match_path(
     path_id: tuple = (),
     ranker: _VariantRanker | None = None,
     file_cache: dict | None = None,
+    verdicts: dict | None = None,
 ) -> None:
     """Match ``rule`` on one path into ``accepted``/``rejected`` (keyed by :func:`_dedup_key`).
 
     With a ``ranker``, a key accepted on an earlier path is replaced by a later path's variant
     with other nodes that ranks better (see :func:`variant_rank`). ``file_cache``: shared by the
-    preconditions of every match of the file (``MatchContext.file_cache``)."""
+    preconditions of every match of the file (``MatchContext.file_cache``). ``verdicts``: shared by
+    the paths of one function: a verdict reached without reading the path (``MatchContext.read_path``)
+    is taken again for the same rule variant on the same nodes with the same bindings."""
     veto = getattr(rule, "veto_across_paths", True)
     rehome = getattr(rule, "rehome", True)
     for variant in rule.variants:
@@ -105,23 +129,32 @@ def _match_path(
                 continue  # (a refused key is still checked: a plain failure elsewhere outranks it)
             if not veto and key in accepted and ranker is None:
                 continue
-            ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant, path_cache=path_cache,
-                               source=source, file_cache=file_cache if file_cache is not None else {})
-            reason = run_preconditions(rule.preconditions, ctx)
-            if not reason:
-                # precision classes every rule shares (the rule's own come from its preconditions)
-                entry = f"{fs.class_name}.{fs.function}" if fs.class_name else fs.function
-                reason = torchscript_refusal(m, entry, structures, source) or (
-                    straddle_refusal(m, source) if getattr(rule, "hoisting", True) else None)
-            cond = conditional_of(ctx) if not reason else None
+            verdict_key = _verdict_key(rule, variant, m) if verdicts is not None else None
+            verdict = verdicts.get(verdict_key) if verdict_key is not None else None
+            if verdict is None:
+                ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant,
+                                   path_cache=path_cache, source=source,
+                                   file_cache=file_cache if file_cache is not None else {})
+                reason = run_preconditions(rule.preconditions, ctx)
+                if not reason:
+                    # precision classes every rule shares (the rule's own come from its preconditions)
+                    entry = f"{fs.class_name}.{fs.function}" if fs.class_name else fs.function
+                    reason = torchscript_refusal(m, entry, structures, source) or (
+                        straddle_refusal(m, source) if getattr(rule, "hoisting", True) else None)
+                verdict = _Verdict(reason, conditional_of(ctx) if not reason else None,
+                                   site_of(ctx) if not reason else None, ctx.extra.get("extra_nodes"))
+                if verdict_key is not None and not ctx.read_path:
+                    verdicts[verdict_key] = verdict
+            reason = verdict.reason
+            cond = verdict.conditional
             if cond is not None:
                 m = replace(m, status="conditional", code=cond[0], condition=cond[1])
                 homed = _rehome(m, structures) if rehome else m
-            site = site_of(ctx) if not reason else None
+            site = verdict.site
             if site is not None:  # what the rule's analysis found, for its codemod
                 m = replace(m, site=site)
                 homed = _rehome(m, structures) if rehome else m
-            extra = ctx.extra.get("extra_nodes")
+            extra = verdict.extra_nodes
             if not reason and extra:
                 # nodes a precondition found part of the match (attention projections)
                 more = tuple(MatchedNode(-1, n) for n in extra if all(n is not mn.node for mn in m.nodes))
@@ -205,6 +238,7 @@ def match_structures(
             if init_list is None:
                 init_list = init_lists[fs.class_name if cls is not None else None] = class_init_bindings(st, cls)
             ranker = _VariantRanker(st, cls, fs, source, optional_by_class)
+            verdicts: dict = {}  # (_match_path: the paths of one function share path-blind verdicts)
             for p_index, path in enumerate(fs.paths):
                 index = _PathIndex(path.nodes, own_cache)
                 aliased_indexes: dict[int, _PathIndex] = {}
@@ -218,7 +252,7 @@ def match_structures(
                         if use is None:
                             use = aliased_indexes[key] = _PathIndex(path.nodes, {}, rule_aliases[i])
                     _match_path(rule, st, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
-                                path_cache, source, found_on[i], (f_index, p_index), ranker, file_cache)
+                                path_cache, source, found_on[i], (f_index, p_index), ranker, file_cache, verdicts)
     span_sets_by: dict[int, dict] = {}
     for i, rule in enumerate(rules):
         if getattr(rule, "veto_across_paths", True):
