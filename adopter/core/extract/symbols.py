@@ -266,6 +266,35 @@ def _module_path(fc: _File, module: str) -> str | None:
     return None
 
 
+# path -> ((size, mtime), tree): a package module many scanned files import from (transformers'
+# backbone_utils.py, one in 13 modeling files) is parsed once per process while it is unchanged
+_PACKAGE_TREES: dict[str, tuple[tuple[int, int], ast.Module | None]] = {}
+_PACKAGE_TREES_KEPT = 16
+
+
+def _package_module_tree(path: str) -> ast.Module | None:
+    """The parsed module at ``path``, None when it is too large or cannot be read or parsed."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    if stat.st_size > _MAX_PACKAGE_MODULE_BYTES:
+        return None
+    stamp = (stat.st_size, stat.st_mtime_ns)
+    kept = _PACKAGE_TREES.get(path)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree: ast.Module | None = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        tree = None
+    if len(_PACKAGE_TREES) >= _PACKAGE_TREES_KEPT:
+        _PACKAGE_TREES.pop(next(iter(_PACKAGE_TREES)))
+    _PACKAGE_TREES[path] = (stamp, tree)
+    return tree
+
+
 def _package_function(fc: _File, fq: str, depth: int):
     module, _, name = fq.rpartition(".")
     if not module or not name or not name[:1].islower():
@@ -276,12 +305,8 @@ def _package_function(fc: _File, fq: str, depth: int):
         return cache[key]
     cache[key] = None  # cycles
     path = _module_path(fc, module)
-    if path is None or os.path.getsize(path) > _MAX_PACKAGE_MODULE_BYTES:
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read(), filename=path)
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    tree = _package_module_tree(path) if path is not None else None
+    if tree is None:
         return None
     other = _File(tree, path)
     other.package_cache = cache

@@ -218,6 +218,19 @@ def _compute_pattern_keys(pn: Node) -> tuple[str, ...] | None:
     return None  # wildcard
 
 
+# id(pattern) -> (pattern, every key its nodes name, None when one is a wildcard)
+_PATTERN_KEY_SETS: dict[int, tuple[Pattern, frozenset | None]] = {}
+
+
+def _pattern_key_set(pattern: Pattern) -> frozenset | None:
+    hit = _PATTERN_KEY_SETS.get(id(pattern))
+    if hit is None or hit[0] is not pattern:
+        keys = [_pattern_keys(pn) for pn in pattern.nodes]
+        hit = _PATTERN_KEY_SETS[id(pattern)] = (
+            pattern, None if any(k is None for k in keys) else frozenset(k for ks in keys for k in ks))
+    return hit[1]
+
+
 # id(pattern) -> (pattern, key alternatives of each of its non-wildcard nodes)
 _PATTERN_NEEDS: dict[int, tuple[Pattern, tuple[tuple[str, ...], ...]]] = {}
 _MISSING = object()
@@ -249,6 +262,7 @@ class _PathIndex:
         self.by_key = by_key
         self.keys = keys
         self._readers: dict[str, list[int]] | None = None
+        self._projections: dict[frozenset, tuple[list[int], tuple[int, ...]]] | None = None
 
     def readers(self, name: str) -> list[int]:
         """Positions of the nodes that read a variable named ``name`` (an argument or the module
@@ -284,6 +298,24 @@ class _PathIndex:
         merged.sort()
         return merged
 
+    def projection(self, pattern: Pattern) -> tuple[list[int], tuple[int, ...]] | None:
+        """The positions of the nodes whose type a node of ``pattern`` names, ascending, and their
+        identities: all that :func:`_search` of ``pattern`` looks at. None for a pattern with a
+        wildcard (it looks at every node)."""
+        needs = _pattern_key_set(pattern)
+        if needs is None:
+            return None
+        cache = self._projections
+        if cache is None:
+            cache = self._projections = {}
+        hit = cache.get(needs)
+        if hit is None:
+            by_key = self.by_key
+            positions = sorted(p for k in needs for p in by_key.get(k, ()))
+            nodes = self.nodes
+            hit = cache[needs] = (positions, tuple(id(nodes[p]) for p in positions))
+        return hit
+
     def candidates_reading(self, pn: Node, start: int, name: str) -> list[int]:
         """:meth:`candidates` that read a variable named ``name``."""
         keys = _pattern_keys(pn)
@@ -307,6 +339,15 @@ class _PathIndex:
             else:
                 return False
         return True
+
+
+def could_match(pattern: Pattern, present: set[str]) -> bool:
+    """:meth:`_PathIndex.has_all` against a set of keys (those of several paths together)."""
+    hit = _PATTERN_NEEDS.get(id(pattern))
+    if hit is None or hit[0] is not pattern:
+        needs = tuple(keys for keys in map(_pattern_keys, pattern.nodes) if keys is not None)
+        hit = _PATTERN_NEEDS[id(pattern)] = (pattern, needs)
+    return all(any(k in present for k in keys) for keys in hit[1])
 
 
 MAX_MATCHES_PER_PATH = 200

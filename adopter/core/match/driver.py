@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from adopter.core.dsl import Layer
+from adopter.core.dsl import Layer, Pattern
 from adopter.core.match.context import (
     MatchContext,
     NotACandidate,
@@ -15,7 +15,7 @@ from adopter.core.match.context import (
     run_preconditions,
     site_of,
 )
-from adopter.core.match.core import _PathIndex, _search
+from adopter.core.match.core import _MISSING, _node_key, _PathIndex, _search, could_match
 from adopter.core.match.init_match import class_init_bindings, match_init
 from adopter.core.match.local_layers import (
     cast_subclass_aliases,
@@ -80,6 +80,60 @@ def _verdict_key(rule: RuleLike, variant, m: Match) -> tuple | None:
         return None
 
 
+def _function_keys(fs: FunctionStructures, key_cache: dict, alias_maps: list[dict[str, str]]) -> set[str]:
+    """The keys (``_node_key``) of every node on any path of ``fs``, each also under the type any
+    rule's aliases give it: a superset of the keys of each path's :class:`_PathIndex`."""
+    present: set[str] = set()
+    seen: set[int] = set()
+    for path in fs.paths:
+        for n in path.nodes:
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            k = key_cache.get(id(n), _MISSING)
+            if k is _MISSING:
+                k = key_cache[id(n)] = _node_key(n)
+            if k is None:
+                continue
+            present.add(k)
+            if alias_maps and k[:2] == "L:":
+                for aliases in alias_maps:
+                    to = aliases.get(n.type)
+                    if to is not None:
+                        present.add("L:" + to)
+    return present
+
+
+def _search_once(pattern: Pattern, index: _PathIndex, memo: dict | None) -> list[tuple[tuple[int, ...], dict]]:
+    """:func:`_search` of ``pattern`` on the path of ``index``, taken from ``memo`` (one function's)
+    when an earlier path had the same nodes of the pattern's types in the same order: the search
+    looks at no other node (a wildcard pattern, which can, is searched on every path)."""
+    projection = index.projection(pattern) if memo is not None else None
+    if projection is None:
+        return list(_search(pattern, index, {}))
+    positions, ids = projection
+    key = ("search", id(pattern), id(index.aliases) if index.aliases else 0, ids)
+    found = memo.get(key)
+    if found is None:
+        rank = {p: r for r, p in enumerate(positions)}
+        found = memo[key] = [(tuple(rank[p] for p in ps), b) for ps, b in _search(pattern, index, {})]
+    return [(tuple(positions[r] for r in ranks), b) for ranks, b in found]
+
+
+def _init_once(variant, init_list: tuple[InitBinding, ...], b: dict, index: _PathIndex, memo: dict | None):
+    """:func:`match_init` of ``variant`` with forward bindings ``b``, once per function (``memo``):
+    the class's bindings are the same on every path."""
+    try:
+        key = ("init", id(variant), id(index.aliases) if index.aliases else 0, frozenset(b.items()))
+    except TypeError:
+        key = None
+    if memo is None or key is None:
+        return match_init(variant.init.source, init_list, b, index.aliases)
+    if key not in memo:
+        memo[key] = match_init(variant.init.source, init_list, b, index.aliases)
+    return memo[key]
+
+
 def _match_path(
     rule: RuleLike,
     structures: FileStructures,
@@ -110,12 +164,12 @@ def _match_path(
     for variant in rule.variants:
         if not index.has_all(variant.forward.source):
             continue
-        for positions, b in _search(variant.forward.source, index, {}):
+        for positions, b in _search_once(variant.forward.source, index, verdicts):
             nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
             m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
                       function=fs.function, nodes=nodes, bindings=b, variant=variant)
             if variant.init is not None:
-                r = match_init(variant.init.source, init_list, b, index.aliases)
+                r = _init_once(variant, init_list, b, index, verdicts)
                 if r is None:
                     continue
                 init_nodes, ib = r
@@ -227,6 +281,7 @@ def match_structures(
         hook = getattr(rule, "inlined_functions", None)
         fold = hook(structures, source) if hook is not None and source else {}
         rule_structures.append(fold_inlined_calls(structures, fold, source) if fold else structures)
+    alias_maps = [a for a in {id(a): a for a in rule_aliases if a}.values()]
     for seen in dict.fromkeys(id(st) for st in rule_structures):
         st_rules = [i for i, st in enumerate(rule_structures) if id(st) == seen]
         st = rule_structures[st_rules[0]]
@@ -237,13 +292,19 @@ def match_structures(
             init_list = init_lists.get(fs.class_name if cls is not None else None)
             if init_list is None:
                 init_list = init_lists[fs.class_name if cls is not None else None] = class_init_bindings(st, cls)
+            # the rules a path of this function can match at all: every node of a variant's pattern
+            # has its type somewhere in the function (most functions hold none of most rules)
+            present = _function_keys(fs, own_cache, alias_maps)
+            live = [i for i in st_rules if any(could_match(v.forward.source, present) for v in rules[i].variants)]
+            if not live:
+                continue
             ranker = _VariantRanker(st, cls, fs, source, optional_by_class)
             verdicts: dict = {}  # (_match_path: the paths of one function share path-blind verdicts)
             for p_index, path in enumerate(fs.paths):
                 index = _PathIndex(path.nodes, own_cache)
                 aliased_indexes: dict[int, _PathIndex] = {}
                 path_cache: dict = {}
-                for i in st_rules:
+                for i in live:
                     rule = rules[i]
                     use = index
                     if rule_aliases[i]:
