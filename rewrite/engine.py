@@ -379,9 +379,9 @@ def rewrite_file(
     newline); the file is replaced atomically, only when the rewritten text compiles and only
     while the file is still what was read (:func:`adopter.rewrite.source_io.write_atomic`).
     ``max_bytes``: larger files are not read (``None``/0: no limit)."""
-    from adopter.core.scan import relaxed_gc
+    from adopter.core.scan import one_file
 
-    with relaxed_gc():
+    with one_file():
         return _rewrite_file(path, rules, write, max_bytes, torchscript)
 
 

@@ -22,9 +22,10 @@ from adopter.core.match import match_structures
 from adopter.core.rules import all_rules
 from adopter.core.source_file import DEFAULT_MAX_BYTES, SourceReadError, file_kind, read_source
 from adopter.core.structures import Match
+from adopter.core.syntax import clear_file_caches
 
 __all__ = [
-    "CollectedFiles", "ScanError", "ScanReport", "collect_files", "default_jobs", "relaxed_gc", "scan_file", "scan_paths", "scan_source",
+    "CollectedFiles", "ScanError", "ScanReport", "collect_files", "default_jobs", "one_file", "scan_file", "scan_paths", "scan_source",
 ]
 
 SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".tox", ".mypy_cache", ".pytest_cache", "node_modules"}
@@ -191,6 +192,11 @@ def scan_file(path: str | os.PathLike, rules: Iterable, max_bytes: int | None = 
 
 def _scan_one(name: str, rules: list, max_bytes: int | None = DEFAULT_MAX_BYTES) -> tuple[list[Match], ScanError | None]:
     """Matches and error (``None`` when none) of one file; never raises but ``ImportError``."""
+    with one_file():
+        return _scan_one_file(name, rules, max_bytes)
+
+
+def _scan_one_file(name: str, rules: list, max_bytes: int | None) -> tuple[list[Match], ScanError | None]:
     try:
         text = read_source(name, max_bytes).text
     except SourceReadError as exc:
@@ -215,24 +221,35 @@ def _scan_one(name: str, rules: list, max_bytes: int | None = DEFAULT_MAX_BYTES)
         return [], ScanError(name, "matching failed: " + _one_line(exc))
 
 
-# Analysis allocates many objects and few reference cycles: with the default thresholds
-# the cyclic collector runs (over every live object, syntax trees included) so often that
-# it costs about a quarter of scan and rewrite time.
+# Analysis allocates many objects and few reference cycles: with the default thresholds the
+# cyclic collector runs (over every live object, syntax trees included) so often that it costs
+# about a quarter of scan and rewrite time. Between files (the workers' own allocations) it runs
+# this rarely; within one file it does not run at all (:func:`one_file`).
 GC_THRESHOLDS = (1_000_000, 20, 20)
+
+_FILE_DEPTH = [0]
 
 
 @contextlib.contextmanager
-def relaxed_gc() -> Iterator[None]:
-    """Run the cyclic garbage collector less often inside the block (restored after)."""
-    old = gc.get_threshold()
-    if old[0] >= GC_THRESHOLDS[0] or not gc.isenabled():
-        yield
-        return
-    gc.set_threshold(*GC_THRESHOLDS)
+def one_file() -> Iterator[None]:
+    """The analysis of one file: the cyclic collector off inside (a file's analysis makes few
+    cycles, and a collection in its middle traverses every tree and table it has built), then
+    the file's caches dropped (:func:`adopter.core.syntax.clear_file_caches`: its trees go with
+    them) and one collection of the young objects, the file's own cycles. Re-entrant: an inner
+    block does nothing of its own."""
+    _FILE_DEPTH[0] += 1
+    enabled = gc.isenabled() if _FILE_DEPTH[0] == 1 else False
+    if enabled:
+        gc.disable()
     try:
         yield
     finally:
-        gc.set_threshold(*old)
+        _FILE_DEPTH[0] -= 1
+        if _FILE_DEPTH[0] == 0:
+            clear_file_caches()
+            gc.collect(0)
+            if enabled:
+                gc.enable()
 
 
 def default_jobs() -> int:
@@ -331,11 +348,10 @@ def scan_paths(
     context = _pool_context(rules) if jobs > 1 else None
     results: list[tuple[list[Match], ScanError | None] | None] = [None] * len(files)
     if context is None:
-        with relaxed_gc():
-            for i, f in enumerate(files):
-                results[i] = _scan_one(str(f), rules, max_bytes)
-                if progress is not None:
-                    progress(i + 1, len(files), str(f))
+        for i, f in enumerate(files):
+            results[i] = _scan_one(str(f), rules, max_bytes)
+            if progress is not None:
+                progress(i + 1, len(files), str(f))
     else:
         done = 0
         with context.Pool(jobs, initializer=_init_worker, initargs=(rules, max_bytes)) as pool:

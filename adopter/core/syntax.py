@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-__all__ = ["descendants", "dotted_name", "per_node", "statements", "walk"]
+__all__ = ["clear_file_caches", "descendants", "dotted_name", "per_file", "per_node", "statements", "walk"]
 
 _MAX_WALKS = 8192  # a file's functions, statements and expressions asked about
 
@@ -88,6 +88,23 @@ def dotted_name(node: ast.AST) -> str | None:
 
 
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The caches whose entries belong to one analysed file (its trees, its text): dropped between files
+# by :func:`clear_file_caches`, so a long run keeps no file's trees past its analysis.
+_FILE_CACHES: list[Callable[[], None]] = []
+
+
+def per_file(cached: F) -> F:
+    """Register an ``lru_cache``d function keyed by a file's text or trees as a per-file cache."""
+    _FILE_CACHES.append(cached.cache_clear)  # type: ignore[attr-defined]
+    return cached
+
+
+def clear_file_caches() -> None:
+    """Drop every per-file cache (:func:`per_node` ones and those :func:`per_file` registered)."""
+    for clear in _FILE_CACHES:
+        clear()
 
 
 def per_node(limit: int) -> Callable[[Callable[[Any], R]], Callable[[Any], R]]:
@@ -110,6 +127,7 @@ def per_node(limit: int) -> Callable[[Callable[[Any], R]], Callable[[Any], R]]:
             return answer
 
         cached.cache_clear = kept.clear  # type: ignore[attr-defined]
+        _FILE_CACHES.append(kept.clear)
         return cached
     return decorate
 

@@ -469,3 +469,22 @@ def test_only_nodes_reading_a_bound_variable_are_tried_and_all_of_them_are():
         "torch.nn.Dropout@$drop($x) -> $y; $y + $res -> $sum; torch.nn.LayerNorm@$ln($sum) -> $out"),
         nodes(text))
     assert [positions for positions, _ in found] == [(1, 2, 3), (1, 2, 5)]
+
+
+def test_a_verdict_that_read_producers_is_taken_only_where_they_are_the_same_nodes():
+    # the sum's residual is produced by a different node on the third path: asked again there
+    asked = []
+
+    def precondition(ctx):
+        made = ctx.producers().get(("input_tensor", 1))
+        asked.append(made)
+        return None if made is None or made.type == "torch.nn.Linear" else "not a projection"
+
+    rule = Rule("Dropout_LayerNorm", "k.Fused", "test", DLN, preconditions=(precondition,))
+    core = FIG1.replace("input_tensor", "input_tensor#1")
+    linear = nodes("torch.nn.Linear@self.dense(x) -> input_tensor#1", first_line=5)
+    other = nodes("torch.tanh(x) -> input_tensor#1", first_line=6)
+    common = nodes(core)
+    paths = [linear + common, linear + common, other + common]
+    assert match_structures(structures(paths, INIT), [rule]) == []  # vetoed by the third path
+    assert len(asked) == 2

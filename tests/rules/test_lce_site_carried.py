@@ -92,3 +92,13 @@ def test_a_match_without_a_site_is_analysed_by_the_codemod(analyses):
     analysed = rewrite_source(text, bare, filename="written_out.py", rules=[RULE])
     assert analysed.new_text == carried.new_text != text
     assert sum(analyses.values()) == len(analyses) + len(matches)  # once more per match, by the codemod
+
+
+def test_a_file_naming_no_cross_entropy_is_not_read_for_the_written_out_form():
+    from adopter.core.rules.linear_cross_entropy.file_facts import might_be_cross_entropy
+
+    assert not might_be_cross_entropy("def helper(x):\n    return x\n")
+    assert might_be_cross_entropy("loss = F.cross_entropy(logits, y)\n")
+    assert might_be_cross_entropy("loss_fct = CrossEntropyLoss()\n")
+    # identifiers are NFKC-normalised: a fullwidth spelling is still torch's cross_entropy
+    assert might_be_cross_entropy("loss = F.\uff43ross_entropy(logits, y)\n")

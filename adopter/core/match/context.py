@@ -78,6 +78,7 @@ class MatchContext:
         # the site (keys start with the rule's name)
         self.file_cache: dict[Any, Any] = {} if file_cache is None else file_cache
         self.read_path = False
+        self.producer_reads: dict[tuple[str, int], Node | None] = {}
 
     @property
     def path(self) -> PathStructure:
@@ -94,17 +95,11 @@ class MatchContext:
         self.read_path = True
         return self._path_cache
 
-    def producers(self) -> dict[tuple[str, int], Node]:
-        """(name, version) -> the node of the path whose output it is."""
-        prod = self.path_cache.get("producers")
-        if prod is None:
-            prod = {}
-            for n in self.path.nodes:
-                out = getattr(n, "output", None)
-                if isinstance(out, Var):
-                    prod.setdefault((out.name, out.version), n)
-            self.path_cache["producers"] = prod
-        return prod
+    def producers(self) -> Producers:
+        """(name, version) -> the node of the path whose output it is. The values looked up are
+        recorded (``producer_reads``): a verdict that read the path only through them holds on
+        another path whose producers of the same values are the same nodes."""
+        return Producers(producers_of(self._path, self._path_cache), self)
 
     def readers(self) -> dict[tuple[str, int], list[int]]:
         """(name, version) -> positions of the path's nodes that read it."""
@@ -141,6 +136,68 @@ class MatchContext:
             if ib.attr == attr.name:
                 found = ib
         return found
+
+
+def producers_of(path: PathStructure, path_cache: dict[str, Any]) -> dict[tuple[str, int], Node]:
+    """(name, version) -> the node of ``path`` whose output it is (kept in ``path_cache``)."""
+    prod = path_cache.get("producers")
+    if prod is None:
+        prod = {}
+        for n in path.nodes:
+            out = getattr(n, "output", None)
+            if isinstance(out, Var):
+                prod.setdefault((out.name, out.version), n)
+        path_cache["producers"] = prod
+    return prod
+
+
+class Producers:
+    """A path's producer map as a precondition reads it: lookups by key are recorded on the
+    context (``MatchContext.producer_reads``); anything that reads the whole map (iterating it)
+    counts as reading the path."""
+
+    __slots__ = ("_map", "_ctx")
+
+    def __init__(self, mapping: dict[tuple[str, int], Node], ctx: MatchContext):
+        self._map = mapping
+        self._ctx = ctx
+
+    def get(self, key: tuple[str, int], default: Any = None) -> Any:
+        found = self._map.get(key)
+        self._ctx.producer_reads[key] = found
+        return default if found is None else found
+
+    def __getitem__(self, key: tuple[str, int]) -> Node:
+        found = self._map.get(key)
+        self._ctx.producer_reads[key] = found
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        found = self._map.get(key)  # type: ignore[call-overload]
+        self._ctx.producer_reads[key] = found  # type: ignore[index]
+        return found is not None
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        self._ctx.read_path = True
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        self._ctx.read_path = True
+        return len(self._map)
+
+    def items(self):
+        self._ctx.read_path = True
+        return self._map.items()
+
+    def keys(self):
+        self._ctx.read_path = True
+        return self._map.keys()
+
+    def values(self):
+        self._ctx.read_path = True
+        return self._map.values()
 
 
 # ---------------------------------------------------------------- data-flow helpers

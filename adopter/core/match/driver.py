@@ -12,6 +12,7 @@ from adopter.core.match.context import (
     Refusal,
     RuleLike,
     conditional_of,
+    producers_of,
     run_preconditions,
     site_of,
 )
@@ -68,6 +69,16 @@ class _Verdict:
     conditional: tuple[str, str] | None
     site: object
     extra_nodes: object
+    # the path's producers the preconditions looked up, and what they found
+    producer_reads: tuple[tuple[tuple[str, int], object], ...] = ()
+
+    def holds_on(self, path: PathStructure, path_cache: dict) -> bool:
+        """Reached on another path: it holds on ``path`` when that path's producers of the values
+        looked up are the very nodes (or the same absence) the preconditions saw."""
+        if not self.producer_reads:
+            return True
+        producers = producers_of(path, path_cache)
+        return all(producers.get(key) is node for key, node in self.producer_reads)
 
 
 def _verdict_key(rule: RuleLike, variant, m: Match) -> tuple | None:
@@ -158,7 +169,8 @@ def _match_path(
     with other nodes that ranks better (see :func:`variant_rank`). ``file_cache``: shared by the
     preconditions of every match of the file (``MatchContext.file_cache``). ``verdicts``: shared by
     the paths of one function: a verdict reached without reading the path (``MatchContext.read_path``)
-    is taken again for the same rule variant on the same nodes with the same bindings."""
+    is taken again for the same rule variant on the same nodes with the same bindings, where the
+    producers it looked up are the same nodes on this path (:meth:`_Verdict.holds_on`)."""
     veto = getattr(rule, "veto_across_paths", True)
     rehome = getattr(rule, "rehome", True)
     for variant in rule.variants:
@@ -184,7 +196,12 @@ def _match_path(
             if not veto and key in accepted and ranker is None:
                 continue
             verdict_key = _verdict_key(rule, variant, m) if verdicts is not None else None
-            verdict = verdicts.get(verdict_key) if verdict_key is not None else None
+            verdict = None
+            if verdict_key is not None:
+                for earlier in verdicts.get(verdict_key, ()):
+                    if earlier.holds_on(path, path_cache):
+                        verdict = earlier
+                        break
             if verdict is None:
                 ctx = MatchContext(m, structures, fs, path, cls, init_list, positions, variant,
                                    path_cache=path_cache, source=source,
@@ -196,9 +213,10 @@ def _match_path(
                     reason = torchscript_refusal(m, entry, structures, source) or (
                         straddle_refusal(m, source) if getattr(rule, "hoisting", True) else None)
                 verdict = _Verdict(reason, conditional_of(ctx) if not reason else None,
-                                   site_of(ctx) if not reason else None, ctx.extra.get("extra_nodes"))
+                                   site_of(ctx) if not reason else None, ctx.extra.get("extra_nodes"),
+                                   tuple(ctx.producer_reads.items()))
                 if verdict_key is not None and not ctx.read_path:
-                    verdicts[verdict_key] = verdict
+                    verdicts.setdefault(verdict_key, []).append(verdict)
             reason = verdict.reason
             cond = verdict.conditional
             if cond is not None:

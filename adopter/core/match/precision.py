@@ -29,7 +29,7 @@ from functools import lru_cache
 from adopter.core.match.context import Refusal
 from adopter.core.match.source import function_ast, parse_file, source_lines
 from adopter.core.structures import FileStructures, InitBinding, Match
-from adopter.core.syntax import dotted_name, statements, walk
+from adopter.core.syntax import dotted_name, per_file, statements, walk
 
 # ---------------------------------------------------------------- torchscript
 
@@ -52,6 +52,7 @@ def _qualified(e: ast.expr, imports: dict[str, str]) -> str | None:
     return f"{full}.{rest}" if rest else full
 
 
+@per_file
 @lru_cache(maxsize=64)
 def _scripted(source: str, imports: tuple) -> dict[str, str]:
     """Qualified names of the classes and functions of ``source`` that ``torch.jit.script``
@@ -611,6 +612,7 @@ def _self_calls(fn: ast.AST) -> set[str]:
     return out
 
 
+@per_file
 @lru_cache(maxsize=8)
 def _class_methods(source: str) -> dict[str, dict[str, set[str]]]:
     """class name -> method name -> the ``self.<attr>(...)`` calls of that method (once per file:

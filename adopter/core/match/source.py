@@ -13,6 +13,7 @@ import re
 from functools import lru_cache
 
 from adopter.core.extract.driver import parsed_tree
+from adopter.core.syntax import per_file
 
 
 def parse_file(source: str) -> ast.Module | None:
@@ -24,6 +25,7 @@ def parse_file(source: str) -> ast.Module | None:
     return _parse_file(source)
 
 
+@per_file
 @lru_cache(maxsize=16)
 def _parse_file(source: str) -> ast.Module | None:
     try:
@@ -46,6 +48,7 @@ def _find_in_tree(tree: ast.Module, qualname: str) -> ast.AST | None:
     return found
 
 
+@per_file
 @lru_cache(maxsize=64)
 def _lines(source: str) -> tuple[str, ...]:
     return tuple(source.split("\n"))
@@ -56,6 +59,7 @@ def source_lines(source: str) -> tuple[str, ...]:
     return _lines(source)
 
 
+@per_file
 @lru_cache(maxsize=16)
 def _byte_lines(source: str) -> tuple[bytes, ...]:
     # the line split of ast.get_source_segment (\n, \r\n, \r; not form feeds), UTF-8 encoded
@@ -83,6 +87,7 @@ def _holds(fn: ast.AST, hint_line: int) -> bool:
     return fn.lineno <= hint_line <= (fn.end_lineno or hint_line) or hint_line <= fn.lineno
 
 
+@per_file
 @lru_cache(maxsize=1024)
 def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
     """The ``FunctionDef`` of ``qualname`` (``Cls.method`` or ``fn``) whose body holds
@@ -132,6 +137,7 @@ def function_ast(source: str, qualname: str, hint_line: int) -> ast.AST | None:
     return _find_in_tree(tree, qualname) if tree is not None else None
 
 
+@per_file
 @lru_cache(maxsize=256)
 def class_init_ast(source: str, class_name: str) -> ast.AST | None:
     """``__init__`` of ``class_name`` (top-level class)."""

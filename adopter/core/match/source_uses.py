@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from adopter.core.dsl import Node, Var
 from adopter.core.match.source import function_ast, parse_file
-from adopter.core.syntax import walk
+from adopter.core.syntax import per_file, walk
 
 # Reading only metadata is harmless: the fused kernel's input and output share it.
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"}
@@ -30,6 +30,7 @@ def _metadata_only(parent: ast.AST | None, grandparent: ast.AST | None) -> bool:
     return False
 
 
+@per_file
 @lru_cache(maxsize=512)
 def _name_index(source: str, qualname: str, hint_line: int) -> dict[str, tuple[list[tuple[int, int]], list[int]]] | None:
     """name -> (data loads (line, col), store lines) in one function, computed once."""
@@ -91,6 +92,7 @@ def escaping_read(source: str | None, producer: Node, value: Var, matched: list[
 # ---------------------------------------------------------------- attribute reads per class
 
 
+@per_file
 @lru_cache(maxsize=8)
 def class_attribute_reads(source: str) -> dict[str, tuple[tuple[str, ...], dict[str, dict[str, tuple[tuple[int, int], ...]]]]]:
     """class name -> (in-file base names, method name -> attribute -> (line, col) of every
@@ -155,6 +157,7 @@ def attribute_uses_in_class_family(source: str | None, class_name: str, attr: st
     return None if found is None else list(found)
 
 
+@per_file
 @lru_cache(maxsize=256)
 def _attribute_uses_in_class_family(source: str, class_name: str, attr: str) -> tuple[tuple[int, int, str], ...] | None:
     classes = class_attribute_reads(source)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from adopter.core.dsl import Const, Layer, Node, TensorOp, Value, Var
 from adopter.core.match import MatchContext, reads, same_value, uses_outside
+from adopter.core.match.context import Producers
 from adopter.core.match.source_uses import escaping_read
 from adopter.core.rule import Runtime, RuntimeStep
 
@@ -81,7 +82,7 @@ def producer(nodes, v: Value) -> Node | None:
     node list or its producer map (:meth:`MatchContext.producers`)."""
     if not isinstance(v, Var):
         return None
-    if isinstance(nodes, dict):
+    if isinstance(nodes, (dict, Producers)):
         return nodes.get((v.name, v.version))
     for n in nodes:
         out = getattr(n, "output", None)

@@ -45,7 +45,7 @@ from adopter.core.match.source_uses import attribute_uses_in_class_family
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR, const_text, distinct_modules, kwarg
 from adopter.core.structures import Match
-from adopter.core.syntax import walk
+from adopter.core.syntax import per_file, walk
 
 DSL = """
 rule fused_QKV
@@ -229,6 +229,7 @@ def _initialises_parameter(ref: ast.expr, parents: dict[int, ast.AST]) -> bool:
     return False
 
 
+@per_file
 @lru_cache(maxsize=64)
 def _tree_and_parents(source: str) -> tuple[ast.AST, dict[int, ast.AST]] | None:
     tree = parse_file(source)
