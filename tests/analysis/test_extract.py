@@ -1074,3 +1074,28 @@ def test_unparse_by_source_text_equals_ast_unparse_for_every_expression():
                 assert values._unparse_by_source(node) == _ast.unparse(node)
         finally:
             values.SOURCE_LINES.clear()
+
+
+def test_a_statement_after_a_fork_is_one_node_on_every_path():
+    # both states the `if` leaves run the softmax: equal nodes, made one object (matching shares
+    # its work between paths by identity); no path holds a node twice
+    src = textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        class M(nn.Module):
+            def forward(self, x, w, scale=None):
+                if scale is not None:
+                    x = x * scale
+                else:
+                    x = x + 1
+                y = torch.softmax(w, dim=-1)
+                return x * y
+    ''')
+    paths = fn(extract_source(src, "m.py"), "M").paths
+    assert len(paths) == 2
+    (a, b) = [p.nodes[1] for p in paths]
+    assert fmt(a) == "torch.softmax(w, dim=-1) -> y#1" and a is b
+    assert fmt(paths[0].nodes[2]) != fmt(paths[1].nodes[2])  # (x * y reads another x on each path)
+    for p in paths:
+        assert len({id(n) for n in p.nodes}) == len(p.nodes)

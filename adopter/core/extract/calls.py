@@ -286,7 +286,7 @@ class _Calls:
                 cur = start
                 for j, (name, ty) in enumerate(flat):
                     var_out = dest if (j == len(flat) - 1 and dest is not None) else self.tmp(e, j)
-                    st2.nodes = (Layer(ty, (Arg(cur),), var_out, Var(name), self.span(e)), st2.nodes)
+                    st2.nodes = (self.made(Layer(ty, (Arg(cur),), var_out, Var(name), self.span(e))), st2.nodes)
                     cur = var_out
                 out.append((st2, _V(var=cur, tensor=True)))
         return out
@@ -371,7 +371,7 @@ class _Calls:
             if recv is not None:
                 args.insert(0, Arg(recv.value()))
             var = dest or self.tmp(e)
-            node = Layer(type_, tuple(args), var, module, self.span(e))
+            node = self.made(Layer(type_, tuple(args), var, module, self.span(e)))
             st2.nodes = (node, st2.nodes)
             out.append((st2, _V(var=var, tensor=True)))
         return out

@@ -45,7 +45,7 @@ class _Expressions:
             for st2, v in self.ev(e.operand, st):
                 if op is not None and v.tensor:
                     var = dest or self.tmp(e)
-                    st2.nodes = (TensorOp(op, (Arg(v.value()),), var, self.span(e)), st2.nodes)
+                    st2.nodes = (self.made(TensorOp(op, (Arg(v.value()),), var, self.span(e))), st2.nodes)
                     out.append((st2, _V(var=var, tensor=True)))
                 else:
                     out.append((st2, _V(expr=e)))
@@ -229,7 +229,7 @@ class _Expressions:
             for st2, rv in self.ev(e.right, st1):
                 if lv.tensor or rv.tensor:
                     var = dest or self.tmp(e)
-                    node = TensorOp(_OPS[type(e.op)], (Arg(lv.value()), Arg(rv.value())), var, self.span(e))
+                    node = self.made(TensorOp(_OPS[type(e.op)], (Arg(lv.value()), Arg(rv.value())), var, self.span(e)))
                     st2.nodes = (node, st2.nodes)
                     out.append((st2, _V(var=var, tensor=True)))
                 else:

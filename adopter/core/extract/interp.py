@@ -5,7 +5,7 @@ Its methods live in mixins by concern; they share the interpreter state set up h
 * per file: ``fc`` (:class:`_File`), ``defs`` (nested ``def`` id -> (FunctionDef,
   qualified name)), ``synthetic`` (calls built for ``apply_chunking_to_forward``);
 * per entry: ``cls``/``owner`` (class of the inlined method / whose ``super()`` is
-  meant), SSA bookkeeping ``vers``/``vcount``/``tmps``/``ntmp``/``sources``, inlining
+  meant), SSA bookkeeping ``vers``/``vcount``/``tmps``/``ntmp``/``sources``/``nodes_made``, inlining
   context ``ctx``/``inlined_at``/``qual``/``stack``/``ret_dest``/``memo``, ``spans``,
   ``stmt`` (statement being run), and the limits' ``steps``/``no_fork``/``capped``.
 """
@@ -53,6 +53,7 @@ class _Interp(_Paths, _Ssa, _Expressions, _Calls):
         self.sources: dict = {}
         self.memo: dict = {}
         self.spans: dict = {}
+        self.nodes_made: dict = {}
         self.stmt = fdef
         self.capped = False
         self.steps = 0

@@ -24,6 +24,12 @@ class _Ssa:
             v = self.vers[key] = Var(name, n)
         return v
 
+    def made(self, node):
+        """The node of this entry equal to ``node`` (``node`` itself the first time): a statement
+        run again on each state a branch forked makes equal nodes, and one object for them lets
+        matching share its work between the paths (by identity)."""
+        return self.nodes_made.setdefault(node, node)
+
     def tmp(self, site, extra=0) -> Var:
         key = (id(site), extra, self.ctx)
         v = self.tmps.get(key)
@@ -201,7 +207,7 @@ class _Ssa:
             var = self.new_var(key, s)
             op = _OPS.get(type(s.op))
             if op is not None and (old.tensor or rv.tensor):
-                node = TensorOp(op, (Arg(old.value()), Arg(rv.value())), var, self.span(s))
+                node = self.made(TensorOp(op, (Arg(old.value()), Arg(rv.value())), var, self.span(s)))
                 st2.nodes = (node, st2.nodes)
             st2.env[key] = _V(var=var, tensor=old.tensor or rv.tensor)
             out.append(st2)

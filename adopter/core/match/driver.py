@@ -74,11 +74,13 @@ class _Verdict:
 
     def holds_on(self, path: PathStructure, path_cache: dict) -> bool:
         """Reached on another path: it holds on ``path`` when that path's producers of the values
-        looked up are the very nodes (or the same absence) the preconditions saw."""
+        looked up are the nodes (or the same absence) the preconditions saw: equal nodes (a
+        statement interpreted again after a fork makes an equal node, same call, same operands,
+        same position) say the same to a precondition."""
         if not self.producer_reads:
             return True
         producers = producers_of(path, path_cache)
-        return all(producers.get(key) is node for key, node in self.producer_reads)
+        return all(producers.get(key) == node for key, node in self.producer_reads)
 
 
 def _verdict_key(rule: RuleLike, variant, m: Match) -> tuple | None:
