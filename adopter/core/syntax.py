@@ -21,13 +21,32 @@ __all__ = ["clear_file_caches", "descendants", "dotted_name", "per_file", "per_n
 _MAX_WALKS = 8192  # a file's functions, statements and expressions asked about
 
 
+# Fields that never hold a node (names, flags, constants' values): not read by the walk
+_SCALAR_FIELDS = frozenset(("id", "attr", "name", "asname", "module", "level", "arg", "type_comment", "is_async",
+                            "simple", "conversion", "kind", "tag", "rest"))
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _node_fields(cls: type) -> tuple[str, ...]:
+    fields = tuple(n for n in cls._fields if n not in _SCALAR_FIELDS  # type: ignore[attr-defined]
+                   and not (n == "value" and cls in (ast.Constant, ast.MatchSingleton))
+                   and not (n == "names" and cls in (ast.Global, ast.Nonlocal)))
+    _NODE_FIELDS[cls] = fields
+    return fields
+
+
 def _breadth_first(node: ast.AST) -> tuple[ast.AST, ...]:
     # ast.walk's order (a queue: the node, its children in field order, theirs...) without its
-    # generator per node (iter_child_nodes over iter_fields): about three times faster
+    # generator per node (iter_child_nodes over iter_fields), and reading only the fields that can
+    # hold nodes: about four times faster
     out = [node]
-    append, AST = out.append, ast.AST
+    append, AST, node_fields = out.append, ast.AST, _NODE_FIELDS
     for current in out:  # (the list grows while it is read: the queue)
-        for name in current._fields:
+        cls = type(current)
+        names = node_fields.get(cls)
+        if names is None:
+            names = _node_fields(cls)
+        for name in names:
             value = getattr(current, name, None)
             if type(value) is list:
                 for item in value:

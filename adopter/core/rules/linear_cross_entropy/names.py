@@ -109,16 +109,25 @@ def binding_index(scope: ast.AST) -> tuple[dict[str, list], dict[int, ast.Assign
     walk per scope."""
     binds: dict[str, list] = {}
     assigns: dict[int, ast.Assign] = {}
+    # (exact types: a parsed tree holds no subclasses of its node classes, and this loop sees
+    # every node of a module)
+    name, store, definitions, alias, assign = ast.Name, (ast.Store, ast.Del), _DEFINITIONS, ast.alias, ast.Assign
     for sub in walk(scope):
-        if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
-            binds.setdefault(sub.id, []).append(sub)
-        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub is not scope:
-            binds.setdefault(sub.name, []).append(sub)
-        elif isinstance(sub, ast.alias):
+        kind = type(sub)
+        if kind is name:
+            if type(sub.ctx) in store:
+                binds.setdefault(sub.id, []).append(sub)
+        elif kind in definitions:
+            if sub is not scope:
+                binds.setdefault(sub.name, []).append(sub)
+        elif kind is alias:
             binds.setdefault((sub.asname or sub.name).split(".")[0], []).append(sub)
-        elif isinstance(sub, ast.Assign) and len(sub.targets) == 1:
+        elif kind is assign and len(sub.targets) == 1:
             assigns[id(sub.targets[0])] = sub
     return binds, assigns
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def single_assign(scope: ast.AST, name: str) -> ast.Assign | None:
