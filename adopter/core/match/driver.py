@@ -117,20 +117,25 @@ def _function_keys(fs: FunctionStructures, key_cache: dict, alias_maps: list[dic
     return present
 
 
-def _search_once(pattern: Pattern, index: _PathIndex, memo: dict | None) -> list[tuple[tuple[int, ...], dict]]:
-    """:func:`_search` of ``pattern`` on the path of ``index``, taken from ``memo`` (one function's)
-    when an earlier path had the same nodes of the pattern's types in the same order: the search
-    looks at no other node (a wildcard pattern, which can, is searched on every path)."""
+def _search_once(pattern: Pattern, index: _PathIndex, memo: dict | None) -> list[tuple[tuple[int, ...], dict, list | None]]:
+    """:func:`_search` of ``pattern`` on the path of ``index`` as (positions, bindings, box),
+    taken from ``memo`` (one function's) when an earlier path had the same nodes of the pattern's
+    types in the same order: the search looks at no other node (a wildcard pattern, which can, is
+    searched on every path, its box None). A box is shared by the paths that find the same nodes:
+    the match built from them the first time goes in it (:func:`_match_path`)."""
     projection = index.projection(pattern) if memo is not None else None
     if projection is None:
-        return list(_search(pattern, index, {}))
+        return [(ps, b, None) for ps, b in _search(pattern, index, {})]
     positions, ids = projection
     key = ("search", id(pattern), id(index.aliases) if index.aliases else 0, ids)
     found = memo.get(key)
     if found is None:
         rank = {p: r for r, p in enumerate(positions)}
-        found = memo[key] = [(tuple(rank[p] for p in ps), b) for ps, b in _search(pattern, index, {})]
-    return [(tuple(positions[r] for r in ranks), b) for ranks, b in found]
+        found = memo[key] = [(tuple(rank[p] for p in ps), b, []) for ps, b in _search(pattern, index, {})]
+    return [(tuple(positions[r] for r in ranks), b, box) for ranks, b, box in found]
+
+
+_NO_INIT = object()  # (a box's content: the init pattern does not match)
 
 
 def _init_once(variant, init_list: tuple[InitBinding, ...], b: dict, index: _PathIndex, memo: dict | None):
@@ -178,19 +183,28 @@ def _match_path(
     for variant in rule.variants:
         if not index.has_all(variant.forward.source):
             continue
-        for positions, b in _search_once(variant.forward.source, index, verdicts):
-            nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
-            m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
-                      function=fs.function, nodes=nodes, bindings=b, variant=variant)
-            if variant.init is not None:
-                r = _init_once(variant, init_list, b, index, verdicts)
-                if r is None:
+        for positions, b, box in _search_once(variant.forward.source, index, verdicts):
+            if box:  # built on an earlier path from the same nodes
+                if box[0] is _NO_INIT:
                     continue
-                init_nodes, ib = r
-                init_only = {k: v for k, v in ib.items() if k not in b}
-                m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
-            homed = _rehome(m, structures) if rehome else m
-            key = _dedup_key(homed)
+                m, homed, key = box[0]
+            else:
+                nodes = tuple(MatchedNode(pi, path.nodes[ni]) for pi, ni in enumerate(positions))
+                m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
+                          function=fs.function, nodes=nodes, bindings=b, variant=variant)
+                if variant.init is not None:
+                    r = _init_once(variant, init_list, b, index, verdicts)
+                    if r is None:
+                        if box is not None:
+                            box.append(_NO_INIT)
+                        continue
+                    init_nodes, ib = r
+                    init_only = {k: v for k, v in ib.items() if k not in b}
+                    m = replace(m, init_nodes=init_nodes, init_bindings=init_only)
+                homed = _rehome(m, structures) if rehome else m
+                key = _dedup_key(homed)
+                if box is not None:
+                    box.append((m, homed, key))
             if found_on is not None:
                 found_on.setdefault(key, set()).add(path_id)
             if veto and key in rejected and rejected[key].status != "refused":
