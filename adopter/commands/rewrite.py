@@ -57,6 +57,8 @@ def add_arguments(parser):
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
                         help="worker processes (default: CPU count; 1 = in process)")
     parser.add_argument("--verbose", "-v", action="store_true", help="also list every skipped match with its reason")
+    # (adopter.rewrite.scripting.TORCHSCRIPT_CHOICES, written out: importing it loads fissix for every
+    # `adopter` command line; tests/cli/test_scan_cli.py keeps the two the same)
     parser.add_argument("--torchscript", choices=("auto", "always", "never"), default="auto",
                         help="keep the original statements beside each rewritten region, under "
                              "`if torch.jit.is_scripting():`, for TorchScript: auto (default) only in packages that "

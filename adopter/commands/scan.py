@@ -10,6 +10,8 @@ from adopter.core.structures import PRECISION_CODES
 
 HELP = "find places in model source where a kernel rule applies (static; optional runtime confirmation)"
 
+_CODE_WIDTH = max(map(len, PRECISION_CODES)) + 2  # (the longest code and two spaces before its text)
+
 DESCRIPTION = """\
 Find places in model source where a kernel rule applies, without importing the scanned code.
 
@@ -17,8 +19,8 @@ Each match has a status: `static` (the kernel applies), `conditional` (it applie
 configuration the source does not settle: the condition is shown; `--model` settles it by
 tracing: confirmed or rejected), or `refused` (the pattern fits but a precision precondition
 of the kernel fails; shown with its code). Codes:
-""" + "".join(textwrap.fill(text, 96, initial_indent=f"  {code:<17}", subsequent_indent=" " * 19) + "\n"
-              for code, text in PRECISION_CODES.items()) + """\
+""" + "".join(textwrap.fill(text, 96, initial_indent=f"  {code:<{_CODE_WIDTH}}", subsequent_indent=" " * (_CODE_WIDTH + 2))
+              + "\n" for code, text in PRECISION_CODES.items()) + """\
 Only `static` (and, with --model, `confirmed`) matches are predictions; `adopter rewrite` never
 applies a conditional or refused match (`adopter rewrite --model package.module:Class` applies
 the ones a trace confirms). With --model every match gets a runtime status (confirmed,

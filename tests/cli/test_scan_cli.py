@@ -166,3 +166,26 @@ def test_parallel_scan_gives_the_in_process_result(tmp_path, capsys):
         outputs.append(data)
     assert outputs[0] == outputs[1]
     assert len(outputs[0]["matches"]) >= 10 and len(outputs[0]["errors"]) == 1
+
+
+def test_scan_help_sets_every_code_apart_from_its_text():
+    from adopter.commands.scan import DESCRIPTION
+    from adopter.core.structures import PRECISION_CODES
+
+    lines = DESCRIPTION.splitlines()
+    for code in PRECISION_CODES:
+        (line,) = [ln for ln in lines if ln.startswith(f"  {code} ")]
+        assert line[len(code) + 2:].startswith("  ")  # (two spaces at least, the longest code too)
+
+
+def test_the_rewrite_command_offers_the_torchscript_choices_the_rewriter_knows():
+    import argparse
+
+    from adopter.rewrite.scripting import TORCHSCRIPT_CHOICES
+
+    from adopter.commands import rewrite as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    (action,) = [a for a in parser._actions if "--torchscript" in a.option_strings]
+    assert tuple(action.choices) == TORCHSCRIPT_CHOICES
