@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from functools import lru_cache
 
 from adopter.core.extract.driver import parsed_tree
@@ -156,10 +157,14 @@ def class_init_ast(source: str, class_name: str) -> ast.AST | None:
     return None
 
 
-def same_file_lineage(tree: ast.Module, cls: ast.ClassDef | None) -> list[ast.ClassDef]:
+def same_file_lineage(tree: ast.Module, cls: ast.ClassDef | None,
+                      base_named: Callable[[str], ast.ClassDef | None] | None = None) -> list[ast.ClassDef]:
     """``cls`` and its bases defined at the top level of the same file (each once, bases named by a
-    plain name): where a class's ``self.<attr>`` bindings can come from."""
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    plain name): where a class's ``self.<attr>`` bindings can come from. ``base_named``: how a base's
+    name is looked up (default: the classes of the module's body)."""
+    if base_named is None:
+        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        base_named = classes.get
     out: list[ast.ClassDef] = []
     seen: set[str] = set()
     frontier = [cls] if cls is not None else []
@@ -169,5 +174,6 @@ def same_file_lineage(tree: ast.Module, cls: ast.ClassDef | None) -> list[ast.Cl
             continue
         seen.add(c.name)
         out.append(c)
-        frontier += [classes[b.id] for b in c.bases if isinstance(b, ast.Name) and b.id in classes]
+        frontier += [base for base in (base_named(b.id) for b in c.bases if isinstance(b, ast.Name))
+                     if base is not None]
     return out

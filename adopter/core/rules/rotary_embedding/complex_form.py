@@ -10,6 +10,7 @@ import ast
 from dataclasses import dataclass
 
 from adopter.core.match import NotACandidate
+from adopter.core.match.source import same_file_lineage
 from adopter.core.rules.rotary_embedding.literals import called_name, int_const, unflattens_last
 from adopter.core.rules.rotary_embedding.scope import class_def
 from adopter.core.rules.rotary_embedding.site import Site, unsafe_operand
@@ -52,13 +53,8 @@ def _parameter_attrs(tree: ast.Module, cls: ast.ClassDef | None) -> set[str]:
     """``self.<attr>`` names the class (or a same-file base) binds to an ``nn.Parameter(...)`` or
     registers with ``self.register_parameter("<attr>", ...)``."""
     out: set[str] = set()
-    seen: set[str] = set()
-    frontier = [cls] if cls is not None else []
-    while frontier:
-        c = frontier.pop()
-        if c.name in seen:
-            continue
-        seen.add(c.name)
+    # (a base is looked up as the rule's scope finds classes: in module-level blocks too)
+    for c in same_file_lineage(tree, cls, lambda name: class_def(tree, name)):
         for node in walk(c):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _is_parameter(node.value.func):
                 out |= {t.attr for t in node.targets if isinstance(t, ast.Attribute)
@@ -67,8 +63,6 @@ def _parameter_attrs(tree: ast.Module, cls: ast.ClassDef | None) -> set[str]:
                     and node.func.attr == "register_parameter" and node.args \
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 out.add(node.args[0].value)
-        frontier += [b for b in (class_def(tree, base.id) for base in c.bases if isinstance(base, ast.Name))
-                     if b is not None]
     return out
 
 
