@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from adopter.core.dsl import Arg, Const, Layer, Node, Pattern, TensorOp, Value, Var, Wildcard
+from adopter.core.structures import PathStructure
 
 # Parameter names of layer constructors / functions whose arguments rules bind.
 SIGNATURES: dict[str, tuple[str, ...]] = {
@@ -348,6 +349,31 @@ def could_match(pattern: Pattern, present: set[str]) -> bool:
         needs = tuple(keys for keys in map(_pattern_keys, pattern.nodes) if keys is not None)
         hit = _PATTERN_NEEDS[id(pattern)] = (pattern, needs)
     return all(any(k in present for k in keys) for keys in hit[1])
+
+
+def function_keys(paths: Iterable[PathStructure], key_cache: dict, alias_maps: list[dict[str, str]]) -> set[str]:
+    """The keys (``_node_key``) of every node on any of ``paths`` (a function's), each also under the
+    type any of ``alias_maps`` gives it: a superset of the keys of each path's :class:`_PathIndex`
+    (``key_cache``: the one the indexes share)."""
+    present: set[str] = set()
+    seen: set[int] = set()
+    for path in paths:
+        for n in path.nodes:
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            k = key_cache.get(id(n), _MISSING)
+            if k is _MISSING:
+                k = key_cache[id(n)] = _node_key(n)
+            if k is None:
+                continue
+            present.add(k)
+            if alias_maps and k[:2] == "L:":
+                for aliases in alias_maps:
+                    to = aliases.get(n.type)
+                    if to is not None:
+                        present.add("L:" + to)
+    return present
 
 
 MAX_MATCHES_PER_PATH = 200

@@ -16,7 +16,7 @@ from adopter.core.match.context import (
     run_preconditions,
     site_of,
 )
-from adopter.core.match.core import _MISSING, _node_key, _PathIndex, _search, could_match
+from adopter.core.match.core import _PathIndex, _search, could_match, function_keys
 from adopter.core.match.init_match import class_init_bindings, match_init
 from adopter.core.match.local_layers import (
     cast_subclass_aliases,
@@ -87,34 +87,10 @@ def _verdict_key(rule: RuleLike, variant, m: Match) -> tuple | None:
     """The same rule variant on the same nodes of one function, with the same bindings: the
     preconditions see the same thing unless they read the path. None when a binding is unhashable."""
     try:
-        return (id(rule), id(variant), tuple(id(mn.node) for mn in m.nodes), frozenset(m.bindings.items()),
+        return ("verdict", id(rule), id(variant), tuple(id(mn.node) for mn in m.nodes), frozenset(m.bindings.items()),
                 tuple(id(b) for b in m.init_nodes), frozenset(m.init_bindings.items()))
     except TypeError:
         return None
-
-
-def _function_keys(fs: FunctionStructures, key_cache: dict, alias_maps: list[dict[str, str]]) -> set[str]:
-    """The keys (``_node_key``) of every node on any path of ``fs``, each also under the type any
-    rule's aliases give it: a superset of the keys of each path's :class:`_PathIndex`."""
-    present: set[str] = set()
-    seen: set[int] = set()
-    for path in fs.paths:
-        for n in path.nodes:
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            k = key_cache.get(id(n), _MISSING)
-            if k is _MISSING:
-                k = key_cache[id(n)] = _node_key(n)
-            if k is None:
-                continue
-            present.add(k)
-            if alias_maps and k[:2] == "L:":
-                for aliases in alias_maps:
-                    to = aliases.get(n.type)
-                    if to is not None:
-                        present.add("L:" + to)
-    return present
 
 
 def _search_once(pattern: Pattern, index: _PathIndex, memo: dict | None) -> list[tuple[tuple[int, ...], dict, list | None]]:
@@ -138,20 +114,6 @@ def _search_once(pattern: Pattern, index: _PathIndex, memo: dict | None) -> list
 _NO_INIT = object()  # (a box's content: the init pattern does not match)
 
 
-def _init_once(variant, init_list: tuple[InitBinding, ...], b: dict, index: _PathIndex, memo: dict | None):
-    """:func:`match_init` of ``variant`` with forward bindings ``b``, once per function (``memo``):
-    the class's bindings are the same on every path."""
-    try:
-        key = ("init", id(variant), id(index.aliases) if index.aliases else 0, frozenset(b.items()))
-    except TypeError:
-        key = None
-    if memo is None or key is None:
-        return match_init(variant.init.source, init_list, b, index.aliases)
-    if key not in memo:
-        memo[key] = match_init(variant.init.source, init_list, b, index.aliases)
-    return memo[key]
-
-
 def _match_path(
     rule: RuleLike,
     structures: FileStructures,
@@ -168,22 +130,23 @@ def _match_path(
     path_id: tuple = (),
     ranker: _VariantRanker | None = None,
     file_cache: dict | None = None,
-    verdicts: dict | None = None,
+    memo: dict | None = None,
 ) -> None:
     """Match ``rule`` on one path into ``accepted``/``rejected`` (keyed by :func:`_dedup_key`).
 
     With a ``ranker``, a key accepted on an earlier path is replaced by a later path's variant
     with other nodes that ranks better (see :func:`variant_rank`). ``file_cache``: shared by the
-    preconditions of every match of the file (``MatchContext.file_cache``). ``verdicts``: shared by
-    the paths of one function: a verdict reached without reading the path (``MatchContext.read_path``)
-    is taken again for the same rule variant on the same nodes with the same bindings, where the
-    producers it looked up are the same nodes on this path (:meth:`_Verdict.holds_on`)."""
+    preconditions of every match of the file (``MatchContext.file_cache``). ``memo``: shared by the
+    paths of one function (its searches, see :func:`_search_once`, and verdicts): a verdict reached
+    without reading the path (``MatchContext.read_path``) is taken again for the same rule variant on
+    the same nodes with the same bindings, where the producers it looked up are equal nodes on this
+    path (:meth:`_Verdict.holds_on`)."""
     veto = getattr(rule, "veto_across_paths", True)
     rehome = getattr(rule, "rehome", True)
     for variant in rule.variants:
         if not index.has_all(variant.forward.source):
             continue
-        for positions, b, box in _search_once(variant.forward.source, index, verdicts):
+        for positions, b, box in _search_once(variant.forward.source, index, memo):
             if box:  # built on an earlier path from the same nodes
                 if box[0] is _NO_INIT:
                     continue
@@ -193,7 +156,7 @@ def _match_path(
                 m = Match(rule=rule.name, file=structures.file, class_name=fs.class_name,
                           function=fs.function, nodes=nodes, bindings=b, variant=variant)
                 if variant.init is not None:
-                    r = _init_once(variant, init_list, b, index, verdicts)
+                    r = match_init(variant.init.source, init_list, b, index.aliases)
                     if r is None:
                         if box is not None:
                             box.append(_NO_INIT)
@@ -211,10 +174,10 @@ def _match_path(
                 continue  # (a refused key is still checked: a plain failure elsewhere outranks it)
             if not veto and key in accepted and ranker is None:
                 continue
-            verdict_key = _verdict_key(rule, variant, m) if verdicts is not None else None
+            verdict_key = _verdict_key(rule, variant, m) if memo is not None else None
             verdict = None
             if verdict_key is not None:
-                for earlier in verdicts.get(verdict_key, ()):
+                for earlier in memo.get(verdict_key, ()):
                     if earlier.holds_on(path, path_cache):
                         verdict = earlier
                         break
@@ -232,7 +195,7 @@ def _match_path(
                                    site_of(ctx) if not reason else None, ctx.extra.get("extra_nodes"),
                                    tuple(ctx.producer_reads.items()))
                 if verdict_key is not None and not ctx.read_path:
-                    verdicts.setdefault(verdict_key, []).append(verdict)
+                    memo.setdefault(verdict_key, []).append(verdict)
             reason = verdict.reason
             cond = verdict.conditional
             if cond is not None:
@@ -328,12 +291,12 @@ def match_structures(
                 init_list = init_lists[fs.class_name if cls is not None else None] = class_init_bindings(st, cls)
             # the rules a path of this function can match at all: every node of a variant's pattern
             # has its type somewhere in the function (most functions hold none of most rules)
-            present = _function_keys(fs, own_cache, alias_maps)
+            present = function_keys(fs.paths, own_cache, alias_maps)
             live = [i for i in st_rules if any(could_match(v.forward.source, present) for v in rules[i].variants)]
             if not live:
                 continue
             ranker = _VariantRanker(st, cls, fs, source, optional_by_class)
-            verdicts: dict = {}  # (_match_path: the paths of one function share path-blind verdicts)
+            memo: dict = {}  # (_match_path: what the paths of one function share)
             for p_index, path in enumerate(fs.paths):
                 index = _PathIndex(path.nodes, own_cache)
                 aliased_indexes: dict[int, _PathIndex] = {}
@@ -347,7 +310,7 @@ def match_structures(
                         if use is None:
                             use = aliased_indexes[key] = _PathIndex(path.nodes, {}, rule_aliases[i])
                     _match_path(rule, st, fs, cls, init_list, path, use, accepted[i], rejected_by_rule[i],
-                                path_cache, source, found_on[i], (f_index, p_index), ranker, file_cache, verdicts)
+                                path_cache, source, found_on[i], (f_index, p_index), ranker, file_cache, memo)
     span_sets_by: dict[int, dict] = {}
     for i, rule in enumerate(rules):
         if getattr(rule, "veto_across_paths", True):
