@@ -98,7 +98,7 @@ class MatchContext:
     def producers(self) -> Producers:
         """(name, version) -> the node of the path whose output it is. The values looked up are
         recorded (``producer_reads``): a verdict that read the path only through them holds on
-        another path whose producers of the same values are the same nodes."""
+        another path whose producers of the same values are equal nodes."""
         return Producers(producers_of(self._path, self._path_cache), self)
 
     def readers(self) -> dict[tuple[str, int], list[int]]:
@@ -162,42 +162,42 @@ class Producers:
         self._map = mapping
         self._ctx = ctx
 
+    def _read(self, key: object) -> Node | None:
+        found = self._map.get(key)  # type: ignore[call-overload]
+        self._ctx.producer_reads[key] = found  # type: ignore[index]
+        return found
+
+    def _whole(self) -> dict[tuple[str, int], Node]:
+        self._ctx.read_path = True
+        return self._map
+
     def get(self, key: tuple[str, int], default: Any = None) -> Any:
-        found = self._map.get(key)
-        self._ctx.producer_reads[key] = found
+        found = self._read(key)
         return default if found is None else found
 
     def __getitem__(self, key: tuple[str, int]) -> Node:
-        found = self._map.get(key)
-        self._ctx.producer_reads[key] = found
+        found = self._read(key)
         if found is None:
             raise KeyError(key)
         return found
 
     def __contains__(self, key: object) -> bool:
-        found = self._map.get(key)  # type: ignore[call-overload]
-        self._ctx.producer_reads[key] = found  # type: ignore[index]
-        return found is not None
+        return self._read(key) is not None
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
-        self._ctx.read_path = True
-        return iter(self._map)
+        return iter(self._whole())
 
     def __len__(self) -> int:
-        self._ctx.read_path = True
-        return len(self._map)
+        return len(self._whole())
 
     def items(self):
-        self._ctx.read_path = True
-        return self._map.items()
+        return self._whole().items()
 
     def keys(self):
-        self._ctx.read_path = True
-        return self._map.keys()
+        return self._whole().keys()
 
     def values(self):
-        self._ctx.read_path = True
-        return self._map.values()
+        return self._whole().values()
 
 
 # ---------------------------------------------------------------- data-flow helpers
