@@ -3,7 +3,9 @@ guidelines in tests/corpus/README.md): no false positive, recall >= 0.97; tests/
 (self-written non-HuggingFace files, tests/corpus/styles/README.md): no false positive, recall
 >= 0.95 per rule; tests/corpus/heldout/ (self-written, labelled blind to the scanner): the same
 targets, xfail (measured, not tuned); tests/corpus/llm_styles/ (self-written LLM files, labelled
-blind to the scanner, scanned with the LLM rule pack too): the same targets, asserted (issue 24).
+blind to the scanner, scanned with the LLM rule pack too): the same targets, asserted (issue 24);
+tests/corpus/wild/ (issue 35's styles, labelled blind to the scanner, scanned with every rule): the
+same targets, xfail for now.
 
 Scans only the labelled files (static, a few seconds). The labels are tied to the exact text of
 each file (sha256); files that changed since labelling are left out, and the tests skip when none
@@ -225,6 +227,58 @@ def test_llm_styles_no_false_positive_and_recall_per_rule(llm_styles_score):
         problems.append("recall < %s for %s; false negative(s):\n%s" % (
             STYLES_RECALL_TARGET, ", ".join(f"{k} {v}" for k, v in low.items()),
             _listing([o for o in silent if o.rule in low])))
+    if problems:
+        pytest.fail("\n".join(problems))
+
+
+# --- wild corpus (issue 35: training code in the wild styles, labelled blind to the scanner) -------
+
+WILD_LABELS_PATH = (Path(__file__).parents[1] / "corpus") / "wild" / "labels.json"
+
+
+@pytest.fixture(scope="module")
+def wild_corpus():
+    return corpus_eval.load_corpus(WILD_LABELS_PATH)
+
+
+@pytest.fixture(scope="module")
+def wild_files(wild_corpus):
+    f = corpus_eval.corpus_files(wild_corpus)
+    assert not f.stale, f"wild corpus files changed since labelling (see its README): {f.stale}"
+    return f
+
+
+@pytest.fixture(scope="module")
+def wild_score(wild_corpus, wild_files):
+    # labelled for every rule (sdpa_attention included): scanned with every registered rule; a
+    # labelled rule the scanner does not know has its labels counted as misses
+    from adopter.core.scan import scan_paths
+
+    report = scan_paths([str(p) for _, p in sorted(wild_files.paths.items())], None)
+    assert report.files_scanned == len(wild_files.paths)
+    return corpus_eval.evaluate(wild_corpus, report.matches, wild_files), report
+
+
+def test_wild_scan_reads_every_file(wild_score):
+    _score, report = wild_score
+    assert report.errors == [], [e.to_json() for e in report.errors]
+
+
+@pytest.mark.xfail(strict=False, reason="wild corpus (issue 35): measured; the lead sets the marking after the "
+                                        "rule work lands")
+def test_wild_no_false_positive_and_recall_per_rule(wild_score):
+    # The bar of issue 35: per-rule precision >= 0.98 and recall >= 0.95 on this corpus. With a
+    # few labels per rule a single false positive already breaks 0.98: asserted as none.
+    score, report = wild_score
+    problems = [f"scan error {e.file}: {e.message}" for e in report.errors]
+    if score.fp:
+        problems.append(f"{len(score.fp)} false positive(s):\n{_listing(score.fp)}")
+    low = {rule: r for rule, r in score.per_rule().items()
+           if r["labels"] and (r["recall"] is None or r["recall"] < STYLES_RECALL_TARGET)}
+    if low:
+        missed = [o for o in score.fn if o.rule in low]
+        problems.append("recall < %s for %s; false negative(s):\n%s" % (
+            STYLES_RECALL_TARGET, ", ".join(f"{k} {v['recall']}" for k, v in low.items()), _listing(missed)))
     if problems:
         pytest.fail("\n".join(problems))
 
