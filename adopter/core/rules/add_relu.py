@@ -61,6 +61,15 @@ other activations, keyword arguments (``F.relu(x, inplace=True)``), a sum that p
 through another op (dropout, drop-path, a scale) before the ReLU."""
 
 
+def _relu_of_the_sum_alone(ctx: MatchContext) -> str | None:
+    """The ReLU is called with the sum and nothing else: a keyword (``inplace=True``) is a call
+    the codemod does not rewrite, so a scan must not call it a match either."""
+    act_node = next((mn.node for mn in ctx.match.nodes if mn.pattern_index == 1), None)
+    if isinstance(act_node, Layer) and (len(act_node.args) != 1 or any(a.keyword for a in act_node.args)):
+        return "the ReLU is called with more than the sum"
+    return None
+
+
 def _activation_is_relu(ctx: MatchContext) -> str | None:
     """An activation looked up from a key must be a ReLU (settled from the configuration's
     defaults; conditional when the source leaves it open)."""
@@ -198,5 +207,5 @@ RULE = Rule(
     codemod=AddReLU(),
     runtime=RUNTIME,
     fixtures="Add_ReLU",
-    preconditions=(intermediates_unused("$sum"), _activation_is_relu),
+    preconditions=(intermediates_unused("$sum"), _relu_of_the_sum_alone, _activation_is_relu),
 )
