@@ -237,7 +237,7 @@ def run(args) -> int:
     if args.model or args.model_args:
         from adopter.commands._rewrite_model import run_model
 
-        return run_model(args)
+        return run_model(args, config)
     if args.device:
         raise UserError("--device only applies to --model")
     if not args.paths:
