@@ -152,7 +152,7 @@ def _outcome_texts(results, reason: str):
 
 
 def _save_baseline(path: str, results) -> str:
-    from adopter.core.suppress import Baseline, RECORDED_REASON
+    from adopter.core.suppress import RECORDED_REASON, Baseline
     from adopter.errors import UserError
 
     baseline = Baseline(os.path.dirname(os.path.abspath(path)))
@@ -221,12 +221,11 @@ def _rewrite_one(task: tuple[str, str | None, tuple[str, ...], bool, int | None,
 
 def run(args) -> int:
     from adopter.commands._inputs import split_python_paths, write_protections
+    from adopter.commands._project import load_baseline, load_project, site_filter, warn_unknown_names
     from adopter.commands.scan import max_file_size, select_rules
     from adopter.core.scan import collect_files
     from adopter.errors import UserError
     from adopter.rewrite import FileRewrite
-
-    from adopter.commands._project import load_baseline, load_project, site_filter, warn_unknown_names
 
     config = load_project(args, args.paths)  # [tool.adopter]: what the command line leaves open
     rules = select_rules(args)  # validate names and rule files once, with one-line errors

@@ -81,7 +81,7 @@ def _directives(comment: str, line: int, own_line: bool) -> list[Suppression]:
         reason = _REASON.match(comment, found.end())
         whole = bool(found.group("file"))
         if whole and not own_line:
-            continue  # (file-level only on a line of its own, as ruff's `# ruff: noqa`)
+            continue  # (file-level only on a line of its own, as ruff's file-level directive)
         out.append(Suppression(line, rules, reason.group("reason").strip() if reason else "", whole))
     return out
 
