@@ -38,7 +38,15 @@ changed under the working directory (or under PATH... when given), with diff pat
 to the working directory. --write
 replaces a file atomically, keeping its encoding and newlines, and only if it is still the text
 optimize() read (else: changed since read, not written, exit 2); it leaves read-only files and
-symbolic links alone unless --force, as the static --write does."""
+symbolic links alone unless --force, as the static --write does; on each site a static --check
+would still rewrite but the trace decided against, it adds a `# adopter: ignore[rule] -- why`
+comment, so that --check on the files written then passes.
+
+Left alone, as the project says (docs/commands.md): a site whose line carries `# adopter:
+ignore[rule, ...]` (or a bare `# adopter: ignore`), a file with `# adopter: ignore-file[...]`, the
+rules and files [tool.adopter] in pyproject.toml switches off (select, ignore, per-file-ignores,
+exclude), and the sites recorded in a baseline (--baseline FILE, or the table's `baseline`;
+--save-baseline FILE records the sites a check would rewrite today)."""
 
 
 def add_arguments(parser):
