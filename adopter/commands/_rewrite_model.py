@@ -67,8 +67,9 @@ def _honouring_suppressions(config):
     return Pipeline(rewrite=rewrite)
 
 
-def _optimize(args, user, config=None):
-    """(optimized class, AdopterWarning texts); UserError when optimize() cannot run."""
+def _optimize(args, user):
+    """(optimized class, AdopterWarning texts); UserError when optimize() cannot run. The project's
+    settings (``args.project_config``, from the rewrite command) say which sites it leaves alone."""
     from adopter.commands.scan import select_rules
     from adopter.core.project_config import ProjectConfig
     from adopter.errors import UserError
@@ -83,7 +84,8 @@ def _optimize(args, user, config=None):
             optimized = optimize(user.model_cls, rules=rules, init_args=user.init_args, init_kwargs=user.init_kwargs,
                                  example_inputs=user.inputs_on(device), device=device,
                                  torchscript=getattr(args, "torchscript", None) or "auto",
-                                 pipeline=_honouring_suppressions(config or ProjectConfig()))
+                                 pipeline=_honouring_suppressions(getattr(args, "project_config", None)
+                                                                  or ProjectConfig()))
         except OptimizeError as exc:
             raise UserError(f"cannot optimize {user.label}: {cli_wording(str(exc))}") from None
     return optimized, [str(w.message) for w in recorded if issubclass(w.category, AdopterWarning)]
@@ -211,7 +213,7 @@ def _suppress_what_check_would_apply(args, config, report, sources: dict, roots:
     rules = select_rules(args)
     baseline = load_baseline(getattr(args, "baseline", None) or config.baseline)
     added: dict[str, list[dict]] = {}
-    for path in sorted(set(sources) | set(report.files)):
+    for path in sorted(set(sources) | set(getattr(report, "files", ()))):
         if not os.path.isfile(path) or not _under(path, roots) or config.excluded(path):
             continue
         if path in sources:
@@ -246,7 +248,8 @@ def run_model(args, config=None) -> int:
         if not os.path.exists(p):
             raise UserError(f"no such file or directory: {p}")
     user = resolve_user_model(args, needed=True)
-    optimized, notes = _optimize(args, user, config)
+    args.project_config = config
+    optimized, notes = _optimize(args, user)
     report = optimized.adopter_report
 
     # the files that may change: under the paths given, else under the working directory (not the
