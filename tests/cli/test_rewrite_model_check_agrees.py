@@ -47,6 +47,10 @@ def test_check_agrees_with_what_the_trace_wrote(project, capsys):
     assert f"+{BRANCH}  # adopter: ignore[softmax]" in shown.out  # the diff says it too
     assert f"suppressed softmax at {package}/net.py:" in shown.err and "not executed under the trace" in shown.err
 
+    assert rewrite_model(package, "--format", "json") == 0
+    (entry,) = json.loads(capsys.readouterr().out)["files"]
+    assert entry["suppressions"] == [{"rule": "softmax", "line": 20, "reason": "not executed under the trace"}]
+
     assert rewrite_model(package, "--write") == 0
     written = path.read_text()
     assert main(["rewrite", "--check", "--jobs", "1", str(path)]) == 0
