@@ -149,7 +149,9 @@ def to_sarif(report, rules, *, root: str | None = None, skipped: list[dict] | No
             },
         }
         if i in suppressed:
-            kind = "inSource" if suppressed[i].startswith("suppressed by ") else "external"
+            from adopter.core.suppress import COMMENT_REASON
+
+            kind = "inSource" if suppressed[i].startswith(COMMENT_REASON) else "external"
             result["suppressions"] = [{"kind": kind, "justification": suppressed[i]}]
         if m.class_name or m.function:
             result["locations"][0]["logicalLocations"] = [{

@@ -126,7 +126,7 @@ def _rewrite_notes(results, write: bool) -> list[str]:
 def _left_alone(results) -> dict[str, int]:
     """Matches left alone on the project's word, by kind: a suppression comment or per-file
     ignore (``suppressed``), the baseline (``in baseline``), recorded by --save-baseline."""
-    from adopter.core.suppress import BASELINE_REASON, RECORDED_REASON
+    from adopter.core.suppress import BASELINE_REASON, COMMENT_REASON, PER_FILE_REASON, RECORDED_REASON
 
     out = {"suppressed": 0, "in baseline": 0, "recorded": 0}
     for r in results:
@@ -137,7 +137,7 @@ def _left_alone(results) -> dict[str, int]:
                 out["in baseline"] += 1
             elif o.reason == RECORDED_REASON:
                 out["recorded"] += 1
-            elif o.reason.startswith("suppressed by ") or o.reason.startswith("ignored for this file"):
+            elif o.reason.startswith(COMMENT_REASON) or o.reason == PER_FILE_REASON:
                 out["suppressed"] += 1
     return out
 

@@ -121,15 +121,18 @@ def site_lines(match) -> list[int]:
     return sorted(out)
 
 
+COMMENT_REASON = "suppressed by "  # (+ the comment and its line)
+
+
 def comment_reason(match, suppressions: FileSuppressions) -> str:
     """Why a comment suppresses ``match`` ("" when none does)."""
     for s in suppressions.whole_file:
         if s.covers(match.rule):
-            return f"suppressed by `{s.text}` (line {s.line})"
+            return f"{COMMENT_REASON}`{s.text}` (line {s.line})"
     for line in site_lines(match):
         for s in suppressions.by_line.get(line, ()):
             if s.covers(match.rule):
-                return f"suppressed by `{s.text}` (line {s.line})"
+                return f"{COMMENT_REASON}`{s.text}` (line {s.line})"
     return ""
 
 
