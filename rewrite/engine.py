@@ -11,7 +11,7 @@ discarded as a whole: the file stays as it was and every match reports why.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from adopter.rewrite import cst
@@ -30,7 +30,8 @@ from adopter.core.source_file import DEFAULT_MAX_BYTES, SourceReadError
 from adopter.core.structures import Match
 
 __all__ = [
-    "FileRewrite", "MatchOutcome", "RewriteResult", "codemod_for", "rewrite_file", "rewrite_source", "unsettled_reason",
+    "FileRewrite", "MatchOutcome", "RewriteResult", "codemod_for", "rewrite_file", "rewrite_passes", "rewrite_source",
+    "unsettled_reason",
 ]
 
 
@@ -370,10 +371,14 @@ MAX_PASSES = 3
 def rewrite_file(
     path: str | os.PathLike, rules: Iterable | None = None, write: bool = False,
     max_bytes: int | None = DEFAULT_MAX_BYTES, torchscript: str = "auto",
+    site_filter: MatchFilter | None = None,
 ) -> FileRewrite:
     """Scan ``path`` with ``rules`` (all when None), rewrite, and write when asked.
     ``torchscript``: when rewritten statements keep the original beside them for TorchScript
     (``auto``, ``always``, ``never``: :data:`adopter.rewrite.scripting.TORCHSCRIPT_CHOICES`).
+    ``site_filter(matches, text)``: per match, why it is left alone ("" when it is not: suppression
+    comments, per-file ignores, a baseline; :class:`adopter.core.suppress.SiteFilter`); the
+    matches it names are reported as skipped with that reason.
 
     Every byte outside the edited lines stays as it was (line endings, encoding, BOM, final
     newline); the file is replaced atomically, only when the rewritten text compiles and only
@@ -382,13 +387,59 @@ def rewrite_file(
     from adopter.core.scan import one_file
 
     with one_file():
-        return _rewrite_file(path, rules, write, max_bytes, torchscript)
+        return _rewrite_file(path, rules, write, max_bytes, torchscript, site_filter)
+
+
+# (matches, text) -> per match, why it is left alone ("" when it is not)
+MatchFilter = Callable[[Sequence[Match], str], Sequence[str]]
+
+
+def rewrite_passes(text: str, name: str, rules: list, site_filter: MatchFilter | None = None,
+                   ) -> tuple[str, list[MatchOutcome], FileRewrite | None]:
+    """The scans and rewrites of one text up to the fixed point (see :func:`rewrite_file`), before
+    the TorchScript guard and line wrapping: (rewritten text, outcomes, the file's result when it
+    could not be rewritten). What ``adopter rewrite --check`` decides on, for a text in memory."""
+    from adopter.core.scan import scan_source
+
+    source_text = text
+    outcomes: list[MatchOutcome] = []
+    for number in range(MAX_PASSES):
+        superseded: list[Match] = []
+        try:
+            matches = scan_source(text, name, rules, superseded=superseded)
+        except SyntaxError as exc:
+            return text, outcomes, FileRewrite(name, "failed", reason=f"syntax error: {exc.msg} (line {exc.lineno})")
+        except RecursionError:
+            return text, outcomes, FileRewrite(name, "failed", reason="file too deeply nested to analyze")
+        except MemoryError:
+            return text, outcomes, FileRewrite(name, "failed", reason="out of memory analysing it")
+        left_alone: list[MatchOutcome] = []
+        if site_filter is not None and matches:
+            reasons = site_filter(matches, text)
+            left_alone = [MatchOutcome(m, False, r) for m, r in zip(matches, reasons) if r]
+            matches = [m for m, r in zip(matches, reasons) if not r]
+        if not matches:
+            if number == 0:
+                outcomes.extend(left_alone)
+            break
+        result = rewrite_source(text, matches, filename=name, rules=rules, torchscript_guard=False)
+        if result.error:
+            if text != source_text:
+                break  # keep what earlier passes achieved
+            status = "skipped" if result.error.startswith("fissix") else "failed"
+            return text, outcomes, FileRewrite(name, status, left_alone + result.outcomes, reason=result.error)
+        # Later passes only add what is new: matches skipped again are reported once.
+        outcomes.extend(result.applied if number else left_alone + result.outcomes)
+        if not result.changed:
+            break
+        text = result.new_text
+        if not (superseded or result.deferred):
+            break
+    return text, outcomes, None
 
 
 def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool, max_bytes: int | None,
-                  torchscript: str = "auto") -> FileRewrite:
-    from adopter.core.scan import scan_source
-
+                  torchscript: str = "auto", site_filter: MatchFilter | None = None) -> FileRewrite:
     name = str(path)
     try:
         source = read_source(name, max_bytes)
@@ -406,33 +457,9 @@ def _rewrite_file(path: str | os.PathLike, rules: Iterable | None, write: bool, 
     # a match the next scan would find only what this pass skipped for its own reasons
     # (measured on the 530 transformers model files: a later pass applied something in
     # one file, which had such a match), so it is not run.
-    text = source.text
-    outcomes: list[MatchOutcome] = []
-    for _ in range(MAX_PASSES):
-        superseded: list[Match] = []
-        try:
-            matches = scan_source(text, name, rules, superseded=superseded)
-        except SyntaxError as exc:
-            return FileRewrite(name, "failed", reason=f"syntax error: {exc.msg} (line {exc.lineno})")
-        except RecursionError:
-            return FileRewrite(name, "failed", reason="file too deeply nested to analyze")
-        except MemoryError:
-            return FileRewrite(name, "failed", reason="out of memory analysing it")
-        if not matches:
-            break
-        result = rewrite_source(text, matches, filename=name, rules=rules, torchscript_guard=False)
-        if result.error:
-            if text != source.text:
-                break  # keep what earlier passes achieved
-            status = "skipped" if result.error.startswith("fissix") else "failed"
-            return FileRewrite(name, status, result.outcomes, reason=result.error)
-        # Later passes only add what is new: matches skipped again are reported once.
-        outcomes.extend(result.applied if outcomes else result.outcomes)
-        if not result.changed:
-            break
-        text = result.new_text
-        if not (superseded or result.deferred):
-            break
+    text, outcomes, stopped = rewrite_passes(source.text, name, rules, site_filter)
+    if stopped is not None:
+        return stopped
     if text == source.text:
         return FileRewrite(name, "unchanged", outcomes)
     guard = guard_options(torchscript, name, source.text)

@@ -109,8 +109,12 @@ def _tool_version() -> str:
         return "0"
 
 
-def to_sarif(report, rules, *, root: str | None = None, skipped: list[dict] | None = None) -> dict:
-    """The SARIF log of a scan ``report`` made with ``rules``."""
+def to_sarif(report, rules, *, root: str | None = None, skipped: list[dict] | None = None,
+             suppressed: dict[int, str] | None = None) -> dict:
+    """The SARIF log of a scan ``report`` made with ``rules``; ``suppressed``: index of a match in
+    ``report.matches`` -> why the project suppresses it (a SARIF ``suppressions`` entry: ``inSource``
+    for a comment, ``external`` for ``[tool.adopter]``)."""
+    suppressed = suppressed or {}
     root = os.path.abspath(root or os.getcwd())
     descriptors = [rule_descriptor(r) for r in rules]
     index = {d["id"]: i for i, d in enumerate(descriptors)}
@@ -122,7 +126,10 @@ def to_sarif(report, rules, *, root: str | None = None, skipped: list[dict] | No
             index[m.rule] = len(descriptors)
             descriptors.append(rule_descriptor(rule) if rule is not None else {"id": m.rule, "name": m.rule})
     results = []
-    for m in sorted(report.matches, key=lambda m: (m.file, m.lines[:1] or [0], m.rule)):
+    order = sorted(range(len(report.matches)), key=lambda i: (report.matches[i].file,
+                                                               report.matches[i].lines[:1] or [0], report.matches[i].rule))
+    for i in order:
+        m = report.matches[i]
         level = LEVELS.get(m.status, "note")
         result = {
             "ruleId": m.rule,
@@ -141,6 +148,11 @@ def to_sarif(report, rules, *, root: str | None = None, skipped: list[dict] | No
                 "function": m.function,
             },
         }
+        if i in suppressed:
+            from adopter.core.suppress import COMMENT_REASON
+
+            kind = "inSource" if suppressed[i].startswith(COMMENT_REASON) else "external"
+            result["suppressions"] = [{"kind": kind, "justification": suppressed[i]}]
         if m.class_name or m.function:
             result["locations"][0]["logicalLocations"] = [{
                 "fullyQualifiedName": ".".join(p for p in (m.class_name, m.function) if p),

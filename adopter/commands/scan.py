@@ -55,6 +55,9 @@ def add_arguments(parser):
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
                         help="worker processes (default: one per CPU; 1 = in process)")
     add_max_file_size(parser)
+    from adopter.commands._project import add_config_argument
+
+    add_config_argument(parser)
 
 
 def add_max_file_size(parser) -> None:
@@ -142,17 +145,38 @@ def _status_text(m) -> str:
     return m.status + (f" ({'; '.join(detail)})" if detail else "")
 
 
-def format_text(report, confirmed: bool, skipped: int = 0) -> str:
+def suppressed_matches(report, config) -> dict[int, str]:
+    """index in ``report.matches`` -> why a suppression comment or per-file ignore of the project
+    leaves that match alone (what ``adopter rewrite`` does with it); the text is read again."""
+    from adopter.core.source_file import SourceReadError, read_source
+    from adopter.core.suppress import SiteFilter
+
+    by_file: dict[str, list[int]] = {}
+    for i, m in enumerate(report.matches):
+        by_file.setdefault(m.file, []).append(i)
+    out: dict[int, str] = {}
+    for file, indexes in by_file.items():
+        try:
+            text = read_source(file, None).text
+        except SourceReadError:
+            continue
+        reasons = SiteFilter(ignored_rules=config.ignored_rules(file))([report.matches[i] for i in indexes], text)
+        out.update((i, r) for i, r in zip(indexes, reasons) if r)
+    return out
+
+
+def format_text(report, confirmed: bool, skipped: int = 0, suppressed: dict[int, str] | None = None) -> str:
     out: list[str] = []
+    suppressed = suppressed or {}
     by_file: dict[str, list] = {}
-    for m in report.matches:
-        by_file.setdefault(m.file, []).append(m)
+    for i, m in enumerate(report.matches):
+        by_file.setdefault(m.file, []).append((i, m))
     for file in sorted(by_file):
         out.append(file)
         rows = []
-        for m in sorted(by_file[file], key=lambda m: (m.lines[:1] or [0], m.rule)):
+        for i, m in sorted(by_file[file], key=lambda item: (item[1].lines[:1] or [0], item[1].rule)):
             where = f"{m.class_name}.{m.function}" if m.class_name else m.function
-            status = _status_text(m)
+            status = _status_text(m) + (f" [{suppressed[i]}]" if i in suppressed else "")
             rows.append((f"line {_format_lines(m.lines)}", m.rule, where, status))
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         for r in rows:
@@ -171,6 +195,8 @@ def format_text(report, confirmed: bool, skipped: int = 0) -> str:
         summary += f"; {conditional} conditional"
     if refused:
         summary += f"; refused {sum(refused.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
+    if suppressed:
+        summary += f"; {len(suppressed)} suppressed"
     matched_files = len({m.file for m in report.matches if m.status != "refused"})
     out.append(
         f"{found} match{'es' if found != 1 else ''} in {matched_files} "
@@ -184,9 +210,11 @@ def format_text(report, confirmed: bool, skipped: int = 0) -> str:
 
 def run(args) -> int:
     from adopter.commands._inputs import split_python_paths
+    from adopter.commands._project import load_project, warn_unknown_names
     from adopter.core.scan import collect_files, scan_paths
     from adopter.errors import UserError
 
+    config = load_project(args, args.paths)  # [tool.adopter]: what the command line leaves open
     rules = select_rules(args)
     from adopter.commands._model import resolve_user_model
 
@@ -198,6 +226,10 @@ def run(args) -> int:
         files = collect_files(args.paths).files
     except (FileNotFoundError, PermissionError) as exc:
         raise UserError(str(exc)) from None
+    if config.exclude:
+        kept = [f for f in files if not config.excluded(str(f))]
+        if len(kept) != len(files):  # (a directory given holds excluded files: scan the others by name)
+            files, args.paths = kept, [str(f) for f in kept]
     progress = None
     if not args.no_progress and len(files) > PROGRESS_MIN_FILES and sys.stderr.isatty():
         progress = _Progress(sys.stderr)
@@ -245,16 +277,21 @@ def run(args) -> int:
                     raise UserError(f"--model {args.model}: {cli_wording(first)}") from None
             raise UserError(f"tracing {args.model} failed: {first}") from None
 
+    suppressed = suppressed_matches(report, config)
     if args.format == "json":
         payload = report.to_json()
+        for i, reason in suppressed.items():
+            payload["matches"][i]["suppressed"] = reason
         payload["skipped"] = not_python
         sys.stdout.write(json.dumps(payload) + "\n")
     elif args.format == "sarif":
         from adopter.commands._sarif import to_sarif
 
-        sys.stdout.write(json.dumps(to_sarif(report, rules, skipped=not_python), indent=1) + "\n")
+        sys.stdout.write(json.dumps(to_sarif(report, rules, skipped=not_python, suppressed=suppressed), indent=1)
+                         + "\n")
     else:
-        print(format_text(report, confirmed=bool(args.model), skipped=len(not_python)))
+        warn_unknown_names([str(f) for f in files], rules)
+        print(format_text(report, confirmed=bool(args.model), skipped=len(not_python), suppressed=suppressed))
     # Keep going past a file that cannot be analysed (every other file is scanned and
     # reported), then say so in the exit status: 2, as for every command (`adopter --help`);
     # also for a path named on the command line that is not a regular file.
