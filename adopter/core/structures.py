@@ -107,6 +107,10 @@ class FileStructures:
     functions: tuple[FunctionStructures, ...]  # entry functions: each class's forward + module-level fns
     imports: dict[str, str] = field(default_factory=dict)  # local name -> fully qualified name
     sequentials: tuple[SequentialBuild, ...] = ()
+    # layer classes of other files (read, never imported) that derive from a torch layer: type ->
+    # (that torch layer, None when the class only fixes ``__init__``, or the submodules a norm+act
+    # class's forward applies after its batch norm: ``("drop", "act")``)
+    foreign_layers: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- matching

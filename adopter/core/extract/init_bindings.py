@@ -140,6 +140,9 @@ class _InitExtractor(_InitContainers, _InitValues):
                 made = [v for v in self.values(st.value) if v[3] is not None]
                 if self.returns is not None:
                     self.returns.extend(made)
+                    if type(st.value) in (ast.Name, ast.Attribute, ast.IfExp):
+                        # a factory returning a class (``return BatchNormAct2d``): its callers call it
+                        self.returns.extend(v for v in self.class_refs(st.value) if v not in self.returns)
         elif t is ast.Expr and type(st.value) is ast.Call:
             self.call_stmt(st.value, conditional)
         elif t is ast.If:

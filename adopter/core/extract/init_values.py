@@ -172,13 +172,13 @@ class _InitValues:
                 return [self.fc.class_type(self.fc.local_class_alias[f.id])]
             if f.id in self.fc.functions:
                 return [f"{self.fc.module}.{f.id}"]
-            fq = self.fc.imports.get(f.id)
-            return [fq] if fq else []
+            fq = self.fc.imports.get(f.id) or self.fc.star_name(f.id)
+            return [self.fc.layer_type(fq)] if fq else []
         if t is ast.Attribute:
             d = _dotted(f)
             if d is not None and not d.startswith(self.self_name + "."):
                 fq = self.fc.fqn(d)
-                return [fq] if fq else []
+                return [self.fc.layer_type(fq)] if fq else []
             if self.cls is not None and d is not None and d.count(".") == 1:
                 # ``self._norm_layer`` holding a class ``__init__`` stored before
                 return [ty for ty, _a, _k, site in self.cls.class_attrs.get(d.split(".")[1], ()) if site is None]
@@ -191,6 +191,10 @@ class _InitValues:
         if t is ast.Call and f.args and self.is_partial(f.func):
             # ``partial(nn.BatchNorm2d, eps=1e-3)``: a class with some arguments bound
             return self.callee_types(f.args[0])
+        if t is ast.Call:
+            # ``get_norm_act_layer("batchnorm")``: a factory (of this file or another module) that
+            # returns classes
+            return list(dict.fromkeys(ty for ty, _a, _k, site in self.factory_call(f) if site is None))
         if t is ast.Subscript and type(f.value) is ast.Name and f.value.id in self.fc.dicts:
             d = self.fc.dicts[f.value.id]
             key = f.slice
@@ -233,19 +237,19 @@ class _InitValues:
                 # calling a local that holds a class (``attention_class(config)``)
                 return [(ty, _const_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
             if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
-                made = self.factory_values(self.fc.functions[f.id], v, None)
+                made = self.built(self.factory_values(self.fc.functions[f.id], v, None))
                 if made:
                     return made
             method = self.own_method(f)
             if method is not None:
-                made = self.factory_values(method, v, self.cls.name)
+                made = self.built(self.factory_values(method, v, self.cls.name))
                 if made:
                     return made
             out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
             if len(out) == 1 and not out[0][0].startswith("torch."):
                 found = self.fc.package_function(out[0][0])
                 if found is not None:
-                    made = self.factory_values(found[1], v, None, found[0])
+                    made = self.built(self.factory_values(found[1], v, None, found[0]))
                     if made:
                         return made
             if any(ty == _SEQUENTIAL for ty, _a, _k, _s in out):
@@ -283,6 +287,32 @@ class _InitValues:
                         for b in self.out if b.attr == attr and b.container is None]
             return []
         return []
+
+    @staticmethod
+    def built(made: list[tuple]) -> list[tuple]:
+        """The constructions among a factory's returns (not the classes it returns)."""
+        return [v for v in made if v[3] is not None]
+
+    def factory_call(self, call: ast.Call) -> list[tuple]:
+        """What the factory ``call`` calls returns (constructions and classes), when it is a
+        function of this file, a method of the class or a function of another module; []
+        otherwise."""
+        f = call.func
+        if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
+            return self.factory_values(self.fc.functions[f.id], call, None)
+        method = self.own_method(f)
+        if method is not None:
+            return self.factory_values(method, call, self.cls.name)
+        if type(f) is ast.Name and (f.id in self.local or f.id in self.fc.classes):
+            return []
+        d = _dotted(f)
+        if d is None or d.startswith(self.self_name + "."):
+            return []
+        fq = self.fc.fqn(d)
+        if fq is None or fq.startswith("torch.") or not fq.rsplit(".", 1)[-1][:1].islower():
+            return []
+        found = self.fc.package_function(fq)
+        return self.factory_values(found[1], call, None, found[0]) if found is not None else []
 
     def own_method(self, f) -> ast.FunctionDef | None:
         """``self.<m>`` of a method defined in this class or a same-file base (``self._make_layer``)."""

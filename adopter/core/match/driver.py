@@ -265,8 +265,14 @@ def match_structures(
     rule_aliases: list[dict[str, str]] = []
     # same-file Linear/LayerNorm subclasses whose forward only casts dtypes: every rule
     cast_aliases = cast_subclass_aliases(structures, source)
+    foreign = getattr(structures, "foreign_layers", None) or {}
     for rule in rules:
         own = dict(aliases) if getattr(rule, "match_subclasses", False) else {}
+        if foreign and getattr(rule, "match_subclasses", False):
+            # layer classes of other modules: those that only fix ``__init__``; norm+act modules
+            # for the rules whose kernel takes them
+            norm_act = getattr(rule, "match_norm_act", False)
+            own.update({ty: base for ty, (base, applies) in foreign.items() if applies is None or norm_act})
         own = {**cast_aliases, **own}
         hook = getattr(rule, "layer_aliases", None)
         if hook is not None:
