@@ -58,7 +58,7 @@ def norm_act_form(forward, fqn) -> tuple[str, ...] | None:
 
     ``forward``: its ``ast.FunctionDef``; ``fqn(dotted) -> str | None``: what a dotted name of its
     module is (``F.batch_norm`` -> ``torch.nn.functional.batch_norm``). The batch norm is
-    ``super().forward(x)`` (also ``super(Cls, self)``, ``nn.BatchNorm2d.forward(self, x)``) or a
+    ``super().forward(x)`` (or ``nn.BatchNorm2d.forward(self, x)``) or a
     written-out ``F.batch_norm`` whose arguments are, with ``self.training`` False and running
     statistics present, the module's own statistics, affine parameters and ``eps`` with
     ``training=False``; ``if`` tests are decided under the same assumptions (an undecided one, or
@@ -129,7 +129,9 @@ def norm_act_form(forward, fqn) -> tuple[str, ...] | None:
         if isinstance(f, ast.Attribute) and f.attr == "forward":
             recv = f.value
             args = list(e.args)
-            is_super = isinstance(recv, ast.Call) and isinstance(recv.func, ast.Name) and recv.func.id == "super"
+            # (``super()`` alone: ``super(Cls, self)`` may name a class above the batch norm's)
+            is_super = isinstance(recv, ast.Call) and isinstance(recv.func, ast.Name) and recv.func.id == "super" \
+                and not recv.args and not recv.keywords
             if not is_super and fqn_of(recv) == BATCH_NORM_2D and args and isinstance(args[0], ast.Name) \
                     and args[0].id == self_name:
                 is_super, args = True, args[1:]
