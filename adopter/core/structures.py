@@ -34,6 +34,9 @@ class InitBinding:
     activation: str | None = None
     # the type comes from the trace (the class of the submodule at run time), not the source
     runtime: bool = False
+    # an element of an ``nn.Sequential`` built in another file (a helper of another module or an
+    # installed package, read, never imported): its pairs are matched where this file calls it
+    built_elsewhere: bool = False
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,8 @@ class _InitExtractor(_InitContainers, _InitValues):
             self.attr_alias = saved_alias
 
     # -- recording
-    def record(self, attr: str, vals: list[tuple], conditional: bool, container_of: str | None = None):
+    def record(self, attr: str, vals: list[tuple], conditional: bool, container_of: str | None = None,
+               elsewhere: bool = False):
         if self.sweep:
             return
         multi = len(vals) > 1
@@ -108,11 +109,12 @@ class _InitExtractor(_InitContainers, _InitValues):
                     container=container_of,
                     span=span,
                     activation=key,
+                    built_elsewhere=elsewhere,
                 )
             )
             if ty in _CONTAINERS and type(site) is ast.Call:
                 # contents, also of containers inside containers (a Sequential in a ModuleList)
-                self.contents(attr, out_name, ty, site, conditional)
+                self.contents(attr, out_name, ty, site, conditional, elsewhere)
 
     # -- statements
     def block(self, body, conditional: bool):

@@ -251,7 +251,7 @@ class _InitValues:
                 if found is not None:
                     made = self.built(self.factory_values(found[1], v, None, found[0]))
                     if made:
-                        return made
+                        return [self.called_here(m, v) for m in made]
             if any(ty == _SEQUENTIAL for ty, _a, _k, _s in out):
                 self.note_sequential(v)
             return out
@@ -287,6 +287,15 @@ class _InitValues:
                         for b in self.out if b.attr == attr and b.container is None]
             return []
         return []
+
+    def called_here(self, made: tuple, call: ast.Call) -> tuple:
+        """A layer another file's factory builds, placed at ``call`` (its call in this file); an
+        ``nn.Sequential`` built there is found again under ``call`` (its entries as resolved there)."""
+        ty, args, key, site = made
+        builds = self.fc.read_seq_builds
+        if id(site) in builds:
+            builds[id(call)] = builds[id(site)]
+        return (ty, args, key, call)
 
     @staticmethod
     def built(made: list[tuple]) -> list[tuple]:

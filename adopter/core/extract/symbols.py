@@ -163,6 +163,9 @@ class _File:
         self.partials: dict[str, ast.Call] = {}
         # ``nn.Sequential(...)`` constructions seen while resolving values, by id of the call
         self.seq_builds: dict[int, object] = {}
+        # Sequentials built in the files read for a factory (by id of the call there, and of the
+        # call of the factory here), shared with those files: never rewritten from this one
+        self.read_seq_builds: dict[int, object] = {}
         # (module, function name) -> (its _File, FunctionDef) or None: package factories read so far
         self.package_cache: dict[tuple[str, str], object] = {}
         # modules of ``from <module> import *`` (as the file names them), in order
@@ -444,6 +447,7 @@ def _read_file(tree: ast.Module, path: str, reader: _File) -> _File:
     other.package_cache = reader.package_cache
     other.foreign_layers = reader.foreign_layers
     other.read_for = reader
+    other.seq_builds = other.read_seq_builds = reader.read_seq_builds
     return other
 
 

@@ -235,6 +235,13 @@ def _match_path(
                 accepted[key] = homed
 
 
+def _expands_built_elsewhere(match: Match, elsewhere: set) -> bool:
+    """Every layer of ``match`` is an element of a Sequential built in another file."""
+    return bool(elsewhere) and all(
+        mn.node.module is not None and mn.node.module.name in elsewhere for mn in match.nodes
+        if isinstance(mn.node, Layer))
+
+
 def match_structures(
     structures: FileStructures,
     rules: Iterable[RuleLike],
@@ -358,7 +365,10 @@ def match_structures(
                             if k not in accepted[i] and not isinstance(m.reason, NotACandidate))
     in_sequential = {r.name for r in rules if getattr(r, "in_sequential", False)}
     if in_sequential:
-        results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m))]
+        # (a Sequential built in another file is matched where this one calls it: no build here)
+        elsewhere = {b.container for c in structures.classes for b in c.init_bindings if b.built_elsewhere}
+        results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m)
+                                              and not _expands_built_elsewhere(m, elsewhere))]
         for m in match_sequentials(structures, rules, dict(zip((r.name for r in rules), rule_aliases))):
             if m.status != "refused":
                 results.append(m)
