@@ -265,8 +265,8 @@ class _File:
                 continue
             other = _read_file(tree, path, self)
             exported = _exported(tree)
-            if exported is not None and name not in exported:
-                continue
+            if (name not in exported) if exported is not None else name.startswith("_"):
+                continue  # (``import *`` brings ``__all__``, else the names without a leading underscore)
             if name in other.classes or name in other.functions or name in other.imports:
                 found = _join(module, name)
                 break
