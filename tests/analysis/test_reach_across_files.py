@@ -199,9 +199,9 @@ def test_optimize_trains_as_the_original(monkeypatch):
     steps), same state dict; a config the factories answer otherwise (GroupNormAct, Conv2dSame) runs
     as its original too."""
     import torch
+    from adopter.kernels import count_kernel_calls, guarded
 
     from adopter import optimize
-    from adopter.kernels import count_kernel_calls, guarded
 
     # at these sizes an unfrozen fold does not pay: switched on to check the fused math
     monkeypatch.setattr(guarded, "FOLD_PER_CALL_MAX_WEIGHT_SHARE", float("inf"))
@@ -243,3 +243,35 @@ def test_optimize_trains_as_the_original(monkeypatch):
         fused = {c.function for c in calls.calls if c.kernel == "conv_bn" and c.backend != "original"}
         if not kwargs:  # each conv+norm(+act) pair folded in eval, also in the Sequential built elsewhere
             assert {"Stem.forward", "Block.forward", "Net.forward"} <= fused, fused
+
+
+def test_same_file_norm_act_class_recognised_by_its_forward():
+    src = textwrap.dedent("""
+        from torch import nn
+
+        class BNAct(nn.BatchNorm2d):
+            def __init__(self, c):
+                super().__init__(c)
+                self.act = nn.ReLU()
+
+            def forward(self, x):
+                return self.act(super().forward(x))
+
+        class BNThenPool(nn.BatchNorm2d):
+            def forward(self, x):
+                return nn.functional.max_pool2d(super().forward(x), 2)
+
+        class M(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.conv = nn.Conv2d(c, c, 3)
+                self.bn = BNAct(c)
+                self.conv2 = nn.Conv2d(c, c, 3)
+                self.bn2 = BNThenPool(c)
+
+            def forward(self, x):
+                return self.bn2(self.conv2(self.bn(self.conv(x))))
+    """)
+    found = [(m.rule, m.status, [mn.node.module.name for mn in m.nodes])
+             for m in scan_source(src, "/tmp/norm_act_case.py", all_rules())]
+    assert found == [("Conv_BatchNorm", "static", ["self.conv", "self.bn"])]

@@ -191,3 +191,34 @@ def test_run_sequential_calls_anything_else_as_before():
     twice = Twice(nn.Linear(3, 3))
     x = torch.randn(2, 3)
     torch.testing.assert_close(run_sequential(twice, x), twice(x))
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_rewritten_rule_fixture_computes_the_original(train):
+    """The Conv_BatchNorm fixture of same-file norm+act classes and its committed rewrite: same
+    outputs and gradients (the written-out F.batch_norm form and the ``super().forward`` form fused in
+    eval; ScaledNorm, no norm+act module, left alone)."""
+    import runpy
+
+    root = Path(__file__).resolve().parents[1]
+    original = runpy.run_path(str(root / "fixtures" / "rules" / "Conv_BatchNorm" / "positive_norm_act.py"))
+    rewritten = runpy.run_path(str(root / "rules" / "Conv_BatchNorm" / "positive_norm_act.rewritten.py"))
+    torch.manual_seed(0)
+    a = original["ConvNormAct"](4)
+    for m in a.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            _randomized(m)
+    b = rewritten["ConvNormAct"](4)
+    b.load_state_dict(a.state_dict())
+    a.train(train), b.train(train)
+    xa = torch.randn(2, 4, 6, 6, requires_grad=True)
+    xb = xa.detach().clone().requires_grad_()
+    with count_kernel_calls() as calls:
+        out = b(xb)
+    ref = a(xa)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-4)
+    fused = [c for c in calls.calls if c.kernel == "conv_bn" and c.backend != "original"]
+    assert sum(c.count for c in fused) == (0 if train else 2)

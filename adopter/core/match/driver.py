@@ -23,6 +23,7 @@ from adopter.core.match.local_layers import (
     fold_inlined_calls,
     inherited_dependence,
     layer_subclass_aliases,
+    norm_act_aliases,
     shared_call_dependence,
 )
 from adopter.core.match.post import (
@@ -273,6 +274,8 @@ def match_structures(
     # same-file Linear/LayerNorm subclasses whose forward only casts dtypes: every rule
     cast_aliases = cast_subclass_aliases(structures, source)
     foreign = getattr(structures, "foreign_layers", None) or {}
+    local_norm_act = norm_act_aliases(structures, source) if any(
+        getattr(r, "match_norm_act", False) for r in rules) else {}
     for rule in rules:
         own = dict(aliases) if getattr(rule, "match_subclasses", False) else {}
         if foreign and getattr(rule, "match_subclasses", False):
@@ -280,6 +283,8 @@ def match_structures(
             # for the rules whose kernel takes them
             norm_act = getattr(rule, "match_norm_act", False)
             own.update({ty: base for ty, (base, applies) in foreign.items() if applies is None or norm_act})
+        if local_norm_act and getattr(rule, "match_norm_act", False):
+            own.update(local_norm_act)
         own = {**cast_aliases, **own}
         hook = getattr(rule, "layer_aliases", None)
         if hook is not None:
