@@ -88,15 +88,26 @@ class GuardedSequential(nn.Sequential):
         return input
 
 
+def _runs_sequential_loop(module: Any) -> bool:
+    """``module(x)`` is ``nn.Sequential``'s loop over its children (``_modules`` in order)."""
+    cls = type(module)
+    if cls is nn.Sequential or cls is GuardedSequential:
+        return True
+    return (isinstance(module, nn.Sequential) and cls.forward is nn.Sequential.forward
+            and cls.__call__ is nn.Module.__call__ and cls.__iter__ is nn.Sequential.__iter__
+            and cls._call_impl is nn.Module._call_impl)
+
+
 def run_sequential(sequential: Any, input: Any) -> Any:  # noqa: A002 - nn.Sequential's parameter name
     """``sequential(input)`` for an ``nn.Sequential`` the user's source calls but another file built
     (a helper of another module or of an installed package: ``self.mlp = make_mlp(dim)``, which a
-    rewrite of the calling file cannot reach): when, at this call, it is exactly an ``nn.Sequential``
-    (or a :class:`GuardedSequential`) without hooks, forward of its own or global hooks, its children
-    run as :class:`GuardedSequential` runs them (each fusable pair through its guarded kernel, which
-    checks its own preconditions again), counted at the calling site; otherwise, and while fx
-    traces, it is called as before."""
-    if (type(sequential) not in (nn.Sequential, GuardedSequential) or has_hooks(sequential)
+    rewrite of the calling file cannot reach): when, at this call, it is an ``nn.Sequential`` running
+    ``nn.Sequential``'s own loop (a subclass that only fills itself in ``__init__``, as torchvision's
+    ``Conv2dNormActivation``; or a :class:`GuardedSequential`) without hooks, forward of its own or
+    global hooks, its children run as :class:`GuardedSequential` runs them (each fusable pair through
+    its guarded kernel, which checks its own preconditions again), counted at the calling site;
+    otherwise, and while fx traces, it is called as before."""
+    if (not _runs_sequential_loop(sequential) or has_hooks(sequential)
             or "forward" in vars(sequential) or global_hooks() or is_proxy(input)):
         record("run_sequential", "original", "not a plain nn.Sequential at this call (or hooks, or fx tracing)")
         return sequential(input)

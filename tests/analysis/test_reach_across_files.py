@@ -29,9 +29,10 @@ EXPECTED = [
     (42, "Conv_BatchNorm", "conditional"),  # padding / norm passed by the caller: a trace settles it
     (43, "Conv_BatchNorm", "static"),  # DepthwiseConv2d (only __init__) + make_norm_act (installed)
     (44, "Conv_BatchNorm", "static"),  # nn.Conv2d + NormAct2d (installed, F.batch_norm written out)
-    (61, "Conv_BatchNorm", "static"),  # conv_bn_act (installed Sequential helper)
-    (63, "biased_GeLU", "static"),  # make_mlp (package Sequential helper, re-exported under an alias)
-    (64, "biased_GeLU", "static"),  # FeedForward (installed, a capitalised function)
+    (62, "Conv_BatchNorm", "static"),  # conv_bn_act (installed Sequential helper)
+    (63, "Conv_BatchNorm", "static"),  # Conv2dNormActivation (installed nn.Sequential subclass, re-exported)
+    (65, "biased_GeLU", "static"),  # make_mlp (package Sequential helper, re-exported under an alias)
+    (66, "biased_GeLU", "static"),  # FeedForward (installed, a capitalised function)
 ]
 
 
@@ -58,8 +59,8 @@ def test_installed_package_not_on_sys_path_stays_unknown(monkeypatch):
     monkeypatch.setattr(symbols, "_INSTALLED", {})
     found = _scan()
     # the package's own helpers still resolve; instlayers' layers are unknown: no match, no guess
-    assert [f for f in found if f[0] in (23, 40, 42, 63)] == [f for f in EXPECTED if f[0] in (23, 40, 42, 63)]
-    assert not [f for f in found if f[0] in (43, 44, 61, 64)]
+    assert [f for f in found if f[0] in (23, 40, 42, 65)] == [f for f in EXPECTED if f[0] in (23, 40, 42, 65)]
+    assert not [f for f in found if f[0] in (43, 44, 62, 63, 66)]
 
 
 def test_layer_types_name_the_defining_module(installed):
@@ -70,6 +71,10 @@ def test_layer_types_name_the_defining_module(installed):
     assert types[("Block", "self.conv3", None)] == "fakepkg.layers.create_conv2d.DepthwiseConv2d"
     assert types[("Block", "self.bn3", None)] == "instlayers.blocks.NormAct2d"
     assert types[("Net", "self.ff", "self.ff[1]")] == "torch.nn.GELU"
+    # the Sequential subclass's children as its __init__ builds them for this call (norm_layer left
+    # at its class default: ``if norm_layer is not None`` holds)
+    assert [(k[2], t) for k, t in types.items() if k[1] == "self.proj" and k[2]] == [
+        ("self.proj[0]", "torch.nn.Conv2d"), ("self.proj[1]", "torch.nn.BatchNorm2d"), ("self.proj[2]", "torch.nn.ReLU")]
     assert sorted(b.layer.type for c in fs.classes for b in c.init_bindings if b.attr == "self.bn2") == [
         "fakepkg.layers.norm_act.BatchNormAct2d", "fakepkg.layers.norm_act.GroupNormAct"]
     assert fs.foreign_layers == {
@@ -210,7 +215,7 @@ def test_optimize_trains_as_the_original(monkeypatch):
     cls = optimize(net.Net, example_inputs={"x": x})
     report = cls.adopter_report
     assert sorted((a.rule, a.lines[0]) for a in report.applied) == [
-        ("Conv_BatchNorm", line) for line in (23, 40, 42, 43, 44, 61)] + [("biased_GeLU", 63), ("biased_GeLU", 64)], \
+        ("Conv_BatchNorm", line) for line in (23, 40, 42, 43, 44, 62, 63)] + [("biased_GeLU", 65), ("biased_GeLU", 66)], \
         report.summary()
     assert report.equivalence.equivalent
 
@@ -275,3 +280,30 @@ def test_same_file_norm_act_class_recognised_by_its_forward():
     found = [(m.rule, m.status, [mn.node.module.name for mn in m.nodes])
              for m in scan_source(src, "/tmp/norm_act_case.py", all_rules())]
     assert found == [("Conv_BatchNorm", "static", ["self.conv", "self.bn"])]
+
+
+def test_sequential_subclass_of_another_file_none_passed(installed, tmp_path):
+    """``norm_layer=None`` passed: the subclass's ``if norm_layer is not None`` is decided the other
+    way, no BatchNorm among its children, no pair."""
+    path = _model(tmp_path, """
+        from torch import nn
+        from instlayers import Conv2dNormActivation
+
+        class M(nn.Module):
+            def __init__(self, c, norm=nn.BatchNorm2d):
+                super().__init__()
+                self.a = Conv2dNormActivation(c, c, norm_layer=None)
+                self.b = Conv2dNormActivation(c, c, norm_layer=norm)
+                self.c = Conv2dNormActivation(c, c, norm_layer=nn.BatchNorm2d)
+
+            def forward(self, x):
+                return self.c(self.b(self.a(x)))
+    """)
+    fs = extract_source(path.read_text(), str(path))
+    children = {b.container: b.layer.type for c in fs.classes for b in c.init_bindings if b.container}
+    assert children["self.a[1]"] == "torch.nn.ReLU"
+    assert children["self.c[1]"] == "torch.nn.BatchNorm2d"
+    # ``norm`` is __init__'s own parameter: a caller may pass anything (None too), the branch stays
+    # undecided: either child
+    assert {b.layer.type for c in fs.classes for b in c.init_bindings if b.container == "self.b[1]"} == {
+        "torch.nn.BatchNorm2d", "torch.nn.ReLU"}

@@ -222,3 +222,30 @@ def test_rewritten_rule_fixture_computes_the_original(train):
     torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-4, atol=1e-4)
     fused = [c for c in calls.calls if c.kernel == "conv_bn" and c.backend != "original"]
     assert sum(c.count for c in fused) == (0 if train else 2)
+
+
+def test_run_sequential_of_a_subclass_filling_itself():
+    """A Sequential subclass that only fills itself in ``__init__`` (torchvision's
+    Conv2dNormActivation style) runs its pairs through the kernels; one with a forward of its own is
+    called as it is."""
+    from instlayers import Conv2dNormActivation
+
+    torch.manual_seed(0)
+    seq = Conv2dNormActivation(3, 6, 3).eval()
+    _randomized(seq[1])
+    x = torch.randn(2, 3, 8, 8)
+    with count_kernel_calls() as calls:
+        out = run_sequential(seq, x)
+    torch.testing.assert_close(out, seq(x), rtol=1e-5, atol=1e-5)
+    assert [c.backend for c in calls.calls if c.kernel == "conv_bn"] == ["torch"]
+
+    class Reversed(Conv2dNormActivation):
+        def __iter__(self):
+            return reversed(list(self._modules.values()))
+
+    odd = Reversed(3, 3, 1).eval()
+    x = torch.randn(2, 3, 4, 4)
+    with count_kernel_calls() as calls:
+        out = run_sequential(odd, x)
+    torch.testing.assert_close(out, odd(x), rtol=0, atol=0)
+    assert not [c for c in calls.calls if c.kernel == "conv_bn"]

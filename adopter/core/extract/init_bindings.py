@@ -67,6 +67,9 @@ class _InitExtractor(_InitContainers, _InitValues):
         self.lists_override: tuple | None = None
         # local name -> the ``self.<attr>`` it was assigned (``m = self.mlp``)
         self.attr_alias: dict[str, str] = {}
+        # while the ``__init__`` of an nn.Sequential subclass of another file is evaluated for the
+        # children it passes (:meth:`foreign_sequential`): its own ``self.<attr>`` are not ours
+        self.foreign_init = False
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
@@ -93,7 +96,7 @@ class _InitExtractor(_InitContainers, _InitValues):
     # -- recording
     def record(self, attr: str, vals: list[tuple], conditional: bool, container_of: str | None = None,
                elsewhere: bool = False):
-        if self.sweep:
+        if self.sweep or self.foreign_init:
             return
         multi = len(vals) > 1
         for ty, args, key, site in vals:

@@ -14,7 +14,22 @@ from adopter.core.dsl import Arg, Const
 from adopter.core.extract.init_containers import _SEQUENTIAL
 from adopter.core.extract.symbols import _activation_instance, _activation_type, _dotted, _File
 from adopter.core.extract.values import _unparse
+from adopter.core.syntax import walk
 
+
+class _NotNone:
+    """A factory parameter the call binds to a class (its default, or a class it passes): no
+    constant, but not None either — ``if norm_layer is not None:`` is decided with it."""
+
+    def __repr__(self) -> str:
+        return "<a class>"
+
+    def __bool__(self) -> bool:
+        return True
+
+
+NOT_NONE = _NotNone()
+_SEQUENTIAL_NAMES = (_SEQUENTIAL, "torch.nn.modules.container.Sequential")
 # Nesting of factory functions followed from ``__init__`` (``conv_bn`` -> ``conv3x3`` -> ...).
 _MAX_FACTORY_DEPTH = 6
 
@@ -120,9 +135,25 @@ class _InitValues:
             refs = self.class_refs(arg) if type(arg) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
             if vals or refs:
                 out[name] = vals + refs
+                if refs and not vals and self.names_a_class(arg):
+                    consts[name] = NOT_NONE  # ``norm_layer=nn.BatchNorm2d``, ``partial(...)``
             else:
                 out.pop(name, None)  # a value we cannot resolve: unknown, not the default
+        given = {name for name, _arg in passed}
+        for p, d in _defaults(fn):
+            if p.arg in out and p.arg not in given and self.names_a_class(d):
+                # the class default the call leaves in place: ``if norm_layer is not None:`` holds
+                consts.setdefault(p.arg, NOT_NONE)
         return out, consts
+
+    def names_a_class(self, e: ast.AST) -> bool:
+        """``e`` is a class reference, never None: a dotted name of a class (not a local, which a
+        branch may have left None) or ``partial(Class, ...)``."""
+        if type(e) is ast.Call:
+            return bool(e.args) and self.is_partial(e.func) and self.names_a_class(e.args[0])
+        if type(e) is ast.Name:
+            return e.id not in self.local and e.id not in self.consts and bool(self.callee_types(e))
+        return type(e) is ast.Attribute and bool(self.callee_types(e))
 
     def factory_values(self, fn: ast.FunctionDef, call: ast.Call, owner: str | None, home: _File | None = None) -> list[tuple]:
         """What a factory function/method defined in this file (or, ``home``, another module of
@@ -247,11 +278,15 @@ class _InitValues:
                     return made
             out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
             if len(out) == 1 and not out[0][0].startswith("torch."):
-                found = self.fc.package_function(out[0][0])
-                if found is not None:
+                found = self.fc.package_definition(out[0][0])
+                if found is not None and not isinstance(found[1], ast.ClassDef):
                     made = self.built(self.factory_values(found[1], v, None, found[0]))
                     if made:
                         return [self.called_here(m, v) for m in made]
+                elif found is not None and found[0] is not self.fc:
+                    made = self.foreign_sequential(found[0], found[1], v)
+                    if made:
+                        return made
             if any(ty == _SEQUENTIAL for ty, _a, _k, _s in out):
                 self.note_sequential(v)
             return out
@@ -287,6 +322,42 @@ class _InitValues:
                         for b in self.out if b.attr == attr and b.container is None]
             return []
         return []
+
+    def foreign_sequential(self, home: _File, node: ast.ClassDef, call: ast.Call) -> list[tuple]:
+        """``call`` builds an ``nn.Sequential`` subclass of another file that defines only
+        ``__init__`` and fills itself with ``super().__init__(...)`` (torchvision's
+        ``Conv2dNormActivation`` style): its ``__init__`` evaluated there with ``call``'s arguments,
+        the children it passes found again under ``call``; [] for anything else."""
+        if len(node.bases) != 1 or node.keywords or self.loop_depth > 8:
+            return []
+        base = _dotted(node.bases[0])
+        if base is None or (home.fqn(base) or "") not in _SEQUENTIAL_NAMES:
+            return []
+        methods = {st.name: st for st in node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        init = methods.get("__init__")
+        if init is None or set(methods) != {"__init__"}:
+            return []
+        supers = [n for n in walk(init) if type(n) is ast.Call and type(n.func) is ast.Attribute
+                  and n.func.attr == "__init__" and type(n.func.value) is ast.Call
+                  and _dotted(n.func.value.func) == "super"]
+        if len(supers) != 1:
+            return []
+        cls = home.classes.get(node.name)
+        if cls is None:
+            return []
+        cls.bases = (_SEQUENTIAL,)
+        params, consts = self.bound_parameters(init, call, skip_self=True)
+        saved = (self.fc, self.cls, set(self.visiting), self.foreign_init)
+        self.fc, self.cls, self.foreign_init = home, cls, True
+        try:
+            self.factory_values_in_scope(init, params, consts, cls.name)
+        finally:
+            self.fc, self.cls, self.visiting, self.foreign_init = saved
+        builds = self.fc.read_seq_builds
+        if id(supers[0]) not in builds:
+            return []
+        builds[id(call)] = builds[id(supers[0])]
+        return [(_SEQUENTIAL, _const_args(call), None, call)]
 
     def called_here(self, made: tuple, call: ast.Call) -> tuple:
         """A layer another file's factory builds, placed at ``call`` (its call in this file); an
