@@ -257,7 +257,7 @@ class _File:
         cache[key] = None  # (cycles)
         found = None
         for module in self.star_modules:
-            if module.startswith("torch"):
+            if _is_torch(module):
                 continue
             path = _module_path(self, module)
             tree = _package_module_tree(path) if path is not None else None
@@ -281,6 +281,8 @@ class _File:
         from a torch layer, the name of its defining module (``pkg.layers.norm_act.BatchNormAct2d``,
         however it was imported or re-exported), noted in :attr:`foreign_layers`; ``fq`` otherwise."""
         last = fq.rsplit(".", 1)[-1]
+        # (torch's classes are named as torch names them; transformers' layer classes keep the names
+        # the rules and the catalogue use, and their modules are not read for it: scan speed)
         if not last[:1].isupper() or fq.startswith(("torch.", "transformers.")) or "." not in fq:
             return fq
         found = self.package_definition(fq)
@@ -441,6 +443,11 @@ def _package_module_tree(path: str) -> ast.Module | None:
     return tree
 
 
+def _is_torch(module: str) -> bool:
+    """torch itself (never read: its layers are the ones the rules name), not ``torchvision``."""
+    return module == "torch" or module.startswith("torch.")
+
+
 def _read_file(tree: ast.Module, path: str, reader: _File) -> _File:
     """Another module's symbol table, sharing the reader's caches (keys carry the directory)."""
     other = _File(tree, path)
@@ -462,7 +469,7 @@ def _exported(tree: ast.Module) -> set[str] | None:
 
 def _package_definition(fc: _File, fq: str, depth: int):
     module, _, name = fq.rpartition(".")
-    if not module or not name or module.startswith("torch"):
+    if not module or not name or _is_torch(module):
         return None
     cache = fc.package_cache
     key = (os.path.dirname(fc.filename), module, name)
