@@ -307,3 +307,22 @@ def test_sequential_subclass_of_another_file_none_passed(installed, tmp_path):
     # undecided: either child
     assert {b.layer.type for c in fs.classes for b in c.init_bindings if b.container == "self.b[1]"} == {
         "torch.nn.BatchNorm2d", "torch.nn.ReLU"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kwargs, line_42", [({}, "confirmed"), ({"norm": "groupnorm", "padding": "same"}, "rejected")])
+def test_scan_model_trace_settles_the_factory_conditions(monkeypatch, tmp_path, capsys, kwargs, line_42):
+    """``adopter scan --model``: the trace confirms every static site and settles the one the
+    factories' arguments left conditional (a GroupNormAct and a Conv2dSame built: rejected)."""
+    import json
+
+    from adopter.cli import main
+
+    _net_module(monkeypatch)
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"kwargs": kwargs, "inputs": {"x": {"shape": [2, 3, 16, 16], "dtype": "float32"}}}))
+    rc = main(["scan", str(NET), "--model", "fakepkg.models.net:Net", "--model-args", str(args), "--format", "json"])
+    assert rc == 0
+    found = sorted((m["lines"][0], m["rule"], m["status"]) for m in json.loads(capsys.readouterr().out)["matches"])
+    expected = [(line, rule, line_42 if line == 42 else "confirmed") for line, rule, _status in EXPECTED]
+    assert found == expected
