@@ -26,7 +26,7 @@ from .backend import KernelBackendError, select_backend
 from .batch_norm import FusedConv2dBatchNorm2d, FusedLinearBatchNorm1d
 from .frozen import freeze, is_frozen, unfreeze
 from .guarded import conv_bn, dropout_add_layer_norm, gelu_mode, linear_bn, linear_gelu, qkv
-from .guarded_sequential import GuardedSequential
+from .guarded_sequential import GuardedSequential, run_sequential
 from .layer_norm import FusedDropoutAddLayerNorm
 from .linear_gelu_module import FusedLinearBiasGeLU
 from .ops.attention import attention
@@ -91,6 +91,7 @@ __all__ = [
     "linear_gelu",
     "qkv",
     "reset_kernel_calls",
+    "run_sequential",
     "select_backend",
     "softmax",
     "unfreeze",

@@ -46,6 +46,7 @@ from .guard_checks import (
     plain_reason,
     record_fallback,
 )
+from .norm_act import norm_act_parts
 from .ops import conv_prepacked as _conv_ops
 from .ops import finite
 from .ops.batch_norm_fold import fold_batch_norm, fold_range
@@ -349,18 +350,22 @@ def epilogue_activation(activation: Any) -> str:
     return ""
 
 
+_AS_ACTIVATION = object()  # (_folded_call: the folded output gets ``activation``)
+
+
 def _activated(out: Any, activation: Any) -> Any:
     return out if activation is None else activation(out)
 
 
 def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, reason: str, run,
-                 prepacked=None, activation: Any = None) -> Any:
+                 prepacked=None, activation: Any = None, after_fold: Any = _AS_ACTIVATION) -> Any:
     """``activation(bn(layer(x)))`` (``bn(layer(x))`` when ``activation`` is None), or with no
     ``reason`` against it ``run(x, weight, bias)`` with the batch norm folded into the layer's
     weights (fp64; kept between calls under ``freeze``, else folded where that pays), then the activation;
     ``prepacked(layer, bn, x, tensors, weight, bias, fold_key, attr)``, when given, the fold cached
     and its result not None, computes the same on a packed weight, with a ReLU activation applied
-    inside when ``attr`` is ``"relu"``."""
+    inside when ``attr`` is ``"relu"``. ``after_fold``: what the folded layer's output gets instead of
+    ``activation`` (a norm+act module's own submodules, then ``activation``), where the fold runs."""
     if not reason and is_proxy(x):
         # fx records the user's modules: the graph then follows gm.train()/gm.eval() as the original's
         # does (a fold recorded for the mode traced in stayed folded after gm.train())
@@ -388,6 +393,8 @@ def _folded_call(kernel: str, layer: nn.Module, bn: nn.Module, x: torch.Tensor, 
         record_fallback(kernel, _OUT_OF_RANGE)
         return _activated(bn(layer(x)), activation)
     record(kernel, "torch")
+    if after_fold is not _AS_ACTIVATION:
+        activation = after_fold
     relu = epilogue_activation(activation) if activation is not None else ""
     if fold_key is None:  # (an uncached fold: gradients, compiling, inference tensors; nothing to pack once)
         return _activated(run(x, weight, bias), activation)
@@ -501,14 +508,67 @@ def conv_bn(conv: nn.Module, bn: nn.Module, x: torch.Tensor, activation: Any = N
     """``bn(conv(x))``, or ``activation(bn(conv(x)))`` when the source applies one to it; an
     eval-mode BatchNorm with running statistics is folded into the conv's weights: one conv (on CPU
     in float32 without gradients, in oneDNN where that pays, on a weight packed once where that
-    pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``)."""
+    pays, a ReLU applied in the conv's epilogue: ``kernels/ops/conv_prepacked.py``).
+
+    ``bn`` may be a norm+act module (a BatchNorm2d subclass whose forward applies its own
+    submodules to its batch norm and nothing else, :func:`kernels.norm_act.norm_act_parts`, read
+    from the class as it is at this call): the batch norm is folded, and its submodules are called
+    on the folded conv's output as its forward calls them (a plain ReLU among them, alone, in the
+    conv's epilogue)."""
     if not _fold_may_pay(conv, bn, x):
         return _unpaid("conv_bn", conv, bn, x, activation)
+    after = norm_act_parts(bn) if type(bn) is not nn.BatchNorm2d else None
     reason = (hooks_reason() or policy_reason("conv_bn", x, size=lambda: conv_macs(conv, x), variant=lambda: _layout(x))
-              or plain_reason(conv, nn.Conv2d, "_conv_forward") or _fold_reason(bn, nn.BatchNorm2d))
+              or plain_reason(conv, nn.Conv2d, "_conv_forward")
+              or (_fold_reason(bn, nn.BatchNorm2d) if after is None else _norm_act_reason(bn)))
     if not reason and not is_proxy(x) and (not isinstance(x, torch.Tensor) or x.dim() != 4):
         reason = "input is not a (batch, channels, height, width) tensor (BatchNorm2d raises on it)"
-    return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked, activation)
+    folded = _NormActAfter.of(bn, after, activation) if not reason and after is not None else _AS_ACTIVATION
+    return _folded_call("conv_bn", conv, bn, x, reason, conv._conv_forward, _conv_prepacked, activation, folded)
+
+
+def _norm_act_reason(bn: nn.Module) -> str:
+    """:func:`_fold_reason` for a norm+act module: its forward is its class's own (read by
+    ``norm_act_parts``); the rest as for a BatchNorm2d."""
+    if is_parametrized(bn):
+        return f"this {type(bn).__name__} has a parametrized tensor"
+    if "forward" in vars(bn):
+        return f"this {type(bn).__name__} has its own forward"
+    if has_hooks(bn):
+        return f"{type(bn).__name__} has hooks"
+    if bn.running_mean is None or bn.running_var is None:
+        return "BatchNorm tracks no running statistics"
+    if torch.is_autocast_enabled(bn.running_mean.device.type):
+        return "autocast: the original runs the BatchNorm in float32 after a low-precision layer"
+    return ""
+
+
+class _NormActAfter:
+    """What a norm+act module's forward applies after its batch norm (its submodules, in order),
+    then the caller's own activation: called on the folded conv's output."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: tuple) -> None:
+        self.steps = steps
+
+    @staticmethod
+    def of(bn: nn.Module, names: tuple[str, ...], activation: Any) -> Any:
+        steps = [getattr(bn, name) for name in names]
+        # an nn.Identity (exactly, without hooks) returns its input: nothing to call
+        steps = [s for s in steps if not (type(s) is nn.Identity and not has_hooks(s))]
+        if activation is not None:
+            steps.append(activation)
+        if not steps:
+            return None
+        if len(steps) == 1:
+            return steps[0]  # (a plain ReLU alone runs in the conv's epilogue: epilogue_activation)
+        return _NormActAfter(tuple(steps))
+
+    def __call__(self, out: Any) -> Any:
+        for step in self.steps:
+            out = step(out)
+        return out
 
 
 def linear_bn(linear: nn.Module, bn: nn.Module, x: torch.Tensor) -> Any:

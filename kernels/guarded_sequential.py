@@ -24,10 +24,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .guard_checks import global_hooks, has_hooks
 from .guarded import conv_bn, epilogue_activation, gelu_mode, linear_bn, linear_gelu
-from .telemetry import calls_made_at, source_file
+from .ops.common import is_proxy
+from .telemetry import calls_made_at, record, source_file
 
-__all__ = ["GuardedSequential"]
+__all__ = ["GuardedSequential", "run_sequential"]
 
 
 def _pair_kernel(first: nn.Module, second: nn.Module) -> Callable | None:
@@ -64,9 +66,9 @@ class GuardedSequential(nn.Sequential):
             return self._guarded_forward(input)
 
     @torch.jit.unused
-    def _guarded_forward(self, input: Any) -> Any:  # noqa: A002
+    def _guarded_forward(self, input: Any, site: tuple[str, str] | None = None) -> Any:  # noqa: A002
         children = list(self._modules.values())
-        with calls_made_at(getattr(self, "_adopter_site", None)):
+        with calls_made_at(site or getattr(self, "_adopter_site", None)):
             i, n = 0, len(children)
             while i < n:
                 module = children[i]
@@ -84,3 +86,31 @@ class GuardedSequential(nn.Sequential):
                 input = module(input)
                 i += 1
         return input
+
+
+def _runs_sequential_loop(module: Any) -> bool:
+    """``module(x)`` is ``nn.Sequential``'s loop over its children (``_modules`` in order)."""
+    cls = type(module)
+    if cls is nn.Sequential or cls is GuardedSequential:
+        return True
+    return (isinstance(module, nn.Sequential) and cls.forward is nn.Sequential.forward
+            and cls.__call__ is nn.Module.__call__ and cls.__iter__ is nn.Sequential.__iter__
+            and cls._call_impl is nn.Module._call_impl)
+
+
+def run_sequential(sequential: Any, input: Any) -> Any:  # noqa: A002 - nn.Sequential's parameter name
+    """``sequential(input)`` for an ``nn.Sequential`` the user's source calls but another file built
+    (a helper of another module or of an installed package: ``self.mlp = make_mlp(dim)``, which a
+    rewrite of the calling file cannot reach): when, at this call, it is an ``nn.Sequential`` running
+    ``nn.Sequential``'s own loop (a subclass that only fills itself in ``__init__``, as torchvision's
+    ``Conv2dNormActivation``; or a :class:`GuardedSequential`) without hooks, forward of its own or
+    global hooks, its children run as :class:`GuardedSequential` runs them (each fusable pair through
+    its guarded kernel, which checks its own preconditions again), counted at the calling site;
+    otherwise, and while fx traces, it is called as before."""
+    if (not _runs_sequential_loop(sequential) or has_hooks(sequential)
+            or "forward" in vars(sequential) or global_hooks() or is_proxy(input)):
+        record("run_sequential", "original", "not a plain nn.Sequential at this call (or hooks, or fx tracing)")
+        return sequential(input)
+    caller = sys._getframe(1).f_code
+    site = (source_file(caller.co_filename), getattr(caller, "co_qualname", caller.co_name))
+    return GuardedSequential._guarded_forward(sequential, input, site)

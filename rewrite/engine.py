@@ -24,7 +24,8 @@ from adopter.rewrite.source_io import WriteRefused, read_source, unified_diff, w
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit
 from adopter.core.codemod.generic import generic_codemod
-from adopter.core.codemod.sequential import SEQUENTIAL_CODEMOD
+from adopter.core.codemod.sequential import SEQUENTIAL_CALL_CODEMOD, SEQUENTIAL_CODEMOD
+from adopter.core.match.sequential import is_sequential_expansion
 from adopter.core.rules import find_rule
 from adopter.core.source_file import DEFAULT_MAX_BYTES, SourceReadError
 from adopter.core.structures import Match
@@ -95,6 +96,9 @@ def codemod_for(match: Match, rules: Sequence = ()):
     rule = find_rule(match.rule, rules)
     if match.sequential is not None and rule is not None and getattr(rule, "in_sequential", False):
         return SEQUENTIAL_CODEMOD
+    if rule is not None and getattr(rule, "in_sequential", False) and is_sequential_expansion(match):
+        # (the match driver keeps these only for a Sequential another file builds)
+        return SEQUENTIAL_CALL_CODEMOD
     if rule is not None and getattr(rule, "codemod", None) is not None:
         return rule.codemod
     return generic_codemod(match, rule)

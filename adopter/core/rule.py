@@ -138,6 +138,11 @@ class Rule:
     # matched as that parent (EfficientNet's ``EfficientNetDepthwiseConv2d(nn.Conv2d)``).
     # Its constructor arguments are not matched: its own signature differs from the parent's.
     match_subclasses: bool = False
+    # A BatchNorm2d subclass (of the file or, read from its source, of another module) whose forward
+    # applies submodules (an activation, a drop) to its batch norm and computes nothing else (timm's
+    # ``BatchNormAct2d``) is matched as ``torch.nn.BatchNorm2d``: the rule's kernel takes such a
+    # module and applies those submodules after it (checking at run time that it is one).
+    match_norm_act: bool = False
     # Consecutive entries of an ``nn.Sequential`` fit the rule's two-layer pattern: matched
     # where the Sequential is built and rewritten there to ``adopter.kernels.GuardedSequential``,
     # which runs such pairs through the rule's kernel (the kernel named by ``kernel``).

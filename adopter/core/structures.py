@@ -34,6 +34,9 @@ class InitBinding:
     activation: str | None = None
     # the type comes from the trace (the class of the submodule at run time), not the source
     runtime: bool = False
+    # an element of an ``nn.Sequential`` built in another file (a helper of another module or an
+    # installed package, read, never imported): its pairs are matched where this file calls it
+    built_elsewhere: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,10 @@ class FileStructures:
     functions: tuple[FunctionStructures, ...]  # entry functions: each class's forward + module-level fns
     imports: dict[str, str] = field(default_factory=dict)  # local name -> fully qualified name
     sequentials: tuple[SequentialBuild, ...] = ()
+    # layer classes of other files (read, never imported) that derive from a torch layer: type ->
+    # (that torch layer, None when the class only fixes ``__init__``, or the submodules a norm+act
+    # class's forward applies after its batch norm: ``("drop", "act")``)
+    foreign_layers: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- matching

@@ -64,3 +64,35 @@ class SequentialCodemod:
 
 
 SEQUENTIAL_CODEMOD = SequentialCodemod()
+
+CALL_KERNEL = "run_sequential"
+
+
+class SequentialCallCodemod:
+    """The codemod of a pair of an ``nn.Sequential`` that another file builds (a helper of another
+    module or of an installed package: ``self.mlp = make_mlp(dim)``) and this one calls: the call
+    becomes ``run_sequential(self.mlp, x)``, which runs the Sequential's children as
+    ``GuardedSequential`` runs them when it is, at that call, a plain ``nn.Sequential``, and calls it
+    as before otherwise. ``__init__`` and the helper stay as they are. Every pair matched in one
+    call yields this same edit."""
+
+    def analyze(self, match: Match, ctx: FileContext) -> Edit:
+        spans = {(mn.node.span.line, mn.node.span.col) for mn in match.nodes if mn.node.span is not None}
+        if len(spans) != 1:
+            raise Skip("not the call of one nn.Sequential")
+        call = ctx.expr_at(match.nodes[0].node.span)
+        if not isinstance(call, ast.Call):
+            raise Skip("the nn.Sequential call is not a call")
+        if len(call.args) != 1 or call.keywords or isinstance(call.args[0], ast.Starred):
+            raise Skip("the nn.Sequential is called with other than one tensor")
+        if ctx.enclosing_function(call) is None:
+            raise Skip("the nn.Sequential is called outside a function")
+        spec, local = kernel_name(ctx, CALL_KERNEL)
+        stmt = ctx.statement_of(call)
+        text = f"{local}({ctx.segment(call.func)}, {ctx.segment(call.args[0])})"
+        forward = ForwardEdit(statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt),
+                              expr_edits=(ExprEdit(ctx.char_span(call), text),))
+        return Edit(rule=match.rule, forward=forward, imports=(spec,))
+
+
+SEQUENTIAL_CALL_CODEMOD = SequentialCallCodemod()

@@ -168,7 +168,7 @@ def _extract_tree(tree: ast.Module, filename: str, lines: list[str], type_hints:
             functions.append(interp.entry(None, fdef, name))
     return FileStructures(
         file=filename, classes=tuple(classes), functions=tuple(functions), imports=dict(fc.imports),
-        sequentials=_sequential_builds(fc),
+        sequentials=_sequential_builds(fc), foreign_layers=dict(fc.foreign_layers),
     )
 
 

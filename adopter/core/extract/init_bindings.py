@@ -67,6 +67,9 @@ class _InitExtractor(_InitContainers, _InitValues):
         self.lists_override: tuple | None = None
         # local name -> the ``self.<attr>`` it was assigned (``m = self.mlp``)
         self.attr_alias: dict[str, str] = {}
+        # while the ``__init__`` of an nn.Sequential subclass of another file is evaluated for the
+        # children it passes (:meth:`foreign_sequential`): its own ``self.<attr>`` are not ours
+        self.foreign_init = False
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
@@ -91,8 +94,9 @@ class _InitExtractor(_InitContainers, _InitValues):
             self.attr_alias = saved_alias
 
     # -- recording
-    def record(self, attr: str, vals: list[tuple], conditional: bool, container_of: str | None = None):
-        if self.sweep:
+    def record(self, attr: str, vals: list[tuple], conditional: bool, container_of: str | None = None,
+               elsewhere: bool = False):
+        if self.sweep or self.foreign_init:
             return
         multi = len(vals) > 1
         for ty, args, key, site in vals:
@@ -108,11 +112,12 @@ class _InitExtractor(_InitContainers, _InitValues):
                     container=container_of,
                     span=span,
                     activation=key,
+                    built_elsewhere=elsewhere,
                 )
             )
             if ty in _CONTAINERS and type(site) is ast.Call:
                 # contents, also of containers inside containers (a Sequential in a ModuleList)
-                self.contents(attr, out_name, ty, site, conditional)
+                self.contents(attr, out_name, ty, site, conditional, elsewhere)
 
     # -- statements
     def block(self, body, conditional: bool):
@@ -140,6 +145,9 @@ class _InitExtractor(_InitContainers, _InitValues):
                 made = [v for v in self.values(st.value) if v[3] is not None]
                 if self.returns is not None:
                     self.returns.extend(made)
+                    if type(st.value) in (ast.Name, ast.Attribute, ast.IfExp):
+                        # a factory returning a class (``return BatchNormAct2d``): its callers call it
+                        self.returns.extend(v for v in self.class_refs(st.value) if v not in self.returns)
         elif t is ast.Expr and type(st.value) is ast.Call:
             self.call_stmt(st.value, conditional)
         elif t is ast.If:

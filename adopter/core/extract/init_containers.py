@@ -333,10 +333,13 @@ class _InitContainers:
                     for e in self.lists[a.id]]
         return []
 
-    def contents(self, attr: str, prefix: str, ty: str, call: ast.Call, conditional: bool):
-        """Bindings for the layers inside ``nn.ModuleList/Sequential/ModuleDict(...)``."""
+    def contents(self, attr: str, prefix: str, ty: str, call: ast.Call, conditional: bool, elsewhere: bool = False):
+        """Bindings for the layers inside ``nn.ModuleList/Sequential/ModuleDict(...)``; ``elsewhere``:
+        built in another file (a factory read there), its elements placed at ``call``."""
         items: list[tuple[str, list]] = []  # (container name, element values)
         build = self.fc.seq_builds.get(id(call)) if ty == _SEQUENTIAL else None
+        if build is None and ty == _SEQUENTIAL and id(call) in self.fc.read_seq_builds:
+            build, elsewhere = self.fc.read_seq_builds[id(call)], True
         if build is not None:
             # the entries as resolved where the Sequential is built (maybe in a factory); each
             # way when a list grown under ``if``/``else`` built it (else the last one seen)
@@ -381,7 +384,11 @@ class _InitContainers:
                 elif ta is ast.Name and a.id in self.lists:
                     items += [(f"{prefix}[*]", e.values) for e in self.lists[a.id]]
         for name, vals in items:
-            self.record(attr, vals, conditional, container_of=name)
+            if elsewhere:
+                # (an element built there stands at the call here; a container keeps its own call,
+                # under which its contents are found)
+                vals = [v if v[0] in _CONTAINERS else (v[0], v[1], v[2], call) for v in vals]
+            self.record(attr, vals, conditional, container_of=name, elsewhere=elsewhere)
 
     def ordered_dict(self, value) -> list | None:
         """Entries of a new ``OrderedDict()``/``OrderedDict([("fc", layer), ...])``/``dict()``/``{...}``

@@ -14,7 +14,22 @@ from adopter.core.dsl import Arg, Const
 from adopter.core.extract.init_containers import _SEQUENTIAL
 from adopter.core.extract.symbols import _activation_instance, _activation_type, _dotted, _File
 from adopter.core.extract.values import _unparse
+from adopter.core.syntax import walk
 
+
+class _NotNone:
+    """A factory parameter the call binds to a class (its default, or a class it passes): no
+    constant, but not None either — ``if norm_layer is not None:`` is decided with it."""
+
+    def __repr__(self) -> str:
+        return "<a class>"
+
+    def __bool__(self) -> bool:
+        return True
+
+
+NOT_NONE = _NotNone()
+_SEQUENTIAL_NAMES = (_SEQUENTIAL, "torch.nn.modules.container.Sequential")
 # Nesting of factory functions followed from ``__init__`` (``conv_bn`` -> ``conv3x3`` -> ...).
 _MAX_FACTORY_DEPTH = 6
 
@@ -120,9 +135,25 @@ class _InitValues:
             refs = self.class_refs(arg) if type(arg) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
             if vals or refs:
                 out[name] = vals + refs
+                if refs and not vals and self.names_a_class(arg):
+                    consts[name] = NOT_NONE  # ``norm_layer=nn.BatchNorm2d``, ``partial(...)``
             else:
                 out.pop(name, None)  # a value we cannot resolve: unknown, not the default
+        given = {name for name, _arg in passed}
+        for p, d in _defaults(fn):
+            if p.arg in out and p.arg not in given and self.names_a_class(d):
+                # the class default the call leaves in place: ``if norm_layer is not None:`` holds
+                consts.setdefault(p.arg, NOT_NONE)
         return out, consts
+
+    def names_a_class(self, e: ast.AST) -> bool:
+        """``e`` is a class reference, never None: a dotted name of a class (not a local, which a
+        branch may have left None) or ``partial(Class, ...)``."""
+        if type(e) is ast.Call:
+            return bool(e.args) and self.is_partial(e.func) and self.names_a_class(e.args[0])
+        if type(e) is ast.Name:
+            return e.id not in self.local and e.id not in self.consts and bool(self.callee_types(e))
+        return type(e) is ast.Attribute and bool(self.callee_types(e))
 
     def factory_values(self, fn: ast.FunctionDef, call: ast.Call, owner: str | None, home: _File | None = None) -> list[tuple]:
         """What a factory function/method defined in this file (or, ``home``, another module of
@@ -172,13 +203,13 @@ class _InitValues:
                 return [self.fc.class_type(self.fc.local_class_alias[f.id])]
             if f.id in self.fc.functions:
                 return [f"{self.fc.module}.{f.id}"]
-            fq = self.fc.imports.get(f.id)
-            return [fq] if fq else []
+            fq = self.fc.imports.get(f.id) or self.fc.star_name(f.id)
+            return [self.fc.layer_type(fq)] if fq else []
         if t is ast.Attribute:
             d = _dotted(f)
             if d is not None and not d.startswith(self.self_name + "."):
                 fq = self.fc.fqn(d)
-                return [fq] if fq else []
+                return [self.fc.layer_type(fq)] if fq else []
             if self.cls is not None and d is not None and d.count(".") == 1:
                 # ``self._norm_layer`` holding a class ``__init__`` stored before
                 return [ty for ty, _a, _k, site in self.cls.class_attrs.get(d.split(".")[1], ()) if site is None]
@@ -191,6 +222,10 @@ class _InitValues:
         if t is ast.Call and f.args and self.is_partial(f.func):
             # ``partial(nn.BatchNorm2d, eps=1e-3)``: a class with some arguments bound
             return self.callee_types(f.args[0])
+        if t is ast.Call:
+            # ``get_norm_act_layer("batchnorm")``: a factory (of this file or another module) that
+            # returns classes
+            return list(dict.fromkeys(ty for ty, _a, _k, site in self.factory_call(f) if site is None))
         if t is ast.Subscript and type(f.value) is ast.Name and f.value.id in self.fc.dicts:
             d = self.fc.dicts[f.value.id]
             key = f.slice
@@ -233,19 +268,23 @@ class _InitValues:
                 # calling a local that holds a class (``attention_class(config)``)
                 return [(ty, _const_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
             if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
-                made = self.factory_values(self.fc.functions[f.id], v, None)
+                made = self.built(self.factory_values(self.fc.functions[f.id], v, None))
                 if made:
                     return made
             method = self.own_method(f)
             if method is not None:
-                made = self.factory_values(method, v, self.cls.name)
+                made = self.built(self.factory_values(method, v, self.cls.name))
                 if made:
                     return made
             out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
             if len(out) == 1 and not out[0][0].startswith("torch."):
-                found = self.fc.package_function(out[0][0])
-                if found is not None:
-                    made = self.factory_values(found[1], v, None, found[0])
+                found = self.fc.package_definition(out[0][0])
+                if found is not None and not isinstance(found[1], ast.ClassDef):
+                    made = self.built(self.factory_values(found[1], v, None, found[0]))
+                    if made:
+                        return [self.called_here(m, v) for m in made]
+                elif found is not None and found[0] is not self.fc:
+                    made = self.foreign_sequential(found[0], found[1], v)
                     if made:
                         return made
             if any(ty == _SEQUENTIAL for ty, _a, _k, _s in out):
@@ -283,6 +322,77 @@ class _InitValues:
                         for b in self.out if b.attr == attr and b.container is None]
             return []
         return []
+
+    def foreign_sequential(self, home: _File, node: ast.ClassDef, call: ast.Call) -> list[tuple]:
+        """``call`` builds an ``nn.Sequential`` subclass of another file that defines only
+        ``__init__`` and fills itself with ``super().__init__(...)`` (torchvision's
+        ``Conv2dNormActivation`` style): its ``__init__`` evaluated there with ``call``'s arguments,
+        the children it passes found again under ``call``; [] for anything else."""
+        if len(node.bases) != 1 or node.keywords or self.loop_depth > 8:
+            return []
+        base = _dotted(node.bases[0])
+        if base is None or (home.fqn(base) or "") not in _SEQUENTIAL_NAMES:
+            return []
+        methods = {st.name: st for st in node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        init = methods.get("__init__")
+        if init is None or set(methods) != {"__init__"}:
+            return []
+        supers = [n for n in walk(init) if type(n) is ast.Call and type(n.func) is ast.Attribute
+                  and n.func.attr == "__init__" and type(n.func.value) is ast.Call
+                  and _dotted(n.func.value.func) == "super"]
+        if len(supers) != 1:
+            return []
+        cls = home.classes.get(node.name)
+        if cls is None:
+            return []
+        cls.bases = (_SEQUENTIAL,)
+        params, consts = self.bound_parameters(init, call, skip_self=True)
+        saved = (self.fc, self.cls, set(self.visiting), self.foreign_init)
+        self.fc, self.cls, self.foreign_init = home, cls, True
+        try:
+            self.factory_values_in_scope(init, params, consts, cls.name)
+        finally:
+            self.fc, self.cls, self.visiting, self.foreign_init = saved
+        builds = self.fc.read_seq_builds
+        if id(supers[0]) not in builds:
+            return []
+        builds[id(call)] = builds[id(supers[0])]
+        return [(_SEQUENTIAL, _const_args(call), None, call)]
+
+    def called_here(self, made: tuple, call: ast.Call) -> tuple:
+        """A layer another file's factory builds, placed at ``call`` (its call in this file); an
+        ``nn.Sequential`` built there is found again under ``call`` (its entries as resolved there)."""
+        ty, args, key, site = made
+        builds = self.fc.read_seq_builds
+        if id(site) in builds:
+            builds[id(call)] = builds[id(site)]
+        return (ty, args, key, call)
+
+    @staticmethod
+    def built(made: list[tuple]) -> list[tuple]:
+        """The constructions among a factory's returns (not the classes it returns)."""
+        return [v for v in made if v[3] is not None]
+
+    def factory_call(self, call: ast.Call) -> list[tuple]:
+        """What the factory ``call`` calls returns (constructions and classes), when it is a
+        function of this file, a method of the class or a function of another module; []
+        otherwise."""
+        f = call.func
+        if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
+            return self.factory_values(self.fc.functions[f.id], call, None)
+        method = self.own_method(f)
+        if method is not None:
+            return self.factory_values(method, call, self.cls.name)
+        if type(f) is ast.Name and (f.id in self.local or f.id in self.fc.classes):
+            return []
+        d = _dotted(f)
+        if d is None or d.startswith(self.self_name + "."):
+            return []
+        fq = self.fc.fqn(d)
+        if fq is None or fq.startswith("torch.") or not fq.rsplit(".", 1)[-1][:1].islower():
+            return []
+        found = self.fc.package_function(fq)
+        return self.factory_values(found[1], call, None, found[0]) if found is not None else []
 
     def own_method(self, f) -> ast.FunctionDef | None:
         """``self.<m>`` of a method defined in this class or a same-file base (``self._make_layer``)."""

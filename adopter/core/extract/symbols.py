@@ -163,9 +163,20 @@ class _File:
         self.partials: dict[str, ast.Call] = {}
         # ``nn.Sequential(...)`` constructions seen while resolving values, by id of the call
         self.seq_builds: dict[int, object] = {}
+        # Sequentials built in the files read for a factory (by id of the call there, and of the
+        # call of the factory here), shared with those files: never rewritten from this one
+        self.read_seq_builds: dict[int, object] = {}
         # (module, function name) -> (its _File, FunctionDef) or None: package factories read so far
         self.package_cache: dict[tuple[str, str], object] = {}
+        # modules of ``from <module> import *`` (as the file names them), in order
+        self.star_modules: list[str] = []
+        # types of layer classes defined in other files (read, never imported) that derive from a
+        # torch layer: type -> (that torch layer, None when the class only fixes ``__init__``, or the
+        # submodules a norm+act class applies after its batch norm); shared with the files read
+        self.foreign_layers: dict[str, tuple[str, tuple[str, ...] | None]] = {}
         self._name_cache: dict[str, _V] = {}
+        # the file this one was read for (a factory or class it defines), None for the scanned file
+        self.read_for: _File | None = None
         self._collect(tree.body)
 
     def _collect(self, body):
@@ -183,6 +194,8 @@ class _File:
                 for a in st.names:
                     if a.name != "*":
                         self.imports[a.asname or a.name] = _join(base, a.name)
+                    elif base:
+                        self.star_modules.append(base)
             elif t in (ast.FunctionDef, ast.AsyncFunctionDef):
                 self.functions[st.name] = st
             elif t is ast.ClassDef:
@@ -214,17 +227,89 @@ class _File:
         create_conv2d``, ``from timm.layers import create_conv2d`` inside ``timm/``): its
         defining file, read and parsed (never imported), and its definition; None otherwise.
         Re-exports through a package ``__init__`` are followed (two levels)."""
-        return _package_function(self, fq, 2)
+        found = _package_definition(self, fq, 3)
+        return found if found is not None and not isinstance(found[1], ast.ClassDef) else None
+
+    def package_definition(self, fq: str):
+        """``(defining _File, FunctionDef or ClassDef)`` of ``fq`` (a function or class of another
+        module of the file's package or of an installed package, read and parsed, never imported;
+        re-exports and ``import *`` followed a few levels), or None."""
+        return _package_definition(self, fq, 3)
 
     def fqn(self, dotted: str) -> str | None:
         head, _, rest = dotted.partition(".")
         base = self.imports.get(head)
         if base is None:
-            return None
+            base = self.star_name(head)
+            if base is None:
+                return None
         return f"{base}.{rest}" if rest else base
 
+    def star_name(self, name: str) -> str | None:
+        """``module.name`` for a name one of the file's ``from module import *`` brings (the module
+        read, never imported: a definition or re-export it has, within its ``__all__``), or None."""
+        if not self.star_modules or name in self.classes or name in self.functions:
+            return None
+        cache = self.package_cache
+        key = ("*", name)
+        if key in cache:
+            return cache[key]
+        cache[key] = None  # (cycles)
+        found = None
+        for module in self.star_modules:
+            if _is_torch(module):
+                continue
+            path = _module_path(self, module)
+            tree = _package_module_tree(path) if path is not None else None
+            if tree is None:
+                continue
+            other = _read_file(tree, path, self)
+            exported = _exported(tree)
+            if (name not in exported) if exported is not None else name.startswith("_"):
+                continue  # (``import *`` brings ``__all__``, else the names without a leading underscore)
+            if name in other.classes or name in other.functions or name in other.imports:
+                found = _join(module, name)
+                break
+            if other.star_name(name) is not None:
+                found = _join(module, name)
+                break
+        cache[key] = found
+        return found
+
+    def layer_type(self, fq: str) -> str:
+        """The type a layer of class ``fq`` gets: for a class defined in another file that derives
+        from a torch layer, the name of its defining module (``pkg.layers.norm_act.BatchNormAct2d``,
+        however it was imported or re-exported), noted in :attr:`foreign_layers`; ``fq`` otherwise."""
+        last = fq.rsplit(".", 1)[-1]
+        # (torch's classes are named as torch names them; transformers' layer classes keep the names
+        # the rules and the catalogue use, and their modules are not read for it: scan speed)
+        if not last[:1].isupper() or fq.startswith(("torch.", "transformers.")) or "." not in fq:
+            return fq
+        found = self.package_definition(fq)
+        if found is None or not isinstance(found[1], ast.ClassDef):
+            return fq
+        home, node = found
+        if _foreign_layer(home, node, 4) is None or _dotted_module(home.filename) is None:
+            return fq
+        return self.foreign_type(node, home)
+
     def class_type(self, name: str) -> str:
+        if self.read_for is not None:
+            # a class of a module read for a factory: named as any file importing it names it
+            return self.foreign_type(self.classes[name].node, self)
         return f"{self.module}.{name}"
+
+    def foreign_type(self, node: ast.ClassDef, home: "_File") -> str:
+        """The type of a layer of class ``node`` defined in ``home`` (another file), noted in
+        :attr:`foreign_layers` when it derives from a torch layer."""
+        info = _foreign_layer(home, node, 4)
+        module = _dotted_module(home.filename)
+        if module is None:
+            return f"{home.module}.{node.name}"
+        canonical = f"{module}.{node.name}"
+        if info is not None and info != "own":
+            self.foreign_layers[canonical] = info
+        return canonical
 
 
 # A module of the package larger than this is not read for a factory (modeling_utils-sized
@@ -252,18 +337,81 @@ def _module_path(fc: _File, module: str) -> str | None:
                 break
             parent = os.path.dirname(base)
             if parent == base:
-                return None
+                return _installed_module_path(parts)
             base = parent
         else:
-            return None
+            return _installed_module_path(parts)
         if os.path.basename(base) != parts[0]:
-            return None
+            return _installed_module_path(parts)
         parts = parts[1:]
-    target = os.path.join(base, *parts)
+    return _module_file(os.path.join(base, *parts))
+
+
+def _module_file(target: str) -> str | None:
     for candidate in (target + ".py", os.path.join(target, "__init__.py")):
         if os.path.isfile(candidate):
             return candidate
     return None
+
+
+# (sys.path as it was, module) -> its file or None: an installed package's modules looked up once
+_INSTALLED: dict[tuple[tuple[str, ...], str], str | None] = {}
+_INSTALLED_KEPT = 512
+
+
+def _installed_module_path(parts: list[str]) -> str | None:
+    """The file of an absolute module outside the scanned file's package: found as Python's path
+    finder would find it in a regular package on ``sys.path`` (each level a directory with an
+    ``__init__.py``), by file lookups only — never imported (``importlib.util.find_spec`` would
+    import its parent packages). torch's own modules are never read."""
+    import sys
+
+    if not parts or parts[0] in ("torch", "builtins", "typing", "functools", "collections") or \
+            parts[0] in sys.builtin_module_names:
+        return None
+    paths = tuple(p for p in sys.path if isinstance(p, str))
+    key = (paths, ".".join(parts))
+    if key in _INSTALLED:
+        return _INSTALLED[key]
+    found = None
+    for entry in paths:
+        root = os.path.abspath(entry or os.curdir)
+        base = os.path.join(root, parts[0])
+        if len(parts) == 1:
+            found = _module_file(base)
+        elif os.path.isfile(os.path.join(base, "__init__.py")):
+            pkg = base
+            for p in parts[1:-1]:
+                pkg = os.path.join(pkg, p)
+                if not os.path.isfile(os.path.join(pkg, "__init__.py")):
+                    pkg = None
+                    break
+            found = _module_file(os.path.join(pkg, parts[-1])) if pkg is not None else None
+        elif os.path.isfile(base + ".py"):
+            break  # a module of that name comes first: no package of it is imported
+        if found is not None or os.path.isfile(os.path.join(base, "__init__.py")):
+            break  # the first regular package of that name on the path is the one Python imports
+    if len(_INSTALLED) >= _INSTALLED_KEPT:
+        _INSTALLED.clear()
+    _INSTALLED[key] = found
+    return found
+
+
+def _dotted_module(path: str) -> str | None:
+    """The module name of the file at ``path`` within its regular package (the directories above
+    it holding an ``__init__.py``): ``.../site-packages/pkg/layers/norm_act.py`` ->
+    ``pkg.layers.norm_act``."""
+    path = os.path.abspath(path)
+    directory, file = os.path.split(path)
+    stem = os.path.splitext(file)[0]
+    parts = [] if stem == "__init__" else [stem]
+    for _ in range(16):
+        if not os.path.isfile(os.path.join(directory, "__init__.py")):
+            break
+        directory, name = os.path.split(directory)
+        parts.append(name)
+    parts.reverse()
+    return ".".join(parts) if parts and all(p.isidentifier() for p in parts) else None
 
 
 # path -> ((size, mtime), tree): a package module many scanned files import from (transformers'
@@ -295,12 +443,36 @@ def _package_module_tree(path: str) -> ast.Module | None:
     return tree
 
 
-def _package_function(fc: _File, fq: str, depth: int):
+def _is_torch(module: str) -> bool:
+    """torch itself (never read: its layers are the ones the rules name), not ``torchvision``."""
+    return module == "torch" or module.startswith("torch.")
+
+
+def _read_file(tree: ast.Module, path: str, reader: _File) -> _File:
+    """Another module's symbol table, sharing the reader's caches (keys carry the directory)."""
+    other = _File(tree, path)
+    other.package_cache = reader.package_cache
+    other.foreign_layers = reader.foreign_layers
+    other.read_for = reader
+    other.seq_builds = other.read_seq_builds = reader.read_seq_builds
+    return other
+
+
+def _exported(tree: ast.Module) -> set[str] | None:
+    """The names of a module's ``__all__`` when it is a literal list/tuple, else None."""
+    for st in tree.body:
+        if type(st) is ast.Assign and len(st.targets) == 1 and type(st.targets[0]) is ast.Name \
+                and st.targets[0].id == "__all__" and type(st.value) in (ast.List, ast.Tuple):
+            return {e.value for e in st.value.elts if type(e) is ast.Constant and isinstance(e.value, str)}
+    return None
+
+
+def _package_definition(fc: _File, fq: str, depth: int):
     module, _, name = fq.rpartition(".")
-    if not module or not name or not name[:1].islower():
+    if not module or not name or _is_torch(module):
         return None
     cache = fc.package_cache
-    key = (module, name)
+    key = (os.path.dirname(fc.filename), module, name)
     if key in cache:
         return cache[key]
     cache[key] = None  # cycles
@@ -308,14 +480,66 @@ def _package_function(fc: _File, fq: str, depth: int):
     tree = _package_module_tree(path) if path is not None else None
     if tree is None:
         return None
-    other = _File(tree, path)
-    other.package_cache = cache
-    fdef = other.functions.get(name)
-    found = (other, fdef) if fdef is not None else None
-    if found is None and depth > 0 and name in other.imports:
-        found = _package_function(other, other.imports[name], depth - 1)
+    other = _read_file(tree, path, fc)
+    found = None
+    if name in other.functions:
+        found = (other, other.functions[name])
+    elif name in other.classes:
+        found = (other, other.classes[name].node)
+    elif depth > 0:
+        target = other.imports.get(name) or other.star_name(name)
+        if target is not None:
+            found = _package_definition(other, target, depth - 1)
     cache[key] = found
     return found
+
+
+def _foreign_layer(home: _File, node: ast.ClassDef, depth: int):
+    """What a class of another file is as a layer: ``(torch layer, None)`` when it and its bases
+    up to a ``torch.nn`` layer define nothing but ``__init__`` (its forward is the torch layer's),
+    ``("torch.nn.BatchNorm2d", submodules)`` for a BatchNorm2d whose ``forward`` applies those
+    submodules to its batch norm and computes nothing else (:func:`adopter.catalogue.norm_act_form`),
+    ``"own"`` for a torch layer subclass computing something else, None when it derives from no
+    torch layer (as far as the files read tell)."""
+    from adopter.catalogue import norm_act_form
+
+    forward = None
+    for _ in range(depth):
+        methods = {st.name: st for st in node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if len(node.bases) != 1 or node.keywords:
+            return None
+        if set(methods) - {"__init__", "forward", "extra_repr"}:
+            return "own"
+        if "forward" in methods:
+            if forward is not None:
+                return "own"
+            forward = (methods["forward"], home)
+        d = _dotted(node.bases[0])
+        if d is None:
+            return None
+        if d in home.classes:
+            node = home.classes[d].node
+            continue
+        fq = home.fqn(d)
+        if fq is None:
+            return None
+        if fq.startswith("torch.nn."):
+            last = fq.rsplit(".", 1)[-1]
+            if not last[:1].isupper() or last in ("Module", "Sequential", "ModuleList", "ModuleDict"):
+                return None
+            fq = "torch.nn." + last  # ``torch.nn.modules.batchnorm.BatchNorm2d`` is nn.BatchNorm2d
+            if forward is None:
+                return (fq, None)
+            fdef, where = forward
+            if fq != "torch.nn.BatchNorm2d":
+                return "own"
+            form = norm_act_form(fdef, lambda dotted, where=where: where.fqn(dotted))
+            return "own" if form is None else (fq, form)
+        found = _package_definition(home, fq, 3)
+        if found is None or not isinstance(found[1], ast.ClassDef):
+            return None
+        home, node = found
+    return None
 
 
 def _is_module(fc: _File, cls: _ClassCtx, seen=()) -> bool:

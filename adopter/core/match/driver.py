@@ -23,6 +23,7 @@ from adopter.core.match.local_layers import (
     fold_inlined_calls,
     inherited_dependence,
     layer_subclass_aliases,
+    norm_act_aliases,
     shared_call_dependence,
 )
 from adopter.core.match.post import (
@@ -235,6 +236,13 @@ def _match_path(
                 accepted[key] = homed
 
 
+def _expands_built_elsewhere(match: Match, elsewhere: set) -> bool:
+    """Every layer of ``match`` is an element of a Sequential built in another file."""
+    return bool(elsewhere) and all(
+        mn.node.module is not None and mn.node.module.name in elsewhere for mn in match.nodes
+        if isinstance(mn.node, Layer))
+
+
 def match_structures(
     structures: FileStructures,
     rules: Iterable[RuleLike],
@@ -265,8 +273,18 @@ def match_structures(
     rule_aliases: list[dict[str, str]] = []
     # same-file Linear/LayerNorm subclasses whose forward only casts dtypes: every rule
     cast_aliases = cast_subclass_aliases(structures, source)
+    foreign = getattr(structures, "foreign_layers", None) or {}
+    local_norm_act = norm_act_aliases(structures, source) if any(
+        getattr(r, "match_norm_act", False) for r in rules) else {}
     for rule in rules:
         own = dict(aliases) if getattr(rule, "match_subclasses", False) else {}
+        if foreign and getattr(rule, "match_subclasses", False):
+            # layer classes of other modules: those that only fix ``__init__``; norm+act modules
+            # for the rules whose kernel takes them
+            norm_act = getattr(rule, "match_norm_act", False)
+            own.update({ty: base for ty, (base, applies) in foreign.items() if applies is None or norm_act})
+        if local_norm_act and getattr(rule, "match_norm_act", False):
+            own.update(local_norm_act)
         own = {**cast_aliases, **own}
         hook = getattr(rule, "layer_aliases", None)
         if hook is not None:
@@ -352,7 +370,10 @@ def match_structures(
                             if k not in accepted[i] and not isinstance(m.reason, NotACandidate))
     in_sequential = {r.name for r in rules if getattr(r, "in_sequential", False)}
     if in_sequential:
-        results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m))]
+        # (a Sequential built in another file is matched where this one calls it: no build here)
+        elsewhere = {b.container for c in structures.classes for b in c.init_bindings if b.built_elsewhere}
+        results = [m for m in results if not (m.rule in in_sequential and is_sequential_expansion(m)
+                                              and not _expands_built_elsewhere(m, elsewhere))]
         for m in match_sequentials(structures, rules, dict(zip((r.name for r in rules), rule_aliases))):
             if m.status != "refused":
                 results.append(m)

@@ -74,6 +74,45 @@ def local_type_names(structures: FileStructures, class_name: str) -> list[str]:
     return [f"{stem}.{class_name}", class_name]
 
 
+def norm_act_aliases(structures: FileStructures, source: str | None) -> dict[str, str]:
+    """Same-file norm+act classes: a direct ``nn.BatchNorm2d`` subclass defining only ``__init__``,
+    ``forward`` (and ``extra_repr``) whose forward applies submodules to its batch norm and computes
+    nothing else (:func:`adopter.catalogue.norm_act_form`, the reader the kernel uses at run time):
+    type -> ``torch.nn.BatchNorm2d``, for the rules whose kernel takes such a module
+    (``Rule.match_norm_act``). Classes of other files come from extraction
+    (``FileStructures.foreign_layers``)."""
+    from adopter.catalogue import BATCH_NORM_2D, norm_act_form
+
+    if source is None:
+        return {}
+    candidates = [c for c in structures.classes if c.bases == (BATCH_NORM_2D,)]
+    if not candidates:
+        return {}
+    tree = parse_file(source)
+    if tree is None:
+        return {}
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    imports = dict(structures.imports)
+
+    def fqn(dotted: str) -> str | None:
+        head, _, rest = dotted.partition(".")
+        base = imports.get(head)
+        return None if base is None else f"{base}.{rest}" if rest else base
+
+    out: dict[str, str] = {}
+    for cls in candidates:
+        node = defs.get(cls.name)
+        if node is None:
+            continue
+        methods = {st.name: st for st in node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if "forward" not in methods or set(methods) - {"__init__", "forward", "extra_repr"}:
+            continue
+        if norm_act_form(methods["forward"], fqn) is not None:
+            for ty in local_type_names(structures, cls.name):
+                out[ty] = BATCH_NORM_2D
+    return out
+
+
 # ---------------------------------------------------------------- folded same-file helper functions
 
 

@@ -50,7 +50,9 @@ class _LayerBatchNorm(Codemod):
         # The first pattern node: its type may be a same-file subclass (``modeling_x.DepthwiseConv``).
         first = next((e for (n, e), mn in zip(exprs, match.nodes) if isinstance(n, Layer)
                       and (n.type.endswith(self.first_suffix) or mn.pattern_index == 0)), None)
-        norm = next((e for n, e in exprs if isinstance(n, Layer) and n.type.endswith(self.bn_suffix)), None)
+        # The second: a BatchNorm, or a module matched as one (a norm+act class of another file)
+        norm = next((e for (n, e), mn in zip(exprs, match.nodes) if isinstance(n, Layer)
+                     and (n.type.endswith(self.bn_suffix) or mn.pattern_index == 1)), None)
         if not isinstance(first, ast.Call) or not isinstance(norm, ast.Call):
             raise Skip(f"match does not have a {self.first_suffix} call and a {self.bn_suffix} call")
         separate_calls(first, norm)

@@ -55,6 +55,9 @@ RULE = Rule(
     # Same-file Conv2d subclasses (EfficientNetDepthwiseConv2d): conv_bn checks at run time that
     # the subclass keeps Conv2d's forward.
     match_subclasses=True,
+    # BatchNorm2d subclasses applying their own activation (timm's BatchNormAct2d): conv_bn folds the
+    # batch norm and applies the module's activation after, once it has checked what the class computes
+    match_norm_act=True,
     # Sequential entries (``nn.Sequential(conv, bn, ...)``): rewritten to GuardedSequential where built.
     in_sequential=True,
 )
