@@ -275,7 +275,9 @@ def _check_constructor_args(cls, args, kwargs):
         )
 
 
-def _run_forward_check(model: nn.Module, inputs: dict, name: str) -> None:
+def _run_forward_check(model: nn.Module, inputs: dict, name: str, *, generated: bool = True) -> None:
+    """Run the forward once on ``inputs``; a failure is one line that says whose inputs they were
+    (``generated``: adopter's, from the forward's signature; else the caller's example inputs)."""
     try:
         with torch.no_grad():
             model(**inputs)
@@ -284,11 +286,18 @@ def _run_forward_check(model: nn.Module, inputs: dict, name: str) -> None:
         given = ", ".join(f"{k}{list(v.shape) if hasattr(v, 'shape') else ''}" for k, v in inputs.items())
         missing = _missing_required_inputs(model, inputs)
         other = [p.name for p in forward_parameters(model) if p.name not in inputs and p.name not in missing]
+        also = f" (it also accepts: {', '.join(other[:8])})" if other else ""
+        if not generated:
+            hint = (f"the example inputs lack {', '.join(missing)}" if missing
+                    else "check the example inputs' names, shapes and dtypes against the forward" + also)
+            raise TracingError(
+                f"forward of {name} failed on the example inputs given ({given or 'none'}): "
+                f"{type(exc).__name__}: {first}; {hint}"
+            ) from None
         hint = (
             f"pass {', '.join(missing)} with example_inputs"
             if missing
-            else "pass the inputs it needs with example_inputs"
-            + (f" (it also accepts: {', '.join(other[:8])})" if other else "")
+            else "pass the inputs it needs with example_inputs" + also
         )
         raise TracingError(
             f"forward of {name} failed on the generated inputs ({given or 'none'}): "
@@ -375,7 +384,8 @@ def build_model(
     if not on_meta:
         instance = instance.to(device)
     instance.eval()
-    if example_inputs is None:
+    generated = example_inputs is None
+    if generated:
         example_inputs = make_example_inputs(instance, config, batch_size=batch_size, seq_len=seq_len, device=device)
         missing = _missing_required_inputs(instance, example_inputs)
         if missing:
@@ -385,7 +395,7 @@ def build_model(
             )
     forward_checked = False
     if check_forward and not on_meta:
-        _run_forward_check(instance, example_inputs, type(instance).__name__)
+        _run_forward_check(instance, example_inputs, type(instance).__name__, generated=generated)
         forward_checked = True
     return BuiltModel(
         model=instance,
