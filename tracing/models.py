@@ -235,6 +235,19 @@ def model_source_files(model: nn.Module) -> list[str]:
 # ------------------------------------------------------------------ building
 
 
+# the end of a constructor failure where a dict was given (a config object expected, probably)
+DICT_GIVEN_HINT = "(pass the config object it expects with init_args=... / init_kwargs=...)"
+
+
+def _dicts_given(args, kwargs) -> str:
+    """``; params was given as a dict (...)`` when some argument is a dict, else ""."""
+    names = [f"argument {i + 1}" for i, a in enumerate(args) if isinstance(a, dict)]
+    names += [k for k, v in kwargs.items() if isinstance(v, dict)]
+    if not names:
+        return ""
+    return f"; {', '.join(names)} {'was' if len(names) == 1 else 'were'} given as a dict {DICT_GIVEN_HINT}"
+
+
 def _instantiate(cls, args, kwargs, device: str):
     try:
         # Sequential build sites are what confirms pairs matched where a Sequential is built
@@ -247,10 +260,10 @@ def _instantiate(cls, args, kwargs, device: str):
         msg = str(exc).splitlines()[0]
         if "argument" in msg:
             raise TracingError(f"{cls.__name__}(...) needs constructor arguments not given: {msg}") from None
-        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}") from None
+        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}{_dicts_given(args, kwargs)}") from None
     except Exception as exc:  # a model's own validation (ValueError etc.): one line for the user
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}") from None
+        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}{_dicts_given(args, kwargs)}") from None
 
 
 def _check_constructor_args(cls, args, kwargs):
