@@ -131,16 +131,23 @@ def _is_meta(value) -> bool:
 
 def _model_code_objects(model: nn.Module) -> set[tuple[str, str]]:
     """``(co_filename, co_name)`` of every function and method defined in the modules that define
-    the model's classes (``eager_attention_forward``, ``feed_forward_chunk``...)."""
+    the model's classes (``eager_attention_forward``, ``feed_forward_chunk``...) and of the
+    functions nested in them."""
     torch_dir = os.path.dirname(torch.__file__)
     module_names = {type(m).__module__ for m in model.modules()}
     anchors: set[tuple[str, str]] = set()
+
+    def add_code(code):
+        anchors.add((code.co_filename, code.co_name))
+        for const in code.co_consts:  # functions nested in it (``def stem(x)`` inside ``forward``)
+            if inspect.iscode(const) and not const.co_name.startswith("<"):
+                add_code(const)
 
     def add(obj):
         obj = inspect.unwrap(obj) if callable(obj) else obj
         code = getattr(obj, "__code__", None)
         if code is not None and not code.co_filename.startswith(torch_dir):
-            anchors.add((code.co_filename, code.co_name))
+            add_code(code)
 
     for name in module_names:
         module = sys.modules.get(name)
