@@ -61,8 +61,14 @@ class VerifyOptions:
 
 def _user_subject(user, built, device: str, made: list):
     """What ``optimize`` analyses for ``--model package.module:Name``: the model verify built (its
-    arguments as given), and a ``make`` that records in ``made`` the last model it built."""
+    arguments as given), and a ``make`` that records in ``made`` the last model it built. None
+    (optimize builds its own) for a transformers config, which optimize builds with ``use_cache``
+    off."""
     from adopter.optimizing.subject import build_subject
+
+    first = user.init_args[0] if user.init_args else None
+    if hasattr(first, "to_dict") and hasattr(first, "use_cache"):
+        return None
 
     subject = build_subject(type(built.model), None, built.example_inputs, device, user.init_args,
                             user.init_kwargs, built=built)
