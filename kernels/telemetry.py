@@ -4,7 +4,9 @@ Every public entry point of :mod:`adopter.kernels` that a rewrite emits records 
 :class:`KernelCall` per call: its kernel name, ``backend`` (``"torch"``, ``"triton"``,
 ``"xformers"``, or ``"original"`` when the guard sent the call to the unfused code), the fallback
 ``reason``, and the *site*: file and qualified function name of the first frame outside
-``adopter.kernels`` (the rewritten ``forward`` that called the kernel). Reports attribute calls
+``adopter.kernels`` and ``nn.Module.__call__``'s machinery (the rewritten ``forward`` that called
+the kernel, or the kernel module), a nested function named as the analysis names it
+(``Net.forward.stem``). Reports attribute calls
 to rewrites by that site, so a rule whose fused path never ran is visible.
 
 Recording is a dict increment (plus a short frame walk) and is skipped while ``torch.compile``
@@ -113,25 +115,38 @@ class calls_made_at:  # noqa: N801 - a context manager
         _OVERRIDE.site = self._saved
 
 
+# Frames of a module's ``__call__`` (``_wrapped_call_impl``, ``_call_impl``, hook wrappers): a
+# kernel module (``adopter.kernels.Softmax``) is called through them from the user's line.
+_MODULE_CALL = "torch.nn.modules.module"
+
+
+def _outside_kernels(frame):
+    """``frame`` or the first frame out from it that is neither adopter.kernels code nor a
+    module's call machinery: the user's code that called the kernel (function or module)."""
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith(_PACKAGE) or name == _MODULE_CALL):
+            return frame
+        frame = frame.f_back
+    return None
+
+
 def _site() -> tuple[str, str]:
     if _OVERRIDE.site is not None:
         return _OVERRIDE.site
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
-        frame = frame.f_back
+    frame = _outside_kernels(sys._getframe(2))
     if frame is None:
         return "", ""
     code = frame.f_code
-    return source_file(code.co_filename), getattr(code, "co_qualname", code.co_name)
+    # a function nested in a method is its site as the analysis names it: ``Net.forward.stem``
+    qualname = getattr(code, "co_qualname", code.co_name).replace(".<locals>.", ".")
+    return source_file(code.co_filename), qualname
 
 
 def calling_frame():
-    """The first frame outside ``adopter.kernels`` (the rewritten code that called the kernel), or
-    None."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
-        frame = frame.f_back
-    return frame
+    """The first frame outside ``adopter.kernels`` and a module's call machinery (the rewritten
+    code that called the kernel), or None."""
+    return _outside_kernels(sys._getframe(1))
 
 
 def _compiling() -> bool:

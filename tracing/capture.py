@@ -24,6 +24,8 @@ from torch import nn
 
 from adopter.core.rules import all_rules
 
+from .source_map import MODULE_FRAMES
+
 CaptureMethod = Literal["symbolic_trace", "export"]
 
 def leaf_modules_of(rules: Iterable) -> tuple[str, ...]:
@@ -129,16 +131,23 @@ def _is_meta(value) -> bool:
 
 def _model_code_objects(model: nn.Module) -> set[tuple[str, str]]:
     """``(co_filename, co_name)`` of every function and method defined in the modules that define
-    the model's classes (``eager_attention_forward``, ``feed_forward_chunk``...)."""
+    the model's classes (``eager_attention_forward``, ``feed_forward_chunk``...) and of the
+    functions nested in them."""
     torch_dir = os.path.dirname(torch.__file__)
     module_names = {type(m).__module__ for m in model.modules()}
     anchors: set[tuple[str, str]] = set()
+
+    def add_code(code):
+        anchors.add((code.co_filename, code.co_name))
+        for const in code.co_consts:  # functions nested in it (``def stem(x)`` inside ``forward``)
+            if inspect.iscode(const) and not const.co_name.startswith("<"):
+                add_code(const)
 
     def add(obj):
         obj = inspect.unwrap(obj) if callable(obj) else obj
         code = getattr(obj, "__code__", None)
         if code is not None and not code.co_filename.startswith(torch_dir):
-            anchors.add((code.co_filename, code.co_name))
+            add_code(code)
 
     for name in module_names:
         module = sys.modules.get(name)
@@ -171,6 +180,55 @@ def _keep_model_frames(model: nn.Module):
         yield
     finally:
         anchors_set.difference_update(added)
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _frame_modules(frame, modules: dict[int, tuple[str, nn.Module]], owners: frozenset[str]):
+    """``(path, class)`` of the model's module instances whose methods are running on the stack
+    from ``frame`` outwards, outermost first: a frame counts when its function is a method of a
+    class in its first argument's MRO (``Block.forward``, a base's ``forward`` reached through
+    ``super()``, ``nn.Module.forward(self.ffn, x)``) and that argument is a module of the model."""
+    chain: list[tuple[str, str]] = []
+    while frame is not None:
+        code = frame.f_code
+        owner = code.co_qualname.rpartition(".")[0]
+        if code.co_argcount and owner in owners:
+            obj = frame.f_locals.get(code.co_varnames[0])
+            hit = modules.get(id(obj))
+            if hit is not None and hit[1] is obj and any(k.__qualname__ == owner for k in type(obj).__mro__):
+                entry = (hit[0], _class_name(type(obj)))
+                if not chain or chain[-1] != entry:
+                    chain.append(entry)
+        frame = frame.f_back
+    chain.reverse()
+    return tuple(chain)
+
+
+@contextlib.contextmanager
+def _module_frames_recorded(model: nn.Module):
+    """Record on every graph node created while capturing the module instances whose methods were
+    running (``source_map.MODULE_FRAMES``): the tracers' module stacks see only ``__call__``, so
+    the nodes of a submodule whose ``forward`` the model calls directly would be filed under the
+    caller (one capture at a time: ``fx.Graph.create_node`` is wrapped while it runs)."""
+    modules = {id(m): (path, m) for path, m in model.named_modules()}
+    owners = frozenset(k.__qualname__ for _, m in modules.values() for k in type(m).__mro__)
+    original = torch.fx.Graph.create_node
+
+    def create_node(graph, *args, **kwargs):
+        node = original(graph, *args, **kwargs)
+        chain = _frame_modules(sys._getframe(1), modules, owners)
+        if chain:
+            node.meta[MODULE_FRAMES] = chain
+        return node
+
+    torch.fx.Graph.create_node = create_node
+    try:
+        yield
+    finally:
+        torch.fx.Graph.create_node = original
 
 
 def _export(model: nn.Module, example_inputs: dict[str, Any]) -> torch.fx.GraphModule:
@@ -216,7 +274,7 @@ def capture_model(
     for method in methods:
         start = time.perf_counter()
         try:
-            with _attributes_restored(model):
+            with _attributes_restored(model), _module_frames_recorded(model):
                 if method == "symbolic_trace":
                     gm = _symbolic_trace(model, example_inputs, leaf_modules)
                 elif method == "export":

@@ -235,6 +235,19 @@ def model_source_files(model: nn.Module) -> list[str]:
 # ------------------------------------------------------------------ building
 
 
+# the end of a constructor failure where a dict was given (a config object expected, probably)
+DICT_GIVEN_HINT = "(pass the config object it expects with init_args=... / init_kwargs=...)"
+
+
+def _dicts_given(args, kwargs) -> str:
+    """``; params was given as a dict (...)`` when some argument is a dict, else ""."""
+    names = [f"argument {i + 1}" for i, a in enumerate(args) if isinstance(a, dict)]
+    names += [k for k, v in kwargs.items() if isinstance(v, dict)]
+    if not names:
+        return ""
+    return f"; {', '.join(names)} {'was' if len(names) == 1 else 'were'} given as a dict {DICT_GIVEN_HINT}"
+
+
 def _instantiate(cls, args, kwargs, device: str):
     try:
         # Sequential build sites are what confirms pairs matched where a Sequential is built
@@ -247,10 +260,10 @@ def _instantiate(cls, args, kwargs, device: str):
         msg = str(exc).splitlines()[0]
         if "argument" in msg:
             raise TracingError(f"{cls.__name__}(...) needs constructor arguments not given: {msg}") from None
-        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}") from None
+        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}{_dicts_given(args, kwargs)}") from None
     except Exception as exc:  # a model's own validation (ValueError etc.): one line for the user
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}") from None
+        raise TracingError(f"{cls.__name__}(...) failed: {type(exc).__name__}: {msg}{_dicts_given(args, kwargs)}") from None
 
 
 def _check_constructor_args(cls, args, kwargs):
@@ -275,7 +288,9 @@ def _check_constructor_args(cls, args, kwargs):
         )
 
 
-def _run_forward_check(model: nn.Module, inputs: dict, name: str) -> None:
+def _run_forward_check(model: nn.Module, inputs: dict, name: str, *, generated: bool = True) -> None:
+    """Run the forward once on ``inputs``; a failure is one line that says whose inputs they were
+    (``generated``: adopter's, from the forward's signature; else the caller's example inputs)."""
     try:
         with torch.no_grad():
             model(**inputs)
@@ -284,11 +299,18 @@ def _run_forward_check(model: nn.Module, inputs: dict, name: str) -> None:
         given = ", ".join(f"{k}{list(v.shape) if hasattr(v, 'shape') else ''}" for k, v in inputs.items())
         missing = _missing_required_inputs(model, inputs)
         other = [p.name for p in forward_parameters(model) if p.name not in inputs and p.name not in missing]
+        also = f" (it also accepts: {', '.join(other[:8])})" if other else ""
+        if not generated:
+            hint = (f"the example inputs lack {', '.join(missing)}" if missing
+                    else "check the example inputs' names, shapes and dtypes against the forward" + also)
+            raise TracingError(
+                f"forward of {name} failed on the example inputs given ({given or 'none'}): "
+                f"{type(exc).__name__}: {first}; {hint}"
+            ) from None
         hint = (
             f"pass {', '.join(missing)} with example_inputs"
             if missing
-            else "pass the inputs it needs with example_inputs"
-            + (f" (it also accepts: {', '.join(other[:8])})" if other else "")
+            else "pass the inputs it needs with example_inputs" + also
         )
         raise TracingError(
             f"forward of {name} failed on the generated inputs ({given or 'none'}): "
@@ -375,7 +397,8 @@ def build_model(
     if not on_meta:
         instance = instance.to(device)
     instance.eval()
-    if example_inputs is None:
+    generated = example_inputs is None
+    if generated:
         example_inputs = make_example_inputs(instance, config, batch_size=batch_size, seq_len=seq_len, device=device)
         missing = _missing_required_inputs(instance, example_inputs)
         if missing:
@@ -385,7 +408,7 @@ def build_model(
             )
     forward_checked = False
     if check_forward and not on_meta:
-        _run_forward_check(instance, example_inputs, type(instance).__name__)
+        _run_forward_check(instance, example_inputs, type(instance).__name__, generated=generated)
         forward_checked = True
     return BuiltModel(
         model=instance,

@@ -219,16 +219,48 @@ def _class_str(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+# ``node.meta`` key of the module instances whose methods were running (frame by frame, outermost
+# first) when the node was created; recorded by the capture (``capture._module_frames_recorded``).
+MODULE_FRAMES = "adopter_module_frames"
+
+
 def _module_stack(node: torch.fx.Node) -> tuple[tuple[str, str], ...]:
+    """The module instances a node ran in, outermost first: those entered through ``__call__``
+    (the tracers' ``nn_module_stack``) merged with those whose method ran on the stack
+    (``MODULE_FRAMES``): a submodule's ``forward`` called directly (``self.ffn.forward(x)``,
+    ``nn.Module.forward(self.ffn, x)``) never passes ``__call__``, so the tracers file its nodes
+    under the caller's module; the frames still show whose method made them."""
     stack = node.meta.get("nn_module_stack") or {}
-    out = []
+    called = []
     for value in stack.values():
         try:
             path, cls = value
         except (TypeError, ValueError):
             continue
-        out.append((str(path).split("@")[0], _class_str(cls)))
-    return tuple(out)
+        called.append((str(path).split("@")[0], _class_str(cls)))
+    framed = list(node.meta.get(MODULE_FRAMES) or ())
+    if not framed:
+        return tuple(called)
+    called_paths = {p for p, _ in called}
+    if "" not in called_paths:  # the root's own frames: the tracer's stack leaves it out
+        framed = [entry for entry in framed if entry[0] != ""]
+    framed_at = {p: i for i, (p, _) in enumerate(framed)}
+    # a symbolic trace's leaf call_module node is the call itself: no frame of it ran
+    leaf = called.pop() if node.op == "call_module" and called and called[-1][0] not in framed_at else None
+    out: list[tuple[str, str]] = []
+    taken = 0
+    for entry in called:
+        at = framed_at.get(entry[0])
+        if at is None:
+            out.append(entry)  # entered by __call__ but no method frame recognised: keep its place
+        elif at >= taken:
+            out += framed[taken:at + 1]
+            taken = at + 1
+    out += framed[taken:]
+    if leaf is not None:
+        out.append(leaf)
+    seen: set[str] = set()
+    return tuple(e for e in out if not (e[0] in seen or seen.add(e[0])))
 
 
 def node_source(node: torch.fx.Node, index: int = 0) -> NodeSource:

@@ -15,6 +15,10 @@ tensor: normal for floating dtypes, integers in ``[low, high)`` — default ``[0
 integer ones, ``{"value": ...}`` for a given tensor) or a plain JSON value passed as is.
 ``inputs`` given there win over a factory's. Without inputs, they are generated from the
 forward signature where adopter knows the names (``input_ids``, ``pixel_values``...).
+A JSON object given for a parameter annotated with a dataclass (``params: ModelArgs``,
+``Optional[ModelArgs]``; string annotations resolved in the class's module) becomes an instance
+of it, field by field (a field typed by a dataclass likewise); an unknown field is an error.
+Any other config object needs a factory.
 
 Every problem is a :class:`UserModelError` (a :class:`TracingError`) with one line.
 """
@@ -22,19 +26,28 @@ Every problem is a :class:`UserModelError` (a :class:`TracingError`) with one li
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import json
 import os
 import sys
 import traceback
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from .models import TracingError, default_device
+from .models import DICT_GIVEN_HINT, TracingError, default_device
+
+# what a constructor that failed on a dict argument is told on the command line
+DICT_GIVEN_CLI_HINT = (
+    "(a JSON object in --model-args becomes a config object only for a parameter annotated with a dataclass; "
+    "otherwise give a factory function that builds the model: --model package.module:make_model)"
+)
 
 __all__ = [
     "UserModel", "UserModelError", "build_user_model", "cli_wording",
@@ -279,6 +292,66 @@ def _call_factory(factory, args: list, kwargs: dict, ref: str):
     return type(result), record[1], dict(record[2]), inputs
 
 
+def _annotation_dataclass(annotation) -> type | None:
+    """The dataclass an annotation names (``ModelArgs``, ``Optional[ModelArgs]``, ``ModelArgs | None``)."""
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        return annotation
+    options = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(options) == 1 and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return _annotation_dataclass(options[0])
+    return None
+
+
+def _type_hints(obj) -> dict:
+    """Resolved annotations of a function or dataclass (string annotations evaluated in their
+    module); {} where they cannot be resolved."""
+    try:
+        return typing.get_type_hints(obj)
+    except Exception:  # noqa: BLE001 - a name the annotations use is not importable: no hints
+        return {}
+
+
+def _as_dataclass(cls: type, value: dict, where: str):
+    """``cls(**value)`` with a JSON object for each field typed by a dataclass built the same way."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise UserModelError(f"{where}: {cls.__name__} has no field(s) {', '.join(map(repr, unknown))}; its fields: "
+                             f"{', '.join(fields) or 'none'}")
+    hints = _type_hints(cls)
+    kwargs = {}
+    for name, item in value.items():
+        inner = _annotation_dataclass(hints.get(name))
+        kwargs[name] = _as_dataclass(inner, item, f"{where}.{name}") if inner and isinstance(item, dict) else item
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - the dataclass's own checks (__post_init__, missing fields)
+        raise UserModelError(f"{where}: {cls.__name__}(...) failed: {_first_line(exc)}") from None
+
+
+def _dataclass_arguments(target, args: list, kwargs: dict, where: str) -> tuple[list, dict]:
+    """The JSON objects given for parameters of ``target`` (a class's ``__init__`` or a factory)
+    annotated with a dataclass (``config: ModelArgs``), as instances of it."""
+    function = target.__init__ if isinstance(target, type) else target
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return args, kwargs
+    if isinstance(target, type) and params:
+        params = params[1:]  # self
+    hints = _type_hints(function)
+
+    def convert(param, value, label):
+        cls = _annotation_dataclass(hints.get(param.name)) if param is not None else None
+        return _as_dataclass(cls, value, f"{where}: {label}") if cls is not None and isinstance(value, dict) else value
+
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    args = [convert(positional[i] if i < len(positional) else None, v, f"args[{i}]") for i, v in enumerate(args)]
+    kwargs = {k: convert(by_name.get(k), v, f"kwargs.{k}") for k, v in kwargs.items()}
+    return args, kwargs
+
+
 def load_user_model(ref: str, args_file: str | None = None) -> UserModel:
     """Resolve ``package.module:Name`` (see the module docstring); imports the user's module."""
     if not is_user_model_ref(ref):
@@ -291,12 +364,14 @@ def load_user_model(ref: str, args_file: str | None = None) -> UserModel:
     args, kwargs = list(data.get("args", [])), dict(data.get("kwargs", {}))
     where = f"--model-args {args_file}" if args_file else f"--model {ref}"
     inputs = make_inputs(data["inputs"], where) if "inputs" in data else None
-    if isinstance(obj, type):
-        if not issubclass(obj, nn.Module):
-            raise UserModelError(f"--model {ref}: {name} is a class but not an nn.Module")
-        return UserModel(ref, obj, tuple(args), kwargs, inputs)
+    if isinstance(obj, type) and not issubclass(obj, nn.Module):
+        raise UserModelError(f"--model {ref}: {name} is a class but not an nn.Module")
     if not callable(obj):
         raise UserModelError(f"--model {ref}: {name} is not an nn.Module class or a factory function (it is {type(obj).__name__})")
+    # a JSON object for a parameter annotated with a dataclass (``config: ModelArgs``) builds one
+    args, kwargs = _dataclass_arguments(obj, args, kwargs, where)
+    if isinstance(obj, type):
+        return UserModel(ref, obj, tuple(args), kwargs, inputs)
     model_cls, init_args, init_kwargs, returned = _call_factory(obj, args, kwargs, ref)
     if inputs is None and returned is not None:
         inputs = _as_keyword_inputs(model_cls, returned, f"--model {ref}")
@@ -306,7 +381,8 @@ def load_user_model(ref: str, args_file: str | None = None) -> UserModel:
 def cli_wording(message: str) -> str:
     """A build/optimize message naming the Python API's arguments, in the CLI's words."""
     return (message.replace("with example_inputs", 'in --model-args {"inputs": {...}}')
-            .replace("(pass them with init_args=... / init_kwargs=...)", '(give them in --model-args {"kwargs": {...}})'))
+            .replace("(pass them with init_args=... / init_kwargs=...)", '(give them in --model-args {"kwargs": {...}})')
+            .replace(DICT_GIVEN_HINT, DICT_GIVEN_CLI_HINT))
 
 
 def build_user_model(user: UserModel, device: str | None = None, **kwargs):

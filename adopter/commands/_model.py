@@ -18,7 +18,8 @@ MODEL_ARGS_HELP = (
     'with --model package.module:Name: a JSON file {"args": [...], "kwargs": {...}, "inputs": {"x": {"shape": '
     '[2, 3, 32, 32], "dtype": "float32"}}} (every key optional): the class\'s (or factory\'s) arguments and the '
     "forward's example inputs, random tensors of that shape and dtype (integer dtypes: values in [low, high), "
-    'default [0, 2); {"value": [...]} gives a tensor\'s values); a factory\'s own inputs are used otherwise'
+    'default [0, 2); {"value": [...]} gives a tensor\'s values); a factory\'s own inputs are used otherwise; a JSON '
+    "object for a parameter annotated with a dataclass (config: ModelArgs) becomes one, field by field"
 )
 
 USER_MODEL_EPILOG = """\
@@ -28,7 +29,9 @@ your own model (--model package.module:Name):
   a factory function called the same way that returns the model or (model, example_inputs); the
   arguments the factory passed the model class are recorded, and the optimized class is built with
   them. Example inputs: --model-args's "inputs", else the factory's, else generated from the forward
-  signature where the names are known (input_ids, pixel_values, ...). Example model-args file:
+  signature where the names are known (input_ids, pixel_values, ...). A JSON object for a constructor
+  parameter annotated with a dataclass (params: ModelArgs) becomes an instance of it; any other config
+  object needs a factory. Example model-args file:
     {"kwargs": {"width": 64, "act": "gelu"}, "inputs": {"x": {"shape": [2, 3, 32, 32], "dtype": "float32"}}}
 """
 

@@ -21,6 +21,7 @@ Exit status: 0 equivalent (and gate passed), 1 not equivalent or gate failed, 2 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -232,7 +233,9 @@ def run(args) -> int:
         max_regression=threshold,
         user_model=user,
     )
-    outcome = run_verify(options, progress)
+    # stdout is the report's: what the model prints while it is built and run goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        outcome = run_verify(options, progress)
 
     from adopter.verification.gate import format_report, write_json, write_plot
 

@@ -130,7 +130,7 @@ def config_fields_read(texts: dict[str, str], applied: Iterable[Match], names: I
                 continue
         tree = trees[path]
         classes = _classes(tree)
-        function = m.function.rpartition(".")[2]
+        function = m.function.partition(".")[0]  # a nested function's (``forward.stem``) method
         if m.class_name and m.class_name.split(".")[-1] in classes:
             todo, seen = [m.class_name.split(".")[-1]], set()
             while todo:  # the class and its same-file bases: their __init__ builds the modules

@@ -440,7 +440,9 @@ def _optimize(model_cls, rules, config, example_inputs, device, init_args, init_
         main_source_file(model_cls, [model_cls])
     subject = _subject or build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs)
     # the constructor arguments locate a plain config object (dataclass, namespace, dict) for the flipped check
-    arguments = None if _subject is not None else constructor_arguments(model_cls, config, init_args, init_kwargs)
+    # (a subject handed over with the arguments it was built with keeps them)
+    given = _subject is None or init_args or init_kwargs
+    arguments = constructor_arguments(model_cls, config, init_args, init_kwargs) if given else None
     run = _OptimizeRun(model_cls, subject, pipeline or Pipeline(), _resolve_rules(rules), arguments)
     matches = run.scan()
     candidates = run.confirm(matches)
@@ -472,6 +474,8 @@ class _OptimizeRun:
         self.built_sources: dict[type, dict[str, tuple[str, str]]] = {}  # class -> the texts it was built from
         self.flip_check: FlipCheck | None = None
         self.final: tuple = ()  # (class, modules, applied, diff, equivalence, its kernel calls)
+        # rule -> the same tuple for the class of that rule alone, when it was proved equivalent
+        self.alone: dict[str, tuple] = {}
         self.final_error = ""  # why the final class could not be checked (it cannot be built)
         self.flipped: tuple = (None, None)  # (equivalence under the flipped config, its kernel calls)
 
@@ -537,9 +541,10 @@ class _OptimizeRun:
         for m in sorted(candidates, key=lambda m: order.get(m.rule, len(order))):
             by_rule.setdefault(m.rule, []).append(m)
         accepted: dict[str, list[Match]] = {}
+        self.alone = {}
         for rule, rule_matches in by_rule.items():
             try:
-                new_cls, _, applied, failed, _ = self.build(rule_matches)
+                new_cls, modules, applied, failed, diff = self.build(rule_matches)
             except Exception as exc:  # noqa: BLE001 - a rewrite that does not load is dropped
                 for m in rule_matches:
                     self.skip(rule, m, "load-failed", f"rewritten source fails to load: {one_line(exc)}")
@@ -548,7 +553,8 @@ class _OptimizeRun:
                 self.skip(rule, m, "rewrite-failed", f"rewrite: {reason}")
             if not applied:
                 continue
-            result, error = self.equivalent(new_cls)
+            with count_kernel_calls() as calls:
+                result, error = self.equivalent(new_cls)
             if result is None or not result.equivalent:
                 reason = error or (
                     f"not equivalent: max |diff| {result.max_abs_diff:.3g} at {result.worst}"
@@ -560,12 +566,18 @@ class _OptimizeRun:
                     self.skip(rule, m, kind, reason, None if result is None else result.max_abs_diff)
                 continue
             accepted[rule] = applied
+            self.alone[rule] = (new_cls, modules, applied, diff, result, calls)
         return accepted
 
     def combine_equivalent(self, accepted: dict[str, list[Match]]) -> list[str]:
         """All accepted rules together; when they are not equivalent together, rules are added one
         at a time and kept while the class stays equivalent. Returns the rules kept."""
         final_rules = list(accepted)
+        if len(final_rules) == 1:
+            # one rule: the class its own check built and proved is the final one (built from the
+            # same matches, it would be the same source; the model is not built once more)
+            self.final = self.alone[final_rules[0]]
+            return final_rules
         result = self.build_final(accepted, final_rules)
         if result is None or not result.equivalent:
             kept: list[str] = []

@@ -137,8 +137,10 @@ def _refuse_large_default(model_cls, args: tuple, what: str, why: str = "") -> i
     return count
 
 
-def build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs) -> Subject:
-    """The instance to analyse. With no config and no constructor arguments, a transformers class
+def build_subject(model_cls, config, example_inputs, device, init_args, init_kwargs, built=None) -> Subject:
+    """The instance to analyse (``built``: a :class:`~adopter.tracing.BuiltModel` of ``model_cls``
+    built already with ``init_args``/``init_kwargs``, analysed as it is: ``adopter verify`` hands
+    over the model it built, which is not built a second time). With no config and no constructor arguments, a transformers class
     is built from its default config shrunk (``shrink_config``); when that does not build, from
     the shrunk default's first layers only (``layer_kinds=False``), then from the full-size
     default config, with an AdopterWarning, and only when it has at most
@@ -166,7 +168,8 @@ def build_subject(model_cls, config, example_inputs, device, init_args, init_kwa
     from adopter.errors import one_line
 
     try:
-        args, built = _build_with(build_model, model_cls, device, args, kwargs, example_inputs)
+        if built is None:
+            args, built = _build_with(build_model, model_cls, device, args, kwargs, example_inputs)
     except TracingError as exc:
         if full_size_config is None:
             raise OptimizeError(str(exc)) from None

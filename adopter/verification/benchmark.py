@@ -54,7 +54,15 @@ import torch
 from torch import nn
 
 from adopter.kernels import KernelCall, count_kernel_calls
-from adopter.verification.equivalence import call_model, flatten_tensors, model_loss, move_inputs
+from adopter.verification.equivalence import (
+    call_model,
+    flatten_tensors,
+    model_loss,
+    move_inputs,
+    stored_loss_attributes,
+    stored_losses,
+    tensor_attributes,
+)
 from adopter.verification.gate import BUSY_LOAD
 
 # variant name -> zero-argument training step; read by the generated benchmark module.
@@ -152,14 +160,17 @@ class BenchmarkResult:
 # ---------------------------------------------------------------- training step
 
 
-def training_step_loss(outputs: Any) -> torch.Tensor:
+def training_step_loss(outputs: Any, stored: list[torch.Tensor] = ()) -> torch.Tensor:
     """The model's own loss when it computes one (a causal LM given labels: what training
-    back-propagates); otherwise the mean of every differentiable output (cheap; the equivalence
-    check uses a random projection instead, here only the cost matters and it must be identical
-    for both)."""
+    back-propagates), returned or, ``stored``, the losses its forward stored on a module
+    (llama2.c's ``self.last_loss``); otherwise the mean of every differentiable output (cheap; the
+    equivalence check uses a random projection instead, here only the cost matters and it must be
+    identical for both)."""
     own = model_loss(outputs)
     if own is not None:
         return own.float()
+    if stored:
+        return torch.stack([t.float() for t in stored]).sum()
     terms = [
         t.float().mean() for _, t in flatten_tensors(outputs) if t.is_floating_point() and t.requires_grad
     ]
@@ -199,9 +210,20 @@ def make_train_step(model: nn.Module, example_inputs: Any, *, lr: float = 1e-6) 
     model.train()
     cuda = device.type == "cuda"
 
+    stored_names: list[str] | None = None  # the losses the forward stores, found at the first step
+    stored_keys: list[tuple[str, str]] = []  # their (module path, attribute)
+
     def step() -> None:
+        nonlocal stored_names
+        # the first step looks at every attribute; the others at those holding the loss
+        before = tensor_attributes(model) if stored_names is None else dict(zip(
+            stored_keys, stored_loss_attributes(model, stored_names, {})))
         outputs = call_model(model, inputs)
-        training_step_loss(outputs).backward()
+        if stored_names is None:
+            stored_names = [name for name, _ in stored_losses(model, before)]
+            stored_keys[:] = [tuple(name[len("self."):].rpartition(".")[::2]) for name in stored_names]
+        stored = [t for t in stored_loss_attributes(model, stored_names, before) if t is not None]
+        training_step_loss(outputs, stored).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if cuda:

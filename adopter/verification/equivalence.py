@@ -199,9 +199,15 @@ def training_loss(outputs: Any, seed: int = 0) -> torch.Tensor | None:
     own = model_loss(outputs)
     if own is not None:
         return own.float()
+    return projected(flatten_tensors(outputs), seed)
+
+
+def projected(named: list[tuple[str, torch.Tensor]], seed: int = 0) -> torch.Tensor | None:
+    """A fixed random projection of the differentiable tensors of ``named`` to one scalar (the same
+    weights for the same names, shapes and order), None when none is differentiable."""
     total = None
     generator = torch.Generator().manual_seed(seed)
-    for _, tensor in flatten_tensors(outputs):
+    for _, tensor in named:
         if not (tensor.is_floating_point() and tensor.requires_grad):
             continue
         weight = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
@@ -209,6 +215,67 @@ def training_loss(outputs: Any, seed: int = 0) -> torch.Tensor | None:
         term = (tensor.float() * weight).sum()
         total = term if total is None else total + term
     return total
+
+
+# ---------------------------------------------------------------- losses a forward stores on a module
+
+
+def tensor_attributes(model: nn.Module) -> dict[tuple[str, str], Any]:
+    """Every plain attribute of the model's modules (not a parameter, buffer or submodule) that
+    holds a tensor or None, by ``(module path, name)``: what :func:`stored_losses` compares after
+    a forward, and what :func:`restore_attributes` puts back."""
+    return {
+        (path, name): value
+        for path, module in model.named_modules()
+        for name, value in vars(module).items()
+        if value is None or isinstance(value, torch.Tensor)
+    }
+
+
+def stored_losses(model: nn.Module, before: dict[tuple[str, str], Any]) -> list[tuple[str, torch.Tensor]]:
+    """The losses the forward that ran since ``before`` (:func:`tensor_attributes`) stored on a
+    module instead of returning them (llama2.c's ``self.last_loss = F.cross_entropy(...)``, the
+    model returning the logits alone): attributes it set to a floating scalar that requires grad,
+    named ``self.last_loss`` / ``self.<module path>.<name>``. A training loop back-propagates them."""
+    found = []
+    for path, module in model.named_modules():
+        for name, value in vars(module).items():
+            if (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()
+                    and value.requires_grad and before.get((path, name), None) is not value):
+                found.append((".".join(("self", path, name) if path else ("self", name)), value))
+    return found
+
+
+def stored_loss_attributes(
+    model: nn.Module, names: list[str], before: dict[tuple[str, str], Any]
+) -> list[torch.Tensor | None]:
+    """The tensors a forward that ran since ``before`` (:func:`tensor_attributes`) stored in the
+    attributes ``names`` (:func:`stored_losses`' names) of ``model``; None where it stored none."""
+    out = []
+    for name in names:
+        path, _, attr = name[len("self."):].rpartition(".")
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            out.append(None)
+            continue
+        value = vars(module).get(attr)
+        fresh = isinstance(value, torch.Tensor) and before.get((path, attr)) is not value
+        out.append(value if fresh else None)
+    return out
+
+
+def restore_attributes(model: nn.Module, before: dict[tuple[str, str], Any]) -> None:
+    """Put back the tensor attributes a forward changed (a stored loss holds its autograd graph)."""
+    for path, module in model.named_modules():
+        for name, value in list(vars(module).items()):
+            if not isinstance(value, torch.Tensor):
+                continue
+            key = (path, name)
+            if key not in before:
+                del module.__dict__[name]
+            elif before[key] is not value:
+                module.__dict__[name] = before[key]
 
 
 # ---------------------------------------------------------------- comparison
@@ -319,11 +386,7 @@ def _run(model: nn.Module, example_inputs: Any, train: bool, seed: int):
     torch.manual_seed(seed)
     if train:
         model.zero_grad(set_to_none=True)
-        outputs = call_model(model, example_inputs)
-        loss = training_loss(outputs, seed)
-        if loss is not None:
-            loss.backward()
-        return outputs
+        return call_model(model, example_inputs)
     with torch.no_grad():
         return call_model(model, example_inputs)
 
@@ -421,7 +484,6 @@ def _check_equivalence(
     tol = tolerance or tolerance_for(dtype, device)
     inputs = move_inputs(example_inputs, device)
 
-
     original_buffers = [(buf, buf.detach().clone()) for buf in original.buffers()]
     calibrated = load_weights and _calibrate_fresh_batch_norm(original, inputs)
 
@@ -441,6 +503,7 @@ def _check_equivalence(
     saved_buffers = [
         [(buf, buf.detach().clone()) for buf in model.buffers()] for model in (original, optimized)
     ]
+    saved_attributes = [tensor_attributes(model) for model in (original, optimized)]
     try:
         with dropout_disabled(original, optimized):
             # eval forward
@@ -452,18 +515,46 @@ def _check_equivalence(
             diffs += _compare_lists("eval ", expected, actual, tol)
 
             # train forward + backward
-            expected = flatten_tensors(_run(original, inputs, True, seed))
+            before = tensor_attributes(original)
+            expected_outputs = _run(original, inputs, True, seed)
+            stored = stored_losses(original, before)
+            before_optimized = tensor_attributes(optimized)
             try:
                 actual_outputs = _run(optimized, inputs, True, seed)
             except Exception as exc:  # noqa: BLE001
                 return fail(f"optimized model fails in train mode: {one_line(exc)}")
-            actual = flatten_tensors(actual_outputs)
-            if model_loss(actual_outputs) is not None:
-                # The loss drove the backward: an output left out in training (None) is reported,
-                # the loss and every gradient below are what must agree.
+            expected, actual = flatten_tensors(expected_outputs), flatten_tensors(actual_outputs)
+            own = model_loss(expected_outputs)
+            if own is None and stored:
+                # The forward stored its loss on a module and returned the rest (llama2.c's
+                # ``self.last_loss``): training back-propagates that loss, with the outputs both
+                # models return; an output the optimized model leaves out in training is reported.
+                names = [name for name, _ in stored]
+                stored_actual = [(name, t) for name, t in zip(names, stored_loss_attributes(optimized, names, before_optimized))
+                                 if t is not None]
                 present = {name for name, _ in actual}
                 not_returned = [name for name, _ in expected if name not in present]
                 expected = [(name, t) for name, t in expected if name in present]
+                diffs += _compare_lists("train ", stored, stored_actual, tol)
+                common = [(name, dict(actual)[name]) for name, _ in expected]
+                actual_loss = projected(common, seed)
+                for _, t in stored_actual:  # one left out fails above; the gradients compare the rest
+                    actual_loss = t.float() if actual_loss is None else actual_loss + t.float()
+                expected_loss = projected(expected, seed)
+                for _, t in stored:
+                    expected_loss = t.float() if expected_loss is None else expected_loss + t.float()
+                losses = (expected_loss, actual_loss)
+            else:
+                losses = (training_loss(expected_outputs, seed), training_loss(actual_outputs, seed))
+                if model_loss(actual_outputs) is not None:
+                    # The loss drove the backward: an output left out in training (None) is reported,
+                    # the loss and every gradient below are what must agree.
+                    present = {name for name, _ in actual}
+                    not_returned = [name for name, _ in expected if name not in present]
+                    expected = [(name, t) for name, t in expected if name in present]
+            for loss in losses:
+                if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                    loss.backward()
             diffs += _compare_lists("train ", expected, actual, tol)
 
             param_names = {name for name, _ in original.named_parameters(remove_duplicate=False)}
@@ -488,7 +579,9 @@ def _check_equivalence(
                     continue
                 diffs.append(compare_tensor(f"buffer {key}", value, actual_state[key], tol))
     finally:
-        for model, training, buffers in zip((original, optimized), was_training, saved_buffers):
+        for model, training, buffers, attributes in zip((original, optimized), was_training, saved_buffers,
+                                                        saved_attributes):
+            restore_attributes(model, attributes)
             model.zero_grad(set_to_none=True)
             model.train(training)
             with torch.no_grad():

@@ -59,6 +59,30 @@ class VerifyOptions:
     user_model: Any = None
 
 
+def _user_subject(user, built, device: str, made: list):
+    """What ``optimize`` analyses for ``--model package.module:Name``: the model verify built (its
+    arguments as given), and a ``make`` that records in ``made`` the last model it built. None
+    (optimize builds its own) for a transformers config, which optimize builds with ``use_cache``
+    off."""
+    from adopter.optimizing.subject import build_subject
+
+    first = user.init_args[0] if user.init_args else None
+    if hasattr(first, "to_dict") and hasattr(first, "use_cache"):
+        return None
+
+    subject = build_subject(type(built.model), None, built.example_inputs, device, user.init_args,
+                            user.init_kwargs, built=built)
+    make = subject.make
+
+    def make_remembered(cls):
+        instance = make(cls)
+        made[:] = [cls, instance]
+        return instance
+
+    subject.make = make_remembered
+    return subject
+
+
 @dataclass
 class VerifyOutcome:
     result: dict
@@ -128,6 +152,9 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     config = built.config
     phases["build"] = time.perf_counter() - t0
 
+    # the last model optimize built of the user's class (class, instance): built as verify builds
+    # the optimized model, so the final class's instance is not built once more below
+    made: list = [None, None]
     on = "shrunk config" if user is None else "the given arguments"
     progress(f"optimizing {model_cls.__name__}: scan, trace, rewrite, per-rule equivalence ({on})")
     t = time.perf_counter()
@@ -135,9 +162,10 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
     with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always", AdopterWarning)
         try:
-            if user is not None:  # the user's arguments as given: no config to shrink
+            if user is not None:  # the user's arguments as given: no config to shrink, the model built above
                 optimized_cls = optimize(model_cls, rules=rules, init_args=user.init_args, init_kwargs=user.init_kwargs,
-                                         example_inputs=built.example_inputs, device=device)
+                                         example_inputs=built.example_inputs, device=device,
+                                         _subject=_user_subject(user, built, device, made))
             else:
                 small = shrink_config(config) if config is not None else None
                 optimized_cls = optimize(model_cls, rules=rules, config=small, device=device)
@@ -156,7 +184,8 @@ def _run_verify(options: VerifyOptions, progress: Callable[[str], None]) -> Veri
         return cls(copy.deepcopy(config)).to(device).eval()
 
     try:
-        optimized = make_full(optimized_cls)
+        optimized = made[1] if made[0] is optimized_cls else make_full(optimized_cls)
+        made[:] = [None, None]
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"the optimized {model_cls.__name__} cannot be built: {type(exc).__name__}: {exc}") from None
     equivalence = check_equivalence(original, optimized, built.example_inputs)

@@ -169,6 +169,11 @@ def _rehome(m: Match, structures: FileStructures) -> Match:
     head, _, tail = qual.rpartition(".")
     if head and head in class_names:
         return replace(m, class_name=head, function=tail)
+    owner, _, nested = qual.partition(".")
+    if head and owner in class_names:
+        # a function nested in a method (``def stem(x)`` inside ``forward``): the method's class,
+        # the name within it (``forward.stem``), as a method's is
+        return replace(m, class_name=owner, function=nested)
     if head:
         # nested function or method of an unknown class: keep the entry's class
         return replace(m, function=qual)

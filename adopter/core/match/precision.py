@@ -628,6 +628,15 @@ def _class_methods(source: str) -> dict[str, dict[str, set[str]]]:
     return out
 
 
+def _own_method(match: Match) -> str:
+    """The method of its class a match is in: ``forward`` for ``forward`` and for a function nested
+    in it (``forward.stem``), whose calls :func:`_self_calls` counts as the method's own."""
+    function = match.function
+    if match.class_name and function.startswith(match.class_name + "."):
+        function = function[len(match.class_name) + 1:]
+    return function.split(".")[0]
+
+
 def _module_attrs(match: Match) -> frozenset[str]:
     names = set()
     for mn in match.nodes:
@@ -645,7 +654,7 @@ def method_divergence(matches: list[Match], source: str | None) -> dict[int, Ref
     if not source or not matches:
         return {}
     methods = None
-    covered = {(m.rule, m.class_name, m.function.split(".")[-1], _module_attrs(m)) for m in matches}
+    covered = {(m.rule, m.class_name, _own_method(m), _module_attrs(m)) for m in matches}
     out: dict[int, Refusal] = {}
     for index, m in enumerate(matches):
         attrs = _module_attrs(m)
@@ -653,7 +662,7 @@ def method_divergence(matches: list[Match], source: str | None) -> dict[int, Ref
             continue
         if methods is None:
             methods = _class_methods(source)
-        own = m.function.split(".")[-1]
+        own = _own_method(m)
         for name, calls in methods.get(m.class_name, {}).items():
             if name != own and attrs <= calls and (m.rule, m.class_name, name, attrs) not in covered:
                 layers = ", ".join(f"self.{a}" for a in sorted(attrs))

@@ -11,10 +11,13 @@ a site is only rewritten when nothing but the loss and the returned output reads
 
 from __future__ import annotations
 
+import linecache
+
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules._common import LINEAR
 from adopter.core.rules.linear_cross_entropy.analysis import head_feeds_loss
 from adopter.core.rules.linear_cross_entropy.codemod import LinearCrossEntropy
+from adopter.core.rules.linear_cross_entropy.site import CrossEntropySite, ExprRef, LossFunctionSite
 
 DSL = """
 rule linear_cross_entropy
@@ -81,6 +84,31 @@ does not settle (an argument, another module's output) is matched likewise."""
 # ---------------------------------------------------------------- runtime
 
 
+def _source_text(file: str, ref: ExprRef) -> str:
+    """The text of an expression the site refers to: its own, or the file's at its position
+    (one line; ast's UTF-8 byte columns)."""
+    if ref.text or ref.at is None:
+        return ref.text
+    at = ref.at
+    if at.line != at.end_line:
+        return ""
+    line = linecache.getline(file, at.line).encode("utf-8")
+    return line[at.col:at.end_col].decode("utf-8", "replace").strip()
+
+
+def _loss_condition(match) -> str:
+    """When the kernel runs fused, in the words of what this site calls (its ``Match.site``)."""
+    site = getattr(match, "site", None)
+    if isinstance(site, LossFunctionSite):
+        return "when training with labels and self.loss_function is transformers' ForCausalLMLoss"
+    if isinstance(site, CrossEntropySite):
+        called = _source_text(match.file, site.loss_fn) or "the cross entropy"
+        where = f" (inlined from {site.helper})" if site.helper else ""
+        return (f"when training with targets and {called}{where} is torch's cross entropy the chunked sum "
+                "computes (class-index targets, mean or sum, no weight nor label smoothing)")
+    return "when training with targets and a loss the kernel computes"
+
+
 def _runtime_check(site: RuntimeSite) -> tuple[str | None, str]:
     from torch import nn
 
@@ -88,7 +116,7 @@ def _runtime_check(site: RuntimeSite) -> tuple[str | None, str]:
     if not isinstance(head, nn.Linear):
         return f"the head that runs is {type(head).__name__}, not an nn.Linear", ""
     return None, (f"head Linear {head.in_features}->{head.out_features} bias={head.bias is not None}; fused only "
-                  "when training with labels and transformers' ForCausalLMLoss (checked per call)")
+                  f"{_loss_condition(site.match)} (checked per call)")
 
 
 RULE = Rule(
