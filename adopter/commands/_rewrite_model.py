@@ -10,6 +10,7 @@ still holds the text ``optimize()`` read. Not a command (``adopter.cli.COMMANDS`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -247,9 +248,12 @@ def run_model(args, config=None) -> int:
     for p in paths:
         if not os.path.exists(p):
             raise UserError(f"no such file or directory: {p}")
-    user = resolve_user_model(args, needed=True)
+    # stdout is the diff's / report's: what the model's code prints goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        user = resolve_user_model(args, needed=True)
     args.project_config = config
-    optimized, notes = _optimize(args, user)
+    with contextlib.redirect_stdout(sys.stderr):
+        optimized, notes = _optimize(args, user)
     report = optimized.adopter_report
 
     # the files that may change: under the paths given, else under the working directory (not the

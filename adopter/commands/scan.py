@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import textwrap
@@ -218,7 +219,10 @@ def run(args) -> int:
     rules = select_rules(args)
     from adopter.commands._model import resolve_user_model
 
-    user = resolve_user_model(args)  # --model package.module:Name imports the user's module (opt-in)
+    # --model package.module:Name imports the user's module (opt-in); stdout is the report's, so
+    # what the model's code prints while it is imported, built and traced goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        user = resolve_user_model(args)
     # A named file that is not Python: a one-line notice, counted as skipped (text and JSON).
     args.paths, not_python = split_python_paths(args.paths)
     max_bytes = max_file_size(args)
@@ -263,7 +267,8 @@ def run(args) -> int:
             target = user.model_cls
             kwargs.update(user.build_kwargs(device))
         try:
-            report.matches = list(confirm_model_id(report.matches, target, device=device, **kwargs))
+            with contextlib.redirect_stdout(sys.stderr):
+                report.matches = list(confirm_model_id(report.matches, target, device=device, **kwargs))
         except UserError:
             raise
         except Exception as exc:

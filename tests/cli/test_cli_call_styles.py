@@ -120,3 +120,14 @@ def test_rewrite_model_writes_the_fused_stored_loss_that_optimize_proved(project
     r = adopter("rewrite", "--model", "stored_loss:Transformer", "--model-args", "lm.json", cwd=project)
     assert r.returncode == 0, r.stderr
     assert "lm_head_cross_entropy(" in r.stdout and "+from adopter.kernels import lm_head_cross_entropy" in r.stdout
+
+
+@pytest.mark.parametrize("command", [
+    ("scan", "printing_model.py", "--format", "json"),
+    ("rewrite", "--format", "json"),
+])
+def test_json_output_stays_json_when_the_model_prints(project, command):
+    r = adopter(*command, "--model", "printing_model:Net", "--model-args", "printing.json", cwd=project)
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout)  # the model's prints went to stderr
+    assert "printing_model: building Net" in r.stderr
