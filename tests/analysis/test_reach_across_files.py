@@ -463,8 +463,8 @@ def test_each_call_gets_its_own_children(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("own_forward", [False, True])
 def test_chain_followed_only_through_init_only_classes(tmp_path, monkeypatch, own_forward):
-    """A class between passing its arguments on is followed; one with a forward of its own decides
-    what runs (no nn.Sequential running its children): nothing is made of it."""
+    """A class passing its arguments on to its base is followed; one with a forward of its own
+    decides what runs (no nn.Sequential running its children): nothing is made of it."""
     forward = "def forward(self, x):\n                return x" if own_forward else ""
     path = _site_package(tmp_path, monkeypatch, f"""
         from torch import nn
@@ -473,11 +473,11 @@ def test_chain_followed_only_through_init_only_classes(tmp_path, monkeypatch, ow
             def __init__(self, c, act=nn.ReLU):
                 super().__init__(nn.Conv2d(c, c, 1), nn.BatchNorm2d(c), act())
 
-            {forward}
-
         class Mid(Base):
             def __init__(self, c):
                 super().__init__(c, nn.SiLU)
+
+            {forward}
     """, """
         from torch import nn
         from tmpops.misc import Mid

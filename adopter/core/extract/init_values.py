@@ -264,7 +264,7 @@ class _InitValues:
                 return None
             r = range(*bounds)
             if len(r) > limit:
-                return None
+                return None  # (before a list of it is made)
             out = list(r)
         else:
             return None
@@ -477,15 +477,12 @@ class _InitValues:
         for (_h, _n, _i, super_call), (base_home, _b, base_init, _s), base_cls in zip(chain, chain[1:], contexts[1:]):
             self.foreign_chain[id(super_call)] = (base_home, base_cls, base_init)
         builds = self.fc.read_seq_builds
-        innermost = id(chain[-1][3])
-        earlier = builds.pop(innermost, None)  # (what another call built: not this one's children)
         try:
             self.factory_values_in_scope(init, params, consts, contexts[0].name)
         finally:
             self.fc, self.cls, self.visiting, self.foreign_init, self.foreign_chain = saved
-        built = builds.pop(innermost, None)
-        if earlier is not None:
-            builds[innermost] = earlier
+        # taken away: another call of the class builds its own children, never merged into these
+        built = builds.pop(id(chain[-1][3]), None)
         if built is None:
             return []
         builds[id(call)] = built
