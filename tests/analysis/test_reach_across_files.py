@@ -571,3 +571,30 @@ def test_optimize_sequential_chain_and_mlps_train_as_the_original(monkeypatch):
         used = {(c.kernel, c.function) for c in calls.calls if c.backend != "original"}
         assert ("conv_bn", "OpsNet.forward") in used, used  # the chain's pairs folded at the model's calls
         assert ("linear_gelu", "OpsNet.forward") in used, used  # and the unrolled MLPs' Linear->GELU
+
+
+def test_constant_arguments_reach_the_layers_the_subclass_builds(installed, tmp_path):
+    """``MLP(..., bias=False)``: its Linear layers are built with ``bias=False`` (the constant the
+    call binds to ``bias``, not the parameter's name), so biased_GeLU sees a bias-free Linear."""
+    path = _model(tmp_path, """
+        from torch import nn
+        from instops import MLP
+
+        class M(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.a = MLP(d, [4 * d, d], activation_layer=nn.GELU, bias=False)
+                self.b = MLP(d, [4 * d, d], activation_layer=nn.GELU)
+
+            def forward(self, x):
+                return self.b(self.a(x))
+    """)
+    fs = extract_source(path.read_text(), str(path))
+    bias = {b.container: [str(a) for a in b.layer.args if a.keyword == "bias"] for c in fs.classes
+            for b in c.init_bindings if b.container and b.layer.type == "torch.nn.Linear"}
+    assert bias == {"self.a[0]": ["bias=False"], "self.a[3]": ["bias=False"],
+                    "self.b[0]": ["bias=True"], "self.b[3]": ["bias=True"]}
+    found = sorted((m.rule, m.status, m.code, [n.node.module.name for n in m.nodes][0])
+                   for m in scan_source(path.read_text(), str(path), all_rules()))
+    assert [f for f in found if f[3] == "self.b[0]"] == [("biased_GeLU", "static", "", "self.b[0]")]
+    assert not [f for f in found if f[3] == "self.a[0]" and f[1] == "static"], found

@@ -231,6 +231,22 @@ class _InitValues:
         finally:
             self.fc, self.cls, self.local, self.consts, self.lists = saved
 
+    def call_args(self, call: ast.Call) -> tuple[Arg, ...]:
+        """The arguments of a layer construction as written, a parameter of the factory being
+        evaluated that its call binds to a bool, None or number written as that constant
+        (``nn.Linear(d, h, bias=bias)`` of ``MLP(..., bias=False)``: ``bias=False``)."""
+        args = _const_args(call)
+        if not self.consts:
+            return args
+        out = []
+        for arg, node in zip(args, [*call.args, *(k.value for k in call.keywords)]):
+            if type(node) is ast.Name and node.id in self.consts:
+                value = self.consts[node.id]
+                if value is None or type(value) in (bool, int, float):
+                    arg = Arg(Const(repr(value)), arg.keyword)
+            out.append(arg)
+        return tuple(out)
+
     def element_value(self, e: ast.AST) -> object:
         """An element of a list a call writes out: its constant, else :data:`UNKNOWN_ELEMENT`."""
         if type(e) is ast.Constant:
@@ -396,7 +412,7 @@ class _InitValues:
                 return [(ty, args, key, v)]
             if type(f) is ast.Name and f.id in self.local:
                 # calling a local that holds a class (``attention_class(config)``)
-                return [(ty, _const_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
+                return [(ty, self.call_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
             if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
                 made = self.built(self.factory_values(self.fc.functions[f.id], v, None))
                 if made:
@@ -406,7 +422,7 @@ class _InitValues:
                 made = self.built(self.factory_values(method, v, self.cls.name))
                 if made:
                     return made
-            out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
+            out = [(ty, self.call_args(v), None, v) for ty in self.callee_types(f)]
             if len(out) == 1 and not out[0][0].startswith("torch."):
                 found = self.fc.package_definition(out[0][0])
                 if found is not None and not isinstance(found[1], ast.ClassDef):
