@@ -326,3 +326,275 @@ def test_scan_model_trace_settles_the_factory_conditions(monkeypatch, tmp_path, 
     found = sorted((m["lines"][0], m["rule"], m["status"]) for m in json.loads(capsys.readouterr().out)["matches"])
     expected = [(line, rule, line_42 if line == 42 else "confirmed") for line, rule, _status in EXPECTED]
     assert found == expected
+
+
+# -- nn.Sequential subclasses a few classes away from nn.Sequential, MLPs filled by a loop
+# (``instops``, in the shapes of torchvision's ``ops``: Conv2dNormActivation -> ConvNormActivation,
+# ``MLP``)
+OPS_NET = ROOT / "fakepkg" / "models" / "ops_net.py"
+OPS_EXPECTED = [
+    (27, "Conv_BatchNorm", "static"),  # Conv2dNormActivation -> ConvNormActivation -> nn.Sequential
+    (28, "Conv_BatchNorm", "conditional"),  # norm_layer the model's caller decides: a trace settles it
+    (30, "Conv_BatchNorm", "static"),  # PointwiseNormAct (another module) -> Conv2dNormActivation -> ...
+    (32, "biased_GeLU", "static"),  # MLP(dim, [4 * dim, dim]): its loop unrolled, Linear then GELU
+    (33, "biased_GeLU", "static"),  # MLP(dim, (2 * dim, 2 * dim, dim)): two Linear->GELU pairs
+    (33, "biased_GeLU", "static"),
+]  # (``self.plain``: no norm; ``self.normed``: a LayerNorm between; ``self.free``: sizes not written
+#     at the call, unknown here, the trace finds it: runtime-only)
+
+
+def test_sequential_chain_and_unrolled_mlp_found_nothing_imported(installed):
+    before = set(sys.modules)
+    assert _scan(OPS_NET) == OPS_EXPECTED
+    assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("fakepkg", "instops")}
+
+
+def test_sequential_chain_and_unrolled_mlp_children(installed):
+    fs = extract_source(OPS_NET.read_text(), str(OPS_NET))
+    children: dict[str, list] = {}
+    for c in fs.classes:
+        for b in c.init_bindings:
+            if b.container:
+                children.setdefault(b.attr, []).append((b.container, b.layer.type, b.conditional))
+
+    def types(attr):
+        return [(k.split("[")[1][:-1], t.rsplit(".", 1)[-1]) for k, t, _c in children[attr]]
+
+    assert types("self.stem") == [("0", "Conv2d"), ("1", "BatchNorm2d"), ("2", "ReLU")]
+    assert types("self.plain") == [("0", "Conv2d"), ("1", "SiLU")]  # norm_layer=None passed
+    assert types("self.pw") == [("0", "Conv2d"), ("1", "BatchNorm2d"), ("2", "Hardswish")]
+    assert types("self.mlp") == [("0", "Linear"), ("1", "GELU"), ("2", "Dropout"), ("3", "Linear"), ("4", "Dropout")]
+    assert [t for _k, t in types("self.deep")] == ["Linear", "GELU", "Dropout"] * 2 + ["Linear", "Dropout"]
+    assert types("self.normed") == [("0", "Linear"), ("1", "LayerNorm"), ("2", "GELU"), ("3", "Dropout"),
+                                    ("4", "Linear"), ("5", "Dropout")]
+    assert not any(c for attr in ("self.stem", "self.mlp", "self.deep", "self.normed") for _k, _t, c in children[attr])
+    # the model's own ``norm_layer`` (None or BatchNorm2d as its argument says): either child, conditional
+    assert sorted(t for k, t, c in children["self.conv"] if k == "self.conv[1]" and c) == [
+        "torch.nn.BatchNorm2d", "torch.nn.ReLU"]
+    # sizes not written at the call: the loop stands for any number of children, positions unknown
+    assert {k for k, _t, _c in children["self.free"]} == {"self.free[*]"}
+
+
+def _site_package(tmp_path: Path, monkeypatch, misc: str, model: str) -> Path:
+    """An installed package ``tmpops`` whose ``misc.py`` is ``misc`` and a model file using it."""
+    site = tmp_path / "site"
+    (site / "tmpops").mkdir(parents=True)
+    (site / "tmpops" / "__init__.py").write_text("")
+    (site / "tmpops" / "misc.py").write_text(textwrap.dedent(misc))
+    monkeypatch.syspath_prepend(str(site))
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent(model))
+    return path
+
+
+_LOOP_MLP = """
+    import torch
+    from torch import nn
+
+    class MLP(nn.Sequential):
+        def __init__(self, d, hidden, act=nn.GELU):
+            layers = []
+            for h in {iterable}:
+                layers.append(nn.Linear(d, h))
+                layers.append(act())
+                {extra}
+                d = h
+            layers.append(nn.Linear(d, d))
+            super().__init__(*layers)
+"""
+
+
+@pytest.mark.parametrize("iterable, extra, call, found", [
+    ("hidden", "", "MLP(8, [16])", [("self.m[0]", "Linear"), ("self.m[1]", "GELU"), ("self.m[2]", "Linear")]),
+    ("hidden[1:]", "", "MLP(8, [16, 32, 8])", [("self.m[0]", "Linear"), ("self.m[1]", "GELU"),
+                                               ("self.m[2]", "Linear"), ("self.m[3]", "GELU"), ("self.m[4]", "Linear")]),
+    ("range(hidden)", "", "MLP(8, 1)", [("self.m[0]", "Linear"), ("self.m[1]", "GELU"), ("self.m[2]", "Linear")]),
+    ("range(len(hidden))", "", "MLP(8, (4,))", [("self.m[0]", "Linear"), ("self.m[1]", "GELU"), ("self.m[2]", "Linear")]),
+    # not unrolled: the loop may stop early, the list is changed, too many iterations, sizes unknown
+    ("hidden", "if h > 8: break", "MLP(8, [16])", None),
+    ("hidden", "hidden.append(h)", "MLP(8, [16])", None),
+    ("hidden", "", "MLP(8, [16] * 2)", None),
+    ("range(hidden)", "", "MLP(8, 9)", None),
+    ("hidden", "", "MLP(8, [4] + [8])", None),
+])
+def test_loop_unrolled_only_when_the_call_settles_it(tmp_path, monkeypatch, iterable, extra, call, found):
+    path = _site_package(tmp_path, monkeypatch, _LOOP_MLP.format(iterable=iterable, extra=extra), f"""
+        from torch import nn
+        from tmpops.misc import MLP
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = {call}
+
+            def forward(self, x):
+                return self.m(x)
+    """)
+    fs = extract_source(path.read_text(), str(path))
+    children = [(b.container, b.layer.type.rsplit(".", 1)[-1]) for c in fs.classes for b in c.init_bindings
+                if b.container]
+    if found is None:
+        assert children and {k for k, _t in children} == {"self.m[*]"}
+    else:
+        assert children == found
+
+
+def test_each_call_gets_its_own_children(tmp_path, monkeypatch):
+    """The same subclass built with other sizes: each call's children, not the last call's."""
+    path = _site_package(tmp_path, monkeypatch, _LOOP_MLP.format(iterable="hidden", extra=""), """
+        from torch import nn
+        from tmpops.misc import MLP
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = MLP(8, [16])
+                self.b = MLP(8, [16, 16])
+                self.c = MLP(8, [16])
+    """)
+    fs = extract_source(path.read_text(), str(path))
+    count: dict[str, int] = {}
+    for c in fs.classes:
+        for b in c.init_bindings:
+            if b.container:
+                count[b.attr] = count.get(b.attr, 0) + 1
+    assert count == {"self.a": 3, "self.b": 5, "self.c": 3}
+
+
+@pytest.mark.parametrize("own_forward", [False, True])
+def test_chain_followed_only_through_init_only_classes(tmp_path, monkeypatch, own_forward):
+    """A class passing its arguments on to its base is followed; one with a forward of its own
+    decides what runs (no nn.Sequential running its children): nothing is made of it."""
+    forward = "def forward(self, x):\n                return x" if own_forward else ""
+    path = _site_package(tmp_path, monkeypatch, f"""
+        from torch import nn
+
+        class Base(nn.Sequential):
+            def __init__(self, c, act=nn.ReLU):
+                super().__init__(nn.Conv2d(c, c, 1), nn.BatchNorm2d(c), act())
+
+        class Mid(Base):
+            def __init__(self, c):
+                super().__init__(c, nn.SiLU)
+
+            {forward}
+    """, """
+        from torch import nn
+        from tmpops.misc import Mid
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = Mid(8)
+    """)
+    fs = extract_source(path.read_text(), str(path))
+    children = [(b.container, b.layer.type) for c in fs.classes for b in c.init_bindings if b.container]
+    assert children == ([] if own_forward else [
+        ("self.m[0]", "torch.nn.Conv2d"), ("self.m[1]", "torch.nn.BatchNorm2d"), ("self.m[2]", "torch.nn.SiLU")])
+
+
+def _ops_net_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(SITE))
+    monkeypatch.syspath_prepend(str(ROOT))
+    from fakepkg.models import ops_net
+
+    return ops_net
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kwargs, line_28", [({}, "confirmed"), ({"norm": "none"}, "rejected")])
+def test_scan_model_trace_settles_the_sequential_chain(monkeypatch, tmp_path, capsys, kwargs, line_28):
+    """``adopter scan --model``: every static site of the chain and the unrolled MLPs confirmed, the
+    norm the model's argument decides settled; the MLP whose sizes the scan cannot know is found
+    by the trace alone (runtime-only)."""
+    import json
+
+    from adopter.cli import main
+
+    _ops_net_module(monkeypatch)
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"kwargs": kwargs, "inputs": {"x": {"shape": [2, 3, 16, 16], "dtype": "float32"}}}))
+    rc = main(["scan", str(OPS_NET), "--model", "fakepkg.models.ops_net:OpsNet", "--model-args", str(args),
+               "--format", "json"])
+    assert rc == 0
+    found = sorted((m["lines"][0], m["rule"], m["status"]) for m in json.loads(capsys.readouterr().out)["matches"])
+    expected = [(line, rule, line_28 if line == 28 else "confirmed") for line, rule, _status in OPS_EXPECTED]
+    assert found == sorted(expected + [(35, "biased_GeLU", "runtime-only")])
+
+
+@pytest.mark.slow
+def test_optimize_sequential_chain_and_mlps_train_as_the_original(monkeypatch):
+    """Scan, trace, rewrite, equivalence: every site of the chain and of the unrolled MLPs applied
+    (``run_sequential`` at the model's calls), the optimized model trains and evaluates as the
+    original (forward and backward), same state dict; the norm-less config runs as its original."""
+    import torch
+    from adopter.kernels import count_kernel_calls, guarded
+
+    from adopter import optimize
+
+    monkeypatch.setattr(guarded, "FOLD_PER_CALL_MAX_WEIGHT_SHARE", float("inf"))
+    ops_net = _ops_net_module(monkeypatch)
+    x = torch.randn(4, 3, 16, 16)
+    cls = optimize(ops_net.OpsNet, example_inputs={"x": x})
+    report = cls.adopter_report
+    assert sorted((a.rule, a.lines[0]) for a in report.applied) == [
+        ("Conv_BatchNorm", 27), ("Conv_BatchNorm", 28), ("Conv_BatchNorm", 30),
+        ("biased_GeLU", 32), ("biased_GeLU", 33)], report.summary()  # (self.deep's 2nd pair: the same edit)
+    assert report.equivalence.equivalent
+
+    for kwargs in ({}, {"norm": "none"}):
+        torch.manual_seed(0)
+        original, optimized = ops_net.OpsNet(**kwargs), cls(**kwargs)
+        assert list(optimized.state_dict()) == list(original.state_dict())
+        optimized.load_state_dict(original.state_dict())
+        opt_a = torch.optim.SGD(original.parameters(), lr=0.05)
+        opt_b = torch.optim.SGD(optimized.parameters(), lr=0.05)
+        for step in range(3):
+            xs = torch.randn(4, 3, 16, 16)
+            for model, opt in ((original, opt_a), (optimized, opt_b)):
+                model.train()
+                opt.zero_grad()
+                model(xs).square().mean().backward()
+                opt.step()
+            for (name, a), b in zip(original.named_parameters(), optimized.parameters()):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=f"{name} after step {step}")
+        original.eval(), optimized.eval()
+        xe = torch.randn(4, 3, 16, 16, requires_grad=True)
+        xe2 = xe.detach().clone().requires_grad_()
+        with count_kernel_calls() as calls:
+            out = optimized(xe2)
+        ref = original(xe)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(xe2.grad, xe.grad, rtol=1e-4, atol=1e-5)
+        used = {(c.kernel, c.function) for c in calls.calls if c.backend != "original"}
+        assert ("conv_bn", "OpsNet.forward") in used, used  # the chain's pairs folded at the model's calls
+        assert ("linear_gelu", "OpsNet.forward") in used, used  # and the unrolled MLPs' Linear->GELU
+
+
+def test_constant_arguments_reach_the_layers_the_subclass_builds(installed, tmp_path):
+    """``MLP(..., bias=False)``: its Linear layers are built with ``bias=False`` (the constant the
+    call binds to ``bias``, not the parameter's name), so biased_GeLU sees a bias-free Linear."""
+    path = _model(tmp_path, """
+        from torch import nn
+        from instops import MLP
+
+        class M(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.a = MLP(d, [4 * d, d], activation_layer=nn.GELU, bias=False)
+                self.b = MLP(d, [4 * d, d], activation_layer=nn.GELU)
+
+            def forward(self, x):
+                return self.b(self.a(x))
+    """)
+    fs = extract_source(path.read_text(), str(path))
+    bias = {b.container: [str(a) for a in b.layer.args if a.keyword == "bias"] for c in fs.classes
+            for b in c.init_bindings if b.container and b.layer.type == "torch.nn.Linear"}
+    assert bias == {"self.a[0]": ["bias=False"], "self.a[3]": ["bias=False"],
+                    "self.b[0]": ["bias=True"], "self.b[3]": ["bias=True"]}
+    found = sorted((m.rule, m.status, m.code, [n.node.module.name for n in m.nodes][0])
+                   for m in scan_source(path.read_text(), str(path), all_rules()))
+    assert [f for f in found if f[3] == "self.b[0]"] == [("biased_GeLU", "static", "", "self.b[0]")]
+    assert not [f for f in found if f[3] == "self.a[0]" and f[1] == "static"], found

@@ -14,11 +14,17 @@ import ast
 
 from adopter.core.dsl import Layer, Var
 from adopter.core.extract.init_containers import _CONTAINERS, _MAX_WAYS, _SEQUENTIAL, _Entry, _InitContainers, _ListVar
-from adopter.core.extract.init_values import _fold, _InitValues
+from adopter.core.extract.init_values import UNKNOWN_ELEMENT, _fold, _InitValues
 from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _span
 from adopter.core.extract.values import _unparse
 from adopter.core.structures import InitBinding
 from adopter.core.syntax import walk
+
+# ``for`` loops unrolled (:meth:`_InitExtractor.unroll`): iterations of one, loops nested
+_MAX_UNROLLED_ITERATIONS = 8
+_MAX_UNROLLED_LOOPS = 2
+# what may leave a loop before its last iteration (or leave the function)
+_LEAVES_LOOP = (ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom)
 
 
 def _ends_here(st: ast.stmt, consts: dict[str, object]) -> bool:
@@ -70,6 +76,11 @@ class _InitExtractor(_InitContainers, _InitValues):
         # while the ``__init__`` of an nn.Sequential subclass of another file is evaluated for the
         # children it passes (:meth:`foreign_sequential`): its own ``self.<attr>`` are not ours
         self.foreign_init = False
+        # the super().__init__ calls of the classes between such a subclass and nn.Sequential, by
+        # id: the base class whose ``__init__`` each one runs (:meth:`foreign_sequential`)
+        self.foreign_chain: dict[int, tuple] = {}
+        # ``for`` loops being unrolled (:meth:`unroll`)
+        self.unrolled = 0
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
@@ -159,6 +170,8 @@ class _InitExtractor(_InitContainers, _InitValues):
                 self.block(st.body, taken is None or conditional)
             if taken is not True:
                 self.block(st.orelse, taken is None or conditional)
+        elif t is ast.For and self.unroll(st, conditional):
+            return
         elif t in (ast.For, ast.AsyncFor, ast.While):
             # elements appended in a loop stand for any number of elements
             self.loop_depth += 1
@@ -175,6 +188,34 @@ class _InitExtractor(_InitContainers, _InitValues):
                 self.block(h.body, True)
             self.block(st.orelse, True)
             self.block(st.finalbody, conditional)
+
+    def unroll(self, st: ast.For, conditional: bool) -> bool:
+        """A ``for`` of a factory (or of another file's ``__init__``) over what its call settles
+        (``for d in hidden_channels[:-1]:`` with ``hidden_channels=[4 * dim, dim]`` passed, ``range(n)``
+        with ``n`` passed): its body run once per value, the loop variable bound to each (a constant
+        or unknown), so what it appends keeps its place. False (nothing run) for any other loop, one
+        that may leave early, or more than :data:`_MAX_UNROLLED_ITERATIONS` iterations."""
+        if self.returns is None or self.unrolled >= _MAX_UNROLLED_LOOPS or type(st.target) is not ast.Name:
+            return False
+        values = self.iteration_values(st.iter, _MAX_UNROLLED_ITERATIONS)
+        if values is None or any(type(n) in _LEAVES_LOOP for n in walk(st)):
+            return False
+        name = st.target.id
+        self.unrolled += 1
+        try:
+            for value in values:
+                self.local.pop(name, None)
+                self.lists.pop(name, None)
+                self.attr_alias.pop(name, None)
+                if value is UNKNOWN_ELEMENT:
+                    self.consts.pop(name, None)
+                else:
+                    self.consts[name] = value
+                self.block(st.body, conditional)
+        finally:
+            self.unrolled -= 1
+        self.block(st.orelse, conditional)  # (no ``break``: the else clause runs)
+        return True
 
     def note_lambda(self, attr: str, lam: ast.Lambda) -> None:
         """``self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))`` (minGPT): the class calls it like a

@@ -137,6 +137,8 @@ class _InitContainers:
         if type(f) is not ast.Attribute:
             return False
         if f.attr == "__init__" and type(f.value) is ast.Call and _dotted(f.value.func) == "super":
+            if self.foreign_base_init(call):
+                return True
             if not self.is_sequential_subclass():
                 return False
             self.note_sequential(call)

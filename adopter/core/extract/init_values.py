@@ -29,9 +29,78 @@ class _NotNone:
 
 
 NOT_NONE = _NotNone()
+
+
+class _Unknown:
+    """An element of a :class:`KnownList` whose value the call does not write as a constant."""
+
+    def __repr__(self) -> str:
+        return "<unknown>"
+
+
+UNKNOWN_ELEMENT = _Unknown()
+
+
+class KnownList:
+    """A factory parameter the call binds to a list or tuple it writes out (``MLP(d, [4 * d, d])``):
+    how many elements it has, each a constant or :data:`UNKNOWN_ELEMENT`. Bound only when the
+    factory never changes it (:func:`_only_read`), so a ``for`` over it can be unrolled
+    (``_InitExtractor.unrolled``); never equal to a constant, true when not empty."""
+
+    def __init__(self, items: tuple):
+        self.items = items
+
+    def __repr__(self) -> str:
+        return f"<list of {len(self.items)}>"
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 _SEQUENTIAL_NAMES = (_SEQUENTIAL, "torch.nn.modules.container.Sequential")
 # Nesting of factory functions followed from ``__init__`` (``conv_bn`` -> ``conv3x3`` -> ...).
 _MAX_FACTORY_DEPTH = 6
+# Classes between an nn.Sequential subclass of another file and nn.Sequential, each passing its
+# arguments on with ``super().__init__(...)`` (torchvision: Conv2dNormActivation -> ConvNormActivation)
+_MAX_SEQUENTIAL_CHAIN = 4
+
+
+def _only_read(fn: ast.FunctionDef, name: str) -> bool:
+    """``name`` is only read in ``fn``: iterated, indexed or sliced, measured with ``len`` — never
+    rebound, changed (``append``, ``x[0] = ...``, ``del``) or handed to a call that might change it."""
+    allowed = set()
+    for n in walk(fn):
+        t = type(n)
+        if t is ast.Subscript and type(n.ctx) is ast.Load and type(n.value) is ast.Name:
+            allowed.add(id(n.value))
+        elif t in (ast.For, ast.comprehension) and type(n.iter) is ast.Name:
+            allowed.add(id(n.iter))
+        elif t is ast.Call and type(n.func) is ast.Name and n.func.id == "len" and len(n.args) == 1 \
+                and type(n.args[0]) is ast.Name:
+            allowed.add(id(n.args[0]))
+    return all(id(n) in allowed for n in walk(fn) if type(n) is ast.Name and n.id == name)
+
+
+def int_constant(e: ast.AST, consts: dict[str, object]) -> int | None:
+    """An ``int`` the expression is for certain: a literal (``-1`` too), a parameter holding one,
+    ``len`` of a :class:`KnownList`; None otherwise."""
+    t = type(e)
+    if t is ast.Constant:
+        v = e.value
+    elif t is ast.UnaryOp and type(e.op) is ast.USub and type(e.operand) is ast.Constant:
+        v = e.operand.value
+        v = -v if type(v) is int else None
+    elif t is ast.Name:
+        v = consts.get(e.id)
+    elif t is ast.Call and type(e.func) is ast.Name and e.func.id == "len" and len(e.args) == 1 \
+            and not e.keywords and type(e.args[0]) is ast.Name and isinstance(consts.get(e.args[0].id), KnownList):
+        v = len(consts[e.args[0].id])
+    else:
+        v = None
+    return v if type(v) is int else None
 
 
 def _const_args(call: ast.Call) -> tuple[Arg, ...]:
@@ -107,11 +176,14 @@ class _InitValues:
                 out[p.arg] = refs
         return out
 
-    def bound_parameters(self, fn: ast.FunctionDef, call: ast.Call, skip_self: bool) -> tuple[dict, dict]:
-        """Parameters of a factory ``fn`` as ``call`` (evaluated in the current scope) binds
-        them: ``(layers, constants)`` — class references and constructed layers passed in, else
-        the defaults; constants the call writes, else the factory's constant defaults."""
-        out = self.parameter_defaults(fn)
+    def bound_parameters(self, fn: ast.FunctionDef, call: ast.Call, skip_self: bool,
+                         home: _File | None = None) -> tuple[dict, dict]:
+        """Parameters of a factory ``fn`` (defined in ``home``, else this file) as ``call``
+        (evaluated in the current scope) binds them: ``(layers, constants)`` — class references and
+        constructed layers passed in, else the defaults (read with the names of ``fn``'s module);
+        constants the call writes, else the factory's constant defaults."""
+        home = home or self.fc
+        out = self.in_module_scope(home, lambda: self.parameter_defaults(fn))
         a = fn.args
         names = [p.arg for p in _positional_params(fn, skip_self)]
         passed: list[tuple[str, ast.AST]] = []
@@ -128,6 +200,9 @@ class _InitValues:
                 consts[name] = arg.value
             elif type(arg) is ast.Name and arg.id in self.consts:
                 consts[name] = self.consts[arg.id]
+            elif type(arg) in (ast.List, ast.Tuple) and not any(type(e) is ast.Starred for e in arg.elts) \
+                    and _only_read(fn, name):
+                consts[name] = KnownList(tuple(self.element_value(e) for e in arg.elts))
             else:
                 consts.pop(name, None)
         for name, arg in passed:
@@ -135,16 +210,87 @@ class _InitValues:
             refs = self.class_refs(arg) if type(arg) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
             if vals or refs:
                 out[name] = vals + refs
-                if refs and not vals and self.names_a_class(arg):
+                if refs and self.names_a_class(arg):
                     consts[name] = NOT_NONE  # ``norm_layer=nn.BatchNorm2d``, ``partial(...)``
             else:
                 out.pop(name, None)  # a value we cannot resolve: unknown, not the default
         given = {name for name, _arg in passed}
-        for p, d in _defaults(fn):
-            if p.arg in out and p.arg not in given and self.names_a_class(d):
+        class_defaults = self.in_module_scope(home, lambda: [p.arg for p, d in _defaults(fn) if self.names_a_class(d)])
+        for name in class_defaults:
+            if name in out and name not in given:
                 # the class default the call leaves in place: ``if norm_layer is not None:`` holds
-                consts.setdefault(p.arg, NOT_NONE)
+                consts.setdefault(name, NOT_NONE)
         return out, consts
+
+    def in_module_scope(self, home: _File, evaluate):
+        """``evaluate()`` with the names of ``home``'s module alone (a function's defaults)."""
+        saved = (self.fc, self.cls, self.local, self.consts, self.lists)
+        self.fc, self.cls, self.local, self.consts, self.lists = home, None, {}, {}, {}
+        try:
+            return evaluate()
+        finally:
+            self.fc, self.cls, self.local, self.consts, self.lists = saved
+
+    def call_args(self, call: ast.Call) -> tuple[Arg, ...]:
+        """The arguments of a layer construction as written, a parameter of the factory being
+        evaluated that its call binds to a bool, None or number written as that constant
+        (``nn.Linear(d, h, bias=bias)`` of ``MLP(..., bias=False)``: ``bias=False``)."""
+        args = _const_args(call)
+        if not self.consts:
+            return args
+        out = []
+        for arg, node in zip(args, [*call.args, *(k.value for k in call.keywords)]):
+            if type(node) is ast.Name and node.id in self.consts:
+                value = self.consts[node.id]
+                if value is None or type(value) in (bool, int, float):
+                    arg = Arg(Const(repr(value)), arg.keyword)
+            out.append(arg)
+        return tuple(out)
+
+    def element_value(self, e: ast.AST) -> object:
+        """An element of a list a call writes out: its constant, else :data:`UNKNOWN_ELEMENT`."""
+        if type(e) is ast.Constant:
+            return e.value
+        if type(e) is ast.Name and e.id in self.consts and not isinstance(self.consts[e.id], KnownList):
+            return self.consts[e.id]
+        return UNKNOWN_ELEMENT
+
+    def iteration_values(self, it: ast.AST, limit: int) -> list | None:
+        """The values a ``for`` over ``it`` takes, when a call settles how many (a :class:`KnownList`
+        parameter, a constant slice of one, ``range`` of ints the call passes), at most ``limit``;
+        None otherwise (the loop stands for any number of iterations)."""
+        t = type(it)
+        if t is ast.Name and isinstance(self.consts.get(it.id), KnownList):
+            out = list(self.consts[it.id].items)
+        elif t is ast.Subscript and type(it.slice) is ast.Slice and type(it.value) is ast.Name \
+                and isinstance(self.consts.get(it.value.id), KnownList):
+            bounds = []
+            for b in (it.slice.lower, it.slice.upper, it.slice.step):
+                v = None if b is None else int_constant(b, self.consts)
+                if b is not None and v is None:
+                    return None
+                bounds.append(v)
+            if bounds[2] == 0:
+                return None
+            out = list(self.consts[it.value.id].items[slice(*bounds)])
+        elif t is ast.Call and type(it.func) is ast.Name and it.func.id == "range" and 1 <= len(it.args) <= 3 \
+                and not it.keywords and not self.shadowed("range"):
+            bounds = [int_constant(a, self.consts) for a in it.args]
+            if None in bounds or (len(bounds) == 3 and bounds[2] == 0):
+                return None
+            r = range(*bounds)
+            if len(r) > limit:
+                return None  # (before a list of it is made)
+            out = list(r)
+        else:
+            return None
+        return out if len(out) <= limit else None
+
+    def shadowed(self, builtin: str) -> bool:
+        """A builtin's name is bound to something else in the scope being evaluated."""
+        fc = self.fc
+        return builtin in self.local or builtin in self.lists or builtin in fc.imports or builtin in fc.functions \
+            or builtin in fc.classes
 
     def names_a_class(self, e: ast.AST) -> bool:
         """``e`` is a class reference, never None: a dotted name of a class (not a local, which a
@@ -162,7 +308,7 @@ class _InitValues:
         factory; [] when nothing resolves."""
         if fn.name in self.visiting or len(self.visiting) > _MAX_FACTORY_DEPTH:
             return []
-        params, consts = self.bound_parameters(fn, call, skip_self=owner is not None)
+        params, consts = self.bound_parameters(fn, call, skip_self=owner is not None, home=home)
         if home is not None:
             # the body is evaluated with its own module's names; what it builds is noted there
             saved_fc, saved_cls = self.fc, self.cls
@@ -266,7 +412,7 @@ class _InitValues:
                 return [(ty, args, key, v)]
             if type(f) is ast.Name and f.id in self.local:
                 # calling a local that holds a class (``attention_class(config)``)
-                return [(ty, _const_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
+                return [(ty, self.call_args(v), None, v) for ty, a, k, site in self.local[f.id] if site is None]
             if type(f) is ast.Name and f.id in self.fc.functions and f.id not in self.fc.classes:
                 made = self.built(self.factory_values(self.fc.functions[f.id], v, None))
                 if made:
@@ -276,7 +422,7 @@ class _InitValues:
                 made = self.built(self.factory_values(method, v, self.cls.name))
                 if made:
                     return made
-            out = [(ty, _const_args(v), None, v) for ty in self.callee_types(f)]
+            out = [(ty, self.call_args(v), None, v) for ty in self.callee_types(f)]
             if len(out) == 1 and not out[0][0].startswith("torch."):
                 found = self.fc.package_definition(out[0][0])
                 if found is not None and not isinstance(found[1], ast.ClassDef):
@@ -326,38 +472,89 @@ class _InitValues:
     def foreign_sequential(self, home: _File, node: ast.ClassDef, call: ast.Call) -> list[tuple]:
         """``call`` builds an ``nn.Sequential`` subclass of another file that defines only
         ``__init__`` and fills itself with ``super().__init__(...)`` (torchvision's
-        ``Conv2dNormActivation`` style): its ``__init__`` evaluated there with ``call``'s arguments,
-        the children it passes found again under ``call``; [] for anything else."""
-        if len(node.bases) != 1 or node.keywords or self.loop_depth > 8:
+        ``Conv2dNormActivation`` style), maybe through classes between it and nn.Sequential that do
+        the same (``Conv2dNormActivation`` -> ``ConvNormActivation``): its ``__init__`` evaluated
+        there with ``call``'s arguments, each ``super().__init__(...)`` running its base's with the
+        arguments it passes, the children the last one passes found again under ``call``; [] for
+        anything else."""
+        if self.loop_depth > 8:
             return []
-        base = _dotted(node.bases[0])
-        if base is None or (home.fqn(base) or "") not in _SEQUENTIAL_NAMES:
+        chain = self.sequential_chain(home, node)
+        if chain is None:
             return []
-        methods = {st.name: st for st in node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        init = methods.get("__init__")
-        if init is None or set(methods) != {"__init__"}:
+        contexts = [where.classes.get(n.name) for where, n, _init, _super in chain]
+        if any(c is None for c in contexts):
             return []
-        supers = [n for n in walk(init) if type(n) is ast.Call and type(n.func) is ast.Attribute
-                  and n.func.attr == "__init__" and type(n.func.value) is ast.Call
-                  and _dotted(n.func.value.func) == "super"]
-        if len(supers) != 1:
+        contexts[-1].bases = (_SEQUENTIAL,)
+        first_home, _node, init, _super = chain[0]
+        params, consts = self.bound_parameters(init, call, skip_self=True, home=first_home)
+        saved = (self.fc, self.cls, set(self.visiting), self.foreign_init, dict(self.foreign_chain))
+        self.fc, self.cls, self.foreign_init = first_home, contexts[0], True
+        for (_h, _n, _i, super_call), (base_home, _b, base_init, _s), base_cls in zip(chain, chain[1:], contexts[1:]):
+            self.foreign_chain[id(super_call)] = (base_home, base_cls, base_init)
+        builds = self.fc.read_seq_builds
+        try:
+            self.factory_values_in_scope(init, params, consts, contexts[0].name)
+        finally:
+            self.fc, self.cls, self.visiting, self.foreign_init, self.foreign_chain = saved
+        # taken away: another call of the class builds its own children, never merged into these
+        built = builds.pop(id(chain[-1][3]), None)
+        if built is None:
             return []
-        cls = home.classes.get(node.name)
-        if cls is None:
-            return []
-        cls.bases = (_SEQUENTIAL,)
-        params, consts = self.bound_parameters(init, call, skip_self=True)
-        saved = (self.fc, self.cls, set(self.visiting), self.foreign_init)
-        self.fc, self.cls, self.foreign_init = home, cls, True
+        builds[id(call)] = built
+        return [(_SEQUENTIAL, _const_args(call), None, call)]
+
+    def sequential_chain(self, home: _File, node: ast.ClassDef) -> list[tuple] | None:
+        """``[(file, class, its __init__, its super().__init__ call)]`` from ``node`` down to the
+        class deriving from ``nn.Sequential``, when each defines nothing but an ``__init__`` calling
+        ``super().__init__`` once and derives from the next alone; None otherwise."""
+        chain: list[tuple] = []
+        for _ in range(_MAX_SEQUENTIAL_CHAIN):
+            if len(node.bases) != 1 or node.keywords:
+                return None
+            methods = {st.name: st for st in node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            init = methods.get("__init__")
+            if init is None or set(methods) != {"__init__"}:
+                return None
+            supers = [n for n in walk(init) if type(n) is ast.Call and type(n.func) is ast.Attribute
+                      and n.func.attr == "__init__" and type(n.func.value) is ast.Call
+                      and _dotted(n.func.value.func) == "super" and not n.func.value.args]
+            if len(supers) != 1:
+                return None
+            chain.append((home, node, init, supers[0]))
+            base = _dotted(node.bases[0])
+            if base is None:
+                return None
+            if base in home.classes:
+                node = home.classes[base].node
+                continue
+            fq = home.fqn(base)
+            if fq is None:
+                return None
+            if fq in _SEQUENTIAL_NAMES:
+                return chain
+            found = home.package_definition(fq)
+            if found is None or not isinstance(found[1], ast.ClassDef):
+                return None
+            home, node = found
+        return None
+
+    def foreign_base_init(self, call: ast.Call) -> bool:
+        """``super().__init__(...)`` of a class between another file's nn.Sequential subclass and
+        nn.Sequential (:meth:`foreign_sequential`): its base's ``__init__`` evaluated with the
+        arguments it passes (in the base's module); False for any other call."""
+        target = self.foreign_chain.get(id(call))
+        if target is None:
+            return False
+        home, cls, init = target
+        params, consts = self.bound_parameters(init, call, skip_self=True, home=home)
+        saved = (self.fc, self.cls, set(self.visiting))
+        self.fc, self.cls = home, cls
         try:
             self.factory_values_in_scope(init, params, consts, cls.name)
         finally:
-            self.fc, self.cls, self.visiting, self.foreign_init = saved
-        builds = self.fc.read_seq_builds
-        if id(supers[0]) not in builds:
-            return []
-        builds[id(call)] = builds[id(supers[0])]
-        return [(_SEQUENTIAL, _const_args(call), None, call)]
+            self.fc, self.cls, self.visiting = saved
+        return True
 
     def called_here(self, made: tuple, call: ast.Call) -> tuple:
         """A layer another file's factory builds, placed at ``call`` (its call in this file); an
