@@ -6,9 +6,9 @@ and stopping at the repository's root (the directory holding ``.git``); ``--conf
 one instead. Keys (all optional)::
 
     [tool.adopter]
-    select = ["softmax", "Dropout_LayerNorm"]   # the rules in use (default: all built-in rules)
-    ignore = ["fused_QKV"]                       # rules left out
-    per-file-ignores = {"tests/*" = ["softmax"], "legacy.py" = ["*"]}
+    select = ["<rule>", "<rule>"]                # the rules in use (default: all built-in rules)
+    ignore = ["<rule>"]                          # rules left out
+    per-file-ignores = {"tests/*" = ["<rule>"], "legacy.py" = ["*"]}
     exclude = ["build/*", "*_pb2.py"]            # files never analysed
     max-file-size = "4M"                         # as --max-file-size
     torchscript = "auto"                         # as rewrite --torchscript: auto, always, never

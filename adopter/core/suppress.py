@@ -1,7 +1,7 @@
 """Sites the user (or an earlier ``adopter rewrite --model``) decided to leave alone: suppression
 comments in the source and a baseline file. Stdlib only; reads text, never imports it.
 
-A comment ``# adopter: ignore[softmax, fused_QKV] -- why`` (rule names as ``adopter rules`` prints
+A comment ``# adopter: ignore[<rule>, <rule>] -- why`` (rule names as ``adopter rules`` prints
 them, any case; the ``-- why`` is free text) or a bare ``# adopter: ignore`` (every rule) suppresses
 a match when it stands on a line the match's code spans: any physical line from the start to the
 end of one of its matched expressions (so a call split over lines may carry it on any of them).
