@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 
 from adopter.core.dsl import Arg, Const, Span
+from adopter.core.extract import partials
 from adopter.core.extract import tables as T
 from adopter.core.extract.values import _V, _unparse
 from adopter.core.structures import InitBinding
@@ -93,6 +94,10 @@ class _ClassCtx:
         # ``self.<attr> = lambda x: ...`` in ``__init__``: attr -> (the lambda, its statement, the
         # function holding it, captured names -> "self" or the ``self.<attr>`` they alias)
         self.lambdas: dict[str, tuple] = {}
+        # ``self.<attr> = partial(f, ...)`` in ``__init__``: attr -> what it binds
+        # (:class:`~adopter.core.extract.partials.Bound`), None where the attribute is also
+        # assigned something else
+        self.partials: dict[str, object] = {}
         self._method_cache: dict[str, tuple] = {}
 
     def mro(self) -> Iterable["_ClassCtx"]:
@@ -123,6 +128,14 @@ class _ClassCtx:
         for c in self.mro():
             if name in c.lambdas:
                 return c.lambdas[name]
+        return None
+
+    def find_partial(self, name: str):
+        """The :class:`~adopter.core.extract.partials.Bound` ``self.<name>`` holds (here or in a
+        base), or None."""
+        for c in self.mro():
+            if name in c.partials:
+                return c.partials[name]
         return None
 
     def types_of(self, var: str) -> list[str]:
@@ -215,6 +228,11 @@ class _File:
         defining file, read and parsed (never imported), and its definition; None otherwise.
         Re-exports through a package ``__init__`` are followed (two levels)."""
         return _package_function(self, fq, 2)
+
+    def bound_partial(self, name: str):
+        """What the module-level ``name = partial(...)`` binds
+        (:class:`~adopter.core.extract.partials.Bound`), or None."""
+        return partials.unwrap(self.partials[name], self.fqn, self.partials.get)
 
     def fqn(self, dotted: str) -> str | None:
         head, _, rest = dotted.partition(".")
