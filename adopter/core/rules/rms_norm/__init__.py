@@ -33,7 +33,8 @@ import ast
 from adopter.core.codemod.base import Codemod, kernel_name, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
-from adopter.core.match import MatchContext, Refusal
+from adopter.core.dsl import Layer, TensorOp, Var
+from adopter.core.match import MatchContext, NotACandidate, Refusal
 from adopter.core.match.source import parse_file
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules.rms_norm.forms import CODE, INPUT, Form, _NotRMS, _Variant, classify
@@ -119,10 +120,29 @@ and a loss for inference, so the user's built-in call stays."""
 # ---------------------------------------------------------------- precondition
 
 
+_MEANS = ("torch.Tensor.mean", "torch.mean")
+
+
+def _centered(ctx: MatchContext, value) -> bool:
+    """``value`` is ``x - mean(x)`` (or ``x - u`` with ``u = x.mean(...)``): a centered input,
+    what a LayerNorm squares and divides, never an RMSNorm's."""
+    producers = ctx.producers()
+    node = producers.get((value.name, value.version)) if isinstance(value, Var) else None
+    if not isinstance(node, TensorOp) or node.op != "-" or len(node.args) != 2:
+        return False
+    centre, sub = node.args[0].value, node.args[1].value
+    mean = producers.get((sub.name, sub.version)) if isinstance(sub, Var) else None
+    return isinstance(mean, Layer) and mean.type in _MEANS and bool(mean.args) and mean.args[0].value == centre
+
+
 def rms_norm_form(ctx: MatchContext) -> str | None:
     """The match lies in a class's ``forward`` whose whole body is a recognized RMSNorm form;
-    a look-alike is refused (``norm-variant``, ``dim-not-last``), anything else is no match."""
+    a look-alike is refused (``norm-variant``, ``dim-not-last``), anything else is no match —
+    a centered normalization (ConvNeXt's channels-first LayerNorm: ``(x - u).pow(2).mean(1)``,
+    ``(x - u) / sqrt(s + eps)``) is a LayerNorm, not a near-miss of an RMSNorm."""
     m = ctx.match
+    if any(_centered(ctx, ctx.binding(name)) for name in ("$h", "$x")):
+        return NotACandidate("the squared input is centered (x - mean(x)): a LayerNorm, not an RMSNorm")
     if not m.class_name or m.function != "forward" or not ctx.source:
         return "not in a class's forward (the rewrite replaces a norm class's forward)"
     try:
