@@ -257,7 +257,20 @@ def _compare(old: list, new: list, orig_lines, new_lines, kernels: set[str], reg
                    for n in ast.walk(s)):
                 raise GuardError(f"line {s.lineno}: a multi-line string among the rewritten statements")
         indent = new_lines[first.lineno - 1][: first.col_offset]
-        regions.append(_Region(_first_line(first), last.end_lineno, orig_first, orig_last, indent, step))
+        if old[i1:i2]:
+            orig_first = _comments_above(orig_first, orig_lines)
+        regions.append(_Region(_comments_above(_first_line(first), new_lines), last.end_lineno, orig_first, orig_last,
+                               indent, step))
+
+
+def _comments_above(line: int, lines: list[str]) -> int:
+    """The first line of the comment lines right above ``line`` (``line`` when none): they say what
+    the region's statements do, so each copy of the region keeps those above its own first
+    statement (a comment above a rewritten line is not left outside the guard in one copy and
+    dropped from the other)."""
+    while line > 1 and lines[line - 2].lstrip().startswith("#"):
+        line -= 1
+    return line
 
 
 def _first_line(stmt: ast.stmt) -> int:

@@ -118,7 +118,7 @@ class _Expressions:
             elif ident in fc.imports:
                 v = _V(alias=("fn", fc.imports[ident]), text=ident)
             elif ident in fc.partials and (bound := fc.bound_partial(ident)) is not None:
-                v = _V(alias=("partial", bound), text=ident)  # module-level ``softmax = partial(...)``
+                v = _V(alias=("partial", bound), text=ident)  # module-level ``attend = partial(...)``
             else:
                 v = _V(text=ident)
             cache[ident] = v

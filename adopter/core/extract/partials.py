@@ -4,7 +4,7 @@
 partial binds the inner one's arguments first (``partial(partial(f, a, k=1), b, k=2)(x)`` is
 ``f(a, b, x, k=2)``: positional arguments in order, an outer keyword overriding an inner one,
 the call's own keywords overriding both), and a partial of a name holding a partial (a
-module-level ``softmax = partial(...)``) goes through it. Extraction holds a partial wherever it
+module-level ``attend = partial(...)``) goes through it. Extraction holds a partial wherever it
 is made — ``self.fn = partial(...)`` in ``__init__`` (also through a local or a parameter's
 default), a module-level name, ``partial(...)(x)`` in the body — and a call of it becomes the
 call of the function it binds, with the bound arguments merged, so every rule sees
@@ -44,7 +44,7 @@ def is_partial(func: ast.expr, fqn: Callable[[str], str | None]) -> bool:
 def unwrap(call: ast.expr, fqn: Callable[[str], str | None],
            named: Callable[[str], ast.expr | None] = lambda _name: None) -> Bound | None:
     """The :class:`Bound` of ``call`` when it is a ``functools.partial(...)`` call (``named``
-    gives the partial a bare name holds, for ``partial(softmax_last, ...)`` and the name itself);
+    gives the partial a bare name holds, for ``partial(attend, ...)`` and the name itself);
     None otherwise or when the binding is not settled statically."""
     layers: list[ast.Call] = []  # outermost first
     cur = call
