@@ -350,10 +350,12 @@ class FusedQKVCodemod(Codemod):
         if unpacked is not None:
             # ``q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)``: the right side is the three
             # projections and nothing else, so the one statement becomes the kernel's call
+            # (the two sides edited in place: a comment after the statement stays)
             forward = ForwardEdit(
                 statements=(pos(ctx, first),),
                 anchor=pos(ctx, first),
-                statement_edits=(StatementEdit(pos(ctx, first), f"{', '.join(unpacked)} = {fused_call}"),),
+                expr_edits=(ExprEdit(ctx.char_span(first.targets[0]), ", ".join(unpacked)),
+                            ExprEdit(ctx.char_span(first.value), fused_call)),
             )
         elif whole:
             others = [s for s in between if s not in stmts]
@@ -363,7 +365,14 @@ class FusedQKVCodemod(Codemod):
                     raise Skip(f"{', '.join(sorted(clash))} is used between the projections (line {s.lineno})")
             if (stores(first) - {targets[stmts.index(first)]}) or any(source_names & {t} for t in targets[:-1]):
                 raise Skip("a projection rebinds its own input")
+            # the first statement's two sides edited in place (a comment after it stays)
             forward = ForwardEdit(
+                statements=tuple(pos(ctx, s) for s in in_order),
+                anchor=pos(ctx, first),
+                expr_edits=(ExprEdit(ctx.char_span(first.targets[0]), ", ".join(targets)),
+                            ExprEdit(ctx.char_span(first.value), fused_call)),
+                delete=tuple(pos(ctx, s) for s in in_order[1:]),
+            ) if isinstance(first, ast.Assign) and len(first.targets) == 1 else ForwardEdit(
                 statements=tuple(pos(ctx, s) for s in in_order),
                 anchor=pos(ctx, first),
                 statement_edits=(StatementEdit(pos(ctx, first), f"{', '.join(targets)} = {fused_call}"),),
