@@ -12,8 +12,8 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(dim, dim, bias=False)
         self.to_v = nn.Linear(dim, dim, bias=False)
 
-    # expect: fused_QKV Attention.forward
-    # expect: softmax Attention.forward
+# expect: fused_QKV Attention.forward
+# expect: softmax Attention.forward
     def forward(self, x):
         # queries, keys and values in one go
         q, k, v = qkv(self.to_q, self.to_k, self.to_v, x)  # (b, n, d) each
@@ -27,7 +27,7 @@ class ValueFirst(nn.Module):
         self.key = nn.Linear(dim, dim)
         self.value = nn.Linear(dim, dim)
 
-    # expect: fused_QKV ValueFirst.forward
+# expect: fused_QKV ValueFirst.forward
     def forward(self, hidden):
         if hidden.dim() == 3:
             # the value first: unpacked by position, not by name

@@ -17,9 +17,9 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.use_rotary = use_rotary
 
-    # expect: rotary_embedding Attention.forward
-    # expect: rotary_embedding Attention.forward
-    # expect: softmax Attention.forward
+# expect: rotary_embedding Attention.forward
+# expect: rotary_embedding Attention.forward
+# expect: softmax Attention.forward
     def forward(self, x, cos, sin):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         if self.use_rotary:
