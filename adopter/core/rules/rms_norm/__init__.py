@@ -34,7 +34,7 @@ from adopter.core.codemod.base import Codemod, kernel_name, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
 from adopter.core.dsl import Layer, TensorOp, Var
-from adopter.core.match import MatchContext, Refusal
+from adopter.core.match import MatchContext, NotACandidate, Refusal
 from adopter.core.match.source import parse_file
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules.rms_norm.forms import CODE, INPUT, Form, _NotRMS, _Variant, classify
@@ -152,7 +152,8 @@ def rms_norm_form(ctx: MatchContext) -> str | None:
     ``(x - u) / sqrt(s + eps)``) is a LayerNorm, not a near-miss of an RMSNorm."""
     m = ctx.match
     if any(_centered(ctx, ctx.binding(name)) for name in ("$h", "$x")):
-        return "the squared input is centered (x - mean(x)): a LayerNorm, not an RMSNorm"
+        # not a candidate: no line in any report, refused or not (issue 35)
+        return NotACandidate("the squared input is centered (x - mean(x)): a LayerNorm, not an RMSNorm")
     if not m.class_name or m.function != "forward" or not ctx.source:
         return "not in a class's forward (the rewrite replaces a norm class's forward)"
     try:
