@@ -53,7 +53,10 @@ A match is every call of ``torch.nn.functional.softmax`` (however imported: ``F.
 ``nn.functional.softmax``), ``torch.softmax``, ``torch.special.softmax``, the tensor method
 ``x.softmax(...)``, a ``torch.nn.Softmax`` module bound in ``__init__`` and called in
 ``forward``, or one constructed and called inline (``nn.Softmax(dim=-1)(x)``); one match per
-call site. Not a match: ``log_softmax``, ``gumbel_softmax``,
+call site. A call through a ``functools.partial`` of one of these functions counts with the bound
+arguments merged (``self.attn_fn = partial(F.softmax, dim=-1)`` in ``__init__``, nested partials,
+a module-level partial, a parameter's default, one made in a lambda): the rewrite makes the
+function the partial binds the kernel where the partial is made (``partial(softmax, dim=-1)``). Not a match: ``log_softmax``, ``gumbel_softmax``,
 sparse/masked softmax variants, user functions named ``softmax``, and calls in code that
 extraction does not reach (nested lambdas). Refused (``dim-not-last``: the kernel normalises
 rows): a softmax whose ``dim`` is not provably the last dimension — only ``dim=-1`` is, or
