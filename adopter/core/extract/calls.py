@@ -335,12 +335,6 @@ class _Calls:
     def eval_args(self, e: ast.Call, st: _St, bound=None) -> list:
         """[(state, positional values, [(keyword, value)])] for the call's arguments (with
         ``bound``, a partial's ``(positional, keyword)`` values, merged in as the partial does)."""
-        res = self.eval_call_args(e, st)
-        if bound is None:
-            return res
-        return [(s, *partials.merge(bound[0], bound[1], pos, kw)) for s, pos, kw in res]
-
-    def eval_call_args(self, e: ast.Call, st: _St) -> list:
         res = [(st, [], [])]
         for a in e.args:
             ta = type(a)
@@ -395,6 +389,8 @@ class _Calls:
                 for s2, v in self.ev(k.value, s):
                     nres.append((s2, list(pos), kw + [(k.arg, v)]))
             res = nres
+        if bound is not None:
+            return [(s, *partials.merge(bound[0], bound[1], pos, kw)) for s, pos, kw in res]
         return res
 
     def emit(

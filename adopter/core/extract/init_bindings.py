@@ -102,6 +102,14 @@ class _InitExtractor(_InitContainers, _InitValues):
         return {p.arg: d for p, d in _defaults(fn)
                 if type(d) is ast.Call and partials.is_partial(d.func, self.fc.fqn)}
 
+    def may_hold_partial(self, value) -> bool:
+        """Cheap first look (every ``self.x = ...`` of every ``__init__`` asks): a ``partial(...)``
+        call, or a name holding one."""
+        t = type(value)
+        if t is ast.Name:
+            return value.id in self.partial_locals or value.id in self.fc.partials
+        return t is ast.Call and partials.is_partial(value.func, self.fc.fqn)
+
     def bound_of(self, value) -> partials.Bound | None:
         """What ``value`` (a ``partial(...)`` call, or a name holding one) binds, or None."""
         def named(name: str):
@@ -261,7 +269,7 @@ class _InitExtractor(_InitContainers, _InitValues):
             if type(value) is ast.Lambda:
                 self.note_lambda(tg.attr, value)
                 return
-            if tg.attr in (self.cls.partials if self.cls is not None else ()) or type(value) in (ast.Call, ast.Name):
+            if self.cls is not None and (tg.attr in self.cls.partials or self.may_hold_partial(value)):
                 self.note_partial(tg.attr, value)
             if self.cls is not None and type(value) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp):
                 refs = self.class_refs(value)
