@@ -257,7 +257,21 @@ def _compare(old: list, new: list, orig_lines, new_lines, kernels: set[str], reg
                    for n in ast.walk(s)):
                 raise GuardError(f"line {s.lineno}: a multi-line string among the rewritten statements")
         indent = new_lines[first.lineno - 1][: first.col_offset]
-        regions.append(_Region(_first_line(first), last.end_lineno, orig_first, orig_last, indent, step))
+        new_first = _first_line(first)
+        # Comment lines right above the region stay above the guard. Where the rewrite deleted the
+        # region's first statements, the rewritten region's first statement has more of them than
+        # the original's (the comment of the rewritten line, now right below the other's): those
+        # belong to the rewritten statement and go into the rewritten copy, not above the ``if``.
+        shared = orig_first - _comments_above(orig_first, orig_lines) if old[i1:i2] else 0
+        new_first -= max(0, new_first - _comments_above(new_first, new_lines) - shared)
+        regions.append(_Region(new_first, last.end_lineno, orig_first, orig_last, indent, step))
+
+
+def _comments_above(line: int, lines: list[str]) -> int:
+    """The first line of the comment lines right above ``line`` (``line`` when none)."""
+    while line > 1 and lines[line - 2].lstrip().startswith("#"):
+        line -= 1
+    return line
 
 
 def _first_line(stmt: ast.stmt) -> int:

@@ -133,7 +133,12 @@ class Layer:
     ``type`` is the fully qualified name (``torch.nn.LayerNorm``,
     ``torch.nn.functional.softmax``, ``torch.Tensor.view`` for tensor methods).
     ``module`` is the object the layer was called through (``self.LayerNorm``), or
-    None for functions.
+    None for functions. ``bound`` is set when the call went through a ``functools.partial``
+    (``self.attn_fn(x)`` of ``self.attn_fn = partial(F.softmax, dim=-1)``): the position of
+    the function the partial binds (``F.softmax`` there), where a rewrite changes it; the
+    partial's bound arguments are in ``args``. Not compared, like ``span`` (one call site
+    resolves through one partial: an attribute assigned two holds none), which keeps the hash
+    of the millions of nodes a scan builds what it was.
     """
 
     type: str
@@ -141,6 +146,7 @@ class Layer:
     output: Var | None = None
     module: Var | None = None
     span: Span | None = field(default=None, compare=False)
+    bound: Span | None = field(default=None, compare=False)
 
 
 @_fast_frozen_init

@@ -112,7 +112,7 @@ def test_refusals_say_what_differs():
     assert "self.fp32, self.offset: one flag at most" in reasons["TwoFlags"]
     # no match at all: a helper an imported base may define, a centered norm, no square
     assert "does not return an RMSNorm" in reasons["UnknownBaseFirst"]
-    assert "centered" in reasons["CenteredSquare"]
+    assert "CenteredSquare" not in reasons  # a LayerNorm: not even a rejected candidate
     assert "NotASquare" not in reasons
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 import builtins
 
-from adopter.core.dsl import Arg, Const, Layer, Var
+from adopter.core.dsl import Arg, Const, Layer, Span, Var
+from adopter.core.extract import partials
 from adopter.core.extract import tables as T
 from adopter.core.extract.symbols import _OPAQUE_CLASS_SUFFIXES, _activation_instance, _activation_type, _dotted
 from adopter.core.extract.values import (
@@ -175,10 +176,39 @@ class _Calls:
             return self.emit(a[1], e, st, dest)
         if kind == "table":
             return self.emit(a[1], e, st, dest)
+        if kind == "partial":
+            return self.call_partial(a[1], e, st, dest)
         return self.emit(UNKNOWN_TYPE, e, st, dest)
+
+    def call_partial(self, bound: partials.Bound, e: ast.Call, st: _St, dest) -> list:
+        """A call of a ``functools.partial``: the call of the function it binds, the bound
+        arguments (source text where the partial was made) merged with the call's. A torch or
+        einops function is the node (``bound`` on it says where the partial names it); a
+        function of this file is inlined; anything else is what a plain call of it gives."""
+        func = bound.func
+        given = ([_V(expr=x, tensor=False) for x in bound.args], [(k, _V(expr=x, tensor=False)) for k, x in bound.keywords])
+        if type(func) is ast.Name and func.id in self.fc.functions and func.id not in self.fc.classes:
+            return self.inline(self.fc.functions[func.id], func.id, None, e, st, dest, bound_self=False, bound=given)
+        d = _dotted(func)
+        fq = self.fc.fqn(d) if d else None
+        if fq is None:
+            return self.opaque(e, st, True)
+        last = fq.rsplit(".", 1)[-1]
+        plain = fq.startswith(("torch.", "einops.")) and not last[:1].isupper() and not (
+            fq in T.NON_DL_TORCH or fq.startswith(T.NON_DL_TORCH_PREFIXES) or fq.startswith("torch.nn.init."))
+        if not plain:
+            return self.call_fqn(fq, e, st, dest)
+        at = Span(func.lineno, func.col_offset, func.end_lineno, func.end_col_offset)
+        return self.emit(fq, e, st, dest, bound=given, bound_at=at)
 
     def call_fqn(self, fq: str, e: ast.Call, st: _St, dest) -> list:
         last = fq.rsplit(".", 1)[-1]
+        if fq == "functools.partial":
+            # ``partial(F.softmax, dim=-1)`` made in the body (a lambda's ``partial(...)(t)``)
+            bound = partials.unwrap(e, self.fc.fqn, self.fc.partials.get)
+            if bound is not None:
+                return [(st, _V(alias=("partial", bound), expr=e))]
+            return self.opaque(e, st, False)
         if fq.startswith("torch."):
             if fq in T.NON_DL_TORCH or fq.startswith(T.NON_DL_TORCH_PREFIXES) or fq.startswith("torch.nn.init."):
                 return [(st, _V(expr=e, tensor=True))]
@@ -302,8 +332,9 @@ class _Calls:
                 flat.append((name, ty))
         return flat
 
-    def eval_args(self, e: ast.Call, st: _St) -> list:
-        """[(state, positional values, [(keyword, value)])] for the call's arguments."""
+    def eval_args(self, e: ast.Call, st: _St, bound=None) -> list:
+        """[(state, positional values, [(keyword, value)])] for the call's arguments (with
+        ``bound``, a partial's ``(positional, keyword)`` values, merged in as the partial does)."""
         res = [(st, [], [])]
         for a in e.args:
             ta = type(a)
@@ -358,20 +389,23 @@ class _Calls:
                 for s2, v in self.ev(k.value, s):
                     nres.append((s2, list(pos), kw + [(k.arg, v)]))
             res = nres
+        if bound is not None:
+            return [(s, *partials.merge(bound[0], bound[1], pos, kw)) for s, pos, kw in res]
         return res
 
     def emit(
-        self, type_: str, e: ast.Call, st: _St, dest, module: Var | None = None, recv: _V | None = None, extra=()
+        self, type_: str, e: ast.Call, st: _St, dest, module: Var | None = None, recv: _V | None = None, extra=(),
+        bound=None, bound_at: Span | None = None,
     ) -> list:
         out = []
-        for st2, pos, kw in self.eval_args(e, st):
+        for st2, pos, kw in self.eval_args(e, st, bound):
             args = [Arg(v.value()) for v in pos]
             args += [Arg(v.value(), k) for k, v in kw]
             args += extra
             if recv is not None:
                 args.insert(0, Arg(recv.value()))
             var = dest or self.tmp(e)
-            node = self.made(Layer(type_, tuple(args), var, module, self.span(e)))
+            node = self.made(Layer(type_, tuple(args), var, module, self.span(e), bound_at))
             st2.nodes = (node, st2.nodes)
             out.append((st2, _V(var=var, tensor=True)))
         return out
@@ -421,12 +455,13 @@ class _Calls:
 
     # -- inlining
     def inline(
-        self, fdef, qual: str, owner, e: ast.Call, st: _St, dest, bound_self: bool, closure=False, captured=None
+        self, fdef, qual: str, owner, e: ast.Call, st: _St, dest, bound_self: bool, closure=False, captured=None,
+        bound=None,
     ) -> list:
         if fdef is None or id(fdef) in self.stack or len(self.stack) > MAX_INLINE_DEPTH or self.no_fork:
             return self.opaque(e, st, True)
         out = []
-        for st1, pos, kw in self.eval_args(e, st):
+        for st1, pos, kw in self.eval_args(e, st, bound):
             caller_env = st1.env
             key = None
             if not closure:

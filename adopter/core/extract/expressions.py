@@ -19,6 +19,8 @@ _OPS = {
 _UNARY = {ast.USub: "-", ast.Invert: "~", ast.UAdd: "+"}
 _TENSOR_HOLDERS = ("torch.nn.Parameter", "torch.nn.Buffer", "torch.nn.parameter.Parameter")
 _SIMPLE = (ast.Name, ast.Constant, ast.Attribute)
+# the binding type of ``self.x = partial(...)`` (what it binds is the class's ``partials``)
+_PARTIAL = "functools.partial"
 
 
 class _Expressions:
@@ -115,6 +117,8 @@ class _Expressions:
                 v = _V(alias=("class", fc.local_class_alias[ident]), text=ident)
             elif ident in fc.imports:
                 v = _V(alias=("fn", fc.imports[ident]), text=ident)
+            elif ident in fc.partials and (bound := fc.bound_partial(ident)) is not None:
+                v = _V(alias=("partial", bound), text=ident)  # module-level ``attend = partial(...)``
             else:
                 v = _V(text=ident)
             cache[ident] = v
@@ -128,6 +132,10 @@ class _Expressions:
         cls = self.cls
         if cls is not None:
             types = cls.types_of(key)
+            if not types or types == [_PARTIAL]:
+                bound = cls.find_partial(attr)
+                if bound is not None:  # ``self.attn_fn = partial(F.softmax, dim=-1)``
+                    return _V(alias=("partial", bound), expr=e)
             if types:
                 if all(ty in _TENSOR_HOLDERS for ty in types):
                     return _V(var=Var(key), tensor=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import ast
 
 from adopter.core.dsl import Layer, Var
+from adopter.core.extract import partials
 from adopter.core.extract.init_containers import _CONTAINERS, _MAX_WAYS, _SEQUENTIAL, _Entry, _InitContainers, _ListVar
-from adopter.core.extract.init_values import UNKNOWN_ELEMENT, _fold, _InitValues
+from adopter.core.extract.init_values import UNKNOWN_ELEMENT, _defaults, _fold, _InitValues
 from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _span
 from adopter.core.extract.values import _unparse
 from adopter.core.structures import InitBinding
@@ -81,10 +82,13 @@ class _InitExtractor(_InitContainers, _InitValues):
         self.foreign_chain: dict[int, tuple] = {}
         # ``for`` loops being unrolled (:meth:`unroll`)
         self.unrolled = 0
+        # local name -> the ``functools.partial(...)`` call it holds (a parameter's default too)
+        self.partial_locals: dict[str, ast.Call] = {}
 
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
         self.local = self.parameter_defaults(self.fn)
+        self.partial_locals = self.partial_defaults(self.fn)
         self.block(self.fn.body, False)
         return self.out
 
@@ -92,6 +96,7 @@ class _InitExtractor(_InitContainers, _InitValues):
         """``self._init_weights_of_x(config)`` called from ``__init__``: its bindings count too."""
         saved = (self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts)
         saved_alias, self.attr_alias = self.attr_alias, {}
+        saved_partials, self.partial_locals = self.partial_locals, self.partial_defaults(fn)
         self.consts = {}
         self.visiting.add(fn.name)
         self.qual = f"{self.cls.name}.{fn.name}"
@@ -103,6 +108,42 @@ class _InitExtractor(_InitContainers, _InitValues):
             self.visiting.discard(fn.name)
             self.qual, self.local, self.lists, self.self_name, self.stmt, self.returns, self.consts = saved
             self.attr_alias = saved_alias
+            self.partial_locals = saved_partials
+
+    def partial_defaults(self, fn: ast.FunctionDef) -> dict[str, ast.Call]:
+        """Parameters whose default is a ``functools.partial(...)`` (``fn=partial(F.softmax,
+        dim=-1)``): what they hold unless a caller passes another (the trace says)."""
+        return {p.arg: d for p, d in _defaults(fn)
+                if type(d) is ast.Call and partials.is_partial(d.func, self.fc.fqn)}
+
+    def may_hold_partial(self, value) -> bool:
+        """Cheap first look (every ``self.x = ...`` of every ``__init__`` asks): a ``partial(...)``
+        call, or a name holding one."""
+        t = type(value)
+        if t is ast.Name:
+            return value.id in self.partial_locals or value.id in self.fc.partials
+        return t is ast.Call and partials.is_partial(value.func, self.fc.fqn)
+
+    def bound_of(self, value) -> partials.Bound | None:
+        """What ``value`` (a ``partial(...)`` call, or a name holding one) binds, or None."""
+        def named(name: str):
+            return self.partial_locals.get(name) or self.fc.partials.get(name)
+        if type(value) is ast.Name:
+            value = named(value.id)
+            if value is None:
+                return None
+        return partials.unwrap(value, self.fc.fqn, named)
+
+    def note_partial(self, attr: str, value) -> None:
+        """``self.<attr> = partial(...)`` (or a name holding one): the class calls what it binds;
+        an attribute assigned anything else too holds no one partial."""
+        if self.cls is None or self.sweep:
+            return
+        bound = self.bound_of(value)
+        if attr in self.cls.partials and (bound is None or self.cls.partials[attr] != bound):
+            self.cls.partials[attr] = None
+        elif bound is not None:
+            self.cls.partials[attr] = bound
 
     # -- recording
     def record(self, attr: str, vals: list[tuple], conditional: bool, container_of: str | None = None,
@@ -277,6 +318,8 @@ class _InitExtractor(_InitContainers, _InitValues):
             if type(value) is ast.Lambda:
                 self.note_lambda(tg.attr, value)
                 return
+            if self.cls is not None and (tg.attr in self.cls.partials or self.may_hold_partial(value)):
+                self.note_partial(tg.attr, value)
             if self.cls is not None and type(value) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp):
                 refs = self.class_refs(value)
                 if refs:
@@ -301,6 +344,10 @@ class _InitExtractor(_InitContainers, _InitValues):
                 self.attr_alias[name] = f"self.{value.attr}"
             else:
                 self.attr_alias.pop(name, None)
+            if type(value) is ast.Call and partials.is_partial(value.func, self.fc.fqn):
+                self.partial_locals[name] = value
+            else:
+                self.partial_locals.pop(name, None)
             vt = type(value)
             keyed = self.ordered_dict(value)
             if vt in (ast.List, ast.Tuple):

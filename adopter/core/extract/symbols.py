@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 
 from adopter.core.dsl import Arg, Const, Span
+from adopter.core.extract import partials
 from adopter.core.extract import tables as T
 from adopter.core.extract.values import _V, _unparse
 from adopter.core.structures import InitBinding
@@ -93,6 +94,10 @@ class _ClassCtx:
         # ``self.<attr> = lambda x: ...`` in ``__init__``: attr -> (the lambda, its statement, the
         # function holding it, captured names -> "self" or the ``self.<attr>`` they alias)
         self.lambdas: dict[str, tuple] = {}
+        # ``self.<attr> = partial(f, ...)`` in ``__init__``: attr -> what it binds
+        # (:class:`~adopter.core.extract.partials.Bound`), None where the attribute is also
+        # assigned something else
+        self.partials: dict[str, object] = {}
         self._method_cache: dict[str, tuple] = {}
 
     def mro(self) -> Iterable["_ClassCtx"]:
@@ -123,6 +128,14 @@ class _ClassCtx:
         for c in self.mro():
             if name in c.lambdas:
                 return c.lambdas[name]
+        return None
+
+    def find_partial(self, name: str):
+        """The :class:`~adopter.core.extract.partials.Bound` ``self.<name>`` holds (here or in a
+        base), or None."""
+        for c in self.mro():
+            if name in c.partials:
+                return c.partials[name]
         return None
 
     def types_of(self, var: str) -> list[str]:
@@ -235,6 +248,11 @@ class _File:
         module of the file's package or of an installed package, read and parsed, never imported;
         re-exports and ``import *`` followed a few levels), or None."""
         return _package_definition(self, fq, 3)
+
+    def bound_partial(self, name: str):
+        """What the module-level ``name = partial(...)`` binds
+        (:class:`~adopter.core.extract.partials.Bound`), or None."""
+        return partials.unwrap(self.partials[name], self.fqn, self.partials.get)
 
     def fqn(self, dotted: str) -> str | None:
         head, _, rest = dotted.partition(".")

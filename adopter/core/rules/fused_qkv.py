@@ -272,6 +272,25 @@ def _role(attr: str) -> str | None:
     return projection_role(attr)
 
 
+def _unpacked_targets(stmts: list[ast.stmt], calls: list[ast.Call]) -> list[str] | None:
+    """The names ``a, b, c = <q call>, <k call>, <v call>`` (elements in any order) assigns the
+    query's, key's and value's outputs to, in that order; None for any other shape."""
+    stmt = stmts[0]
+    if any(s is not stmt for s in stmts) or not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return None
+    target, value = stmt.targets[0], stmt.value
+    if not (isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(value.elts) == 3
+            and len(target.elts) == 3 and all(isinstance(t, ast.Name) for t in target.elts)):
+        return None
+    names = [t.id for t in target.elts]
+    if len(set(names)) != 3:
+        return None
+    index = {id(e): i for i, e in enumerate(value.elts)}
+    if any(id(c) not in index for c in calls):
+        return None
+    return [names[index[id(c)]] for c in calls]
+
+
 class FusedQKVCodemod(Codemod):
     rule = "fused_QKV"
 
@@ -327,7 +346,18 @@ class FusedQKVCodemod(Codemod):
         for s in between[1:]:
             if stores(s) & source_names and s is not final:
                 raise Skip(f"{source_text} changes between the projections (line {s.lineno})")
-        if whole:
+        unpacked = _unpacked_targets(stmts, [call for _, call in ordered])
+        if unpacked is not None:
+            # ``q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)``: the right side is the three
+            # projections and nothing else, so the one statement becomes the kernel's call
+            # (the two sides edited in place: a comment after the statement stays)
+            forward = ForwardEdit(
+                statements=(pos(ctx, first),),
+                anchor=pos(ctx, first),
+                expr_edits=(ExprEdit(ctx.char_span(first.targets[0]), ", ".join(unpacked)),
+                            ExprEdit(ctx.char_span(first.value), fused_call)),
+            )
+        elif whole:
             others = [s for s in between if s not in stmts]
             for s in others:
                 clash = (loads(s) | stores(s)) & set(targets)
@@ -335,7 +365,14 @@ class FusedQKVCodemod(Codemod):
                     raise Skip(f"{', '.join(sorted(clash))} is used between the projections (line {s.lineno})")
             if (stores(first) - {targets[stmts.index(first)]}) or any(source_names & {t} for t in targets[:-1]):
                 raise Skip("a projection rebinds its own input")
+            # the first statement's two sides edited in place (a comment after it stays)
             forward = ForwardEdit(
+                statements=tuple(pos(ctx, s) for s in in_order),
+                anchor=pos(ctx, first),
+                expr_edits=(ExprEdit(ctx.char_span(first.targets[0]), ", ".join(targets)),
+                            ExprEdit(ctx.char_span(first.value), fused_call)),
+                delete=tuple(pos(ctx, s) for s in in_order[1:]),
+            ) if isinstance(first, ast.Assign) and len(first.targets) == 1 else ForwardEdit(
                 statements=tuple(pos(ctx, s) for s in in_order),
                 anchor=pos(ctx, first),
                 statement_edits=(StatementEdit(pos(ctx, first), f"{', '.join(targets)} = {fused_call}"),),

@@ -3,6 +3,7 @@
 Rewrite (the codemod below):
     forward:  F.softmax(x, dim=-1, dtype=torch.float32)  =>  softmax(x, dim=-1, dtype=torch.float32)
               x.softmax(-1)                              =>  softmax(x, dim=-1)
+    partial:  self.attn_fn = partial(F.softmax, dim=-1)  =>  self.attn_fn = partial(softmax, dim=-1)
     __init__: self.softmax = nn.Softmax(dim=-1)          =>  self.softmax = Softmax(dim=-1)
 """
 
@@ -52,7 +53,10 @@ A match is every call of ``torch.nn.functional.softmax`` (however imported: ``F.
 ``nn.functional.softmax``), ``torch.softmax``, ``torch.special.softmax``, the tensor method
 ``x.softmax(...)``, a ``torch.nn.Softmax`` module bound in ``__init__`` and called in
 ``forward``, or one constructed and called inline (``nn.Softmax(dim=-1)(x)``); one match per
-call site. Not a match: ``log_softmax``, ``gumbel_softmax``,
+call site. A call through a ``functools.partial`` of one of these functions counts with the bound
+arguments merged (``self.attn_fn = partial(F.softmax, dim=-1)`` in ``__init__``, nested partials,
+a module-level partial, a parameter's default, one made in a lambda): the rewrite makes the
+function the partial binds the kernel where the partial is made (``partial(softmax, dim=-1)``). Not a match: ``log_softmax``, ``gumbel_softmax``,
 sparse/masked softmax variants, user functions named ``softmax``, and calls in code that
 extraction does not reach (nested lambdas). Refused (``dim-not-last``: the kernel normalises
 rows): a softmax whose ``dim`` is not provably the last dimension — only ``dim=-1`` is, or
@@ -91,6 +95,8 @@ class SoftmaxCodemod(Codemod):
         if len(exprs) != 1 or not isinstance(exprs[0][1], ast.Call) or not isinstance(exprs[0][0], Layer):
             raise Skip("expected one softmax call")
         node, call = exprs[0]
+        if node.bound is not None:
+            return self._bound(ctx, node)
         if isinstance(call.func, ast.Call):
             return self._inline_module(ctx, call)
         if node.type == "torch.nn.Softmax" or is_self_attr(call.func):
@@ -115,6 +121,26 @@ class SoftmaxCodemod(Codemod):
         stmt = ctx.statement_of(call)
         forward = ForwardEdit(
             statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt), expr_edits=(ExprEdit(ctx.char_span(call), text),)
+        )
+        return Edit(rule=self.rule, forward=forward, imports=(spec,))
+
+    def _bound(self, ctx: FileContext, node: Layer) -> Edit:
+        """A softmax called through a ``functools.partial`` (``self.attn_fn = partial(F.softmax,
+        dim=-1)``, a module-level ``softmax = partial(...)``, a parameter's default): the function
+        the partial binds becomes the kernel, where the partial is made
+        (``partial(softmax, dim=-1)``). Every call of that partial then runs the kernel — a
+        drop-in for ``input, dim, dtype`` whatever the dim —, what the caller stores or passes
+        instead still runs as it did."""
+        if node.type not in ("torch.nn.functional.softmax", "torch.softmax", "torch.special.softmax"):
+            raise Skip(f"a partial of {node.type} is not a softmax this codemod knows")
+        if sum(1 for a in node.args if a.keyword is None) > 2 or any(
+                a.keyword not in (None, "input", "dim", "dtype") for a in node.args):
+            raise Skip("the partial binds arguments the kernel does not take (input, dim, dtype)")
+        func = ctx.expr_at(node.bound)
+        stmt = ctx.statement_of(func)
+        spec, local = kernel_name(ctx, "softmax")
+        forward = ForwardEdit(
+            statements=(pos(ctx, stmt),), anchor=pos(ctx, stmt), expr_edits=(ExprEdit(ctx.char_span(func), local),)
         )
         return Edit(rule=self.rule, forward=forward, imports=(spec,))
 

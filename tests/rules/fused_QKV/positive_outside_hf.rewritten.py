@@ -40,8 +40,7 @@ class GroupedQueryAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
-        wq_output, wk_output, wv_output = qkv(self.wq, self.wk, self.wv, x)
-        xq, xk, xv = wq_output, wk_output, wv_output
+        xq, xk, xv = qkv(self.wq, self.wk, self.wv, x)
         xq = xq.view(bsz, seqlen, self.n_heads, self.head_dim).transpose(1, 2)
         xk = xk.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
         xv = xv.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)

@@ -33,7 +33,8 @@ import ast
 from adopter.core.codemod.base import Codemod, kernel_name, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ForwardEdit, StatementEdit
-from adopter.core.match import MatchContext, Refusal
+from adopter.core.dsl import Layer, TensorOp, Var
+from adopter.core.match import MatchContext, NotACandidate, Refusal
 from adopter.core.match.source import parse_file
 from adopter.core.rule import Rule, Runtime, RuntimeSite
 from adopter.core.rules.rms_norm.forms import CODE, INPUT, Form, _NotRMS, _Variant, classify
@@ -72,6 +73,11 @@ forward:
     {_SQUARE}($h) -> $sq; {_MEAN}($sq) -> $var; $var + $eps -> $ve;
     torch.sqrt|torch.Tensor.sqrt($ve) -> $s; $x / $s -> $n
 
+# F.normalize(x, dim=-1) * scale * gamma (x-transformers): an L2 norm scaled, refused (another eps)
+rule RMSNorm
+forward:
+    torch.nn.functional.normalize($h) -> $n; $n * $s -> $m
+
 # x / (sqrt(mean(h ** 2)) + eps): eps outside the square root, refused
 rule RMSNorm
 forward:
@@ -105,8 +111,13 @@ The rewrite passes the form as keyword arguments and reproduces its dtype semant
 OLMo-2's). Refused (``norm-variant``): eps outside the square root, ``x / sqrt(...)``, a bias
 added to the result, no float32 upcast, no weight, a ``mean`` not over the last dimension
 (``dim-not-last``), a forward that takes more inputs or computes more than the norm (gated,
-grouped norms), a helper it calls that a same-file subclass overrides. Not a match: a centered
-``(x - mean)`` normalization (LayerNorm), a norm in a function that is not a ``forward``.
+grouped norms), a helper it calls that a same-file subclass overrides, and x-transformers'
+``F.normalize(x, dim=-1) * self.scale * self.gamma``: ``F.normalize`` divides by
+``max(||x||_2, eps)``, not by ``sqrt(mean(x ** 2) + eps)`` — another eps, so a row near zero
+comes out differently — which the kernel does not compute. Not a match: a centered
+``(x - mean)`` normalization (LayerNorm, also ConvNeXt's channels-first one written out over
+dim 1), an ``F.normalize`` inside a larger forward (cosine-similarity attention), a norm in a
+function that is not a ``forward``.
 ``torch.nn.RMSNorm`` and ``F.rms_norm`` used directly are not rewritten: measured side by side in
 one run (benchmarks/bench_rms_norm_forms.py --builtin-only, results/rms_norm_forms.json: CPU, 1
 thread, 11 paired rounds, (8,128,768) and (2,128,4096), float32 and bfloat16; bitwise equal
@@ -119,10 +130,30 @@ and a loss for inference, so the user's built-in call stays."""
 # ---------------------------------------------------------------- precondition
 
 
+_MEANS = ("torch.Tensor.mean", "torch.mean")
+
+
+def _centered(ctx: MatchContext, value) -> bool:
+    """``value`` is ``x - mean(x)`` (or ``x - u`` with ``u = x.mean(...)``): a centered input,
+    what a LayerNorm squares and divides, never an RMSNorm's."""
+    producers = ctx.producers()
+    node = producers.get((value.name, value.version)) if isinstance(value, Var) else None
+    if not isinstance(node, TensorOp) or node.op != "-" or len(node.args) != 2:
+        return False
+    centre, sub = node.args[0].value, node.args[1].value
+    mean = producers.get((sub.name, sub.version)) if isinstance(sub, Var) else None
+    return isinstance(mean, Layer) and mean.type in _MEANS and bool(mean.args) and mean.args[0].value == centre
+
+
 def rms_norm_form(ctx: MatchContext) -> str | None:
     """The match lies in a class's ``forward`` whose whole body is a recognized RMSNorm form;
-    a look-alike is refused (``norm-variant``, ``dim-not-last``), anything else is no match."""
+    a look-alike is refused (``norm-variant``, ``dim-not-last``), anything else is no match —
+    a centered normalization (ConvNeXt's channels-first LayerNorm: ``(x - u).pow(2).mean(1)``,
+    ``(x - u) / sqrt(s + eps)``) is a LayerNorm, not a near-miss of an RMSNorm."""
     m = ctx.match
+    if any(_centered(ctx, ctx.binding(name)) for name in ("$h", "$x")):
+        # not a candidate: no line in any report, refused or not (issue 35)
+        return NotACandidate("the squared input is centered (x - mean(x)): a LayerNorm, not an RMSNorm")
     if not m.class_name or m.function != "forward" or not ctx.source:
         return "not in a class's forward (the rewrite replaces a norm class's forward)"
     try:

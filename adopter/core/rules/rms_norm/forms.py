@@ -257,7 +257,41 @@ def classify(result: Sym) -> tuple[str, str, tuple[tuple[str, str], ...]]:
                        "(branches): the form cannot be read")
     if _contains_plain_norm(result):
         raise _Variant(f"the forward returns {_shown(result)}, which computes more than the RMSNorm of its input")
+    if _scaled_l2_normalize(result):
+        raise _Variant("F.normalize(x) scaled (x-transformers' RMSNorm: F.normalize(x, dim=-1) * scale * gamma) "
+                       "divides by max(||x||_2, eps), not by sqrt(mean(x ** 2) + eps): another eps (a row near "
+                       "zero is not normalized alike), which the kernel does not compute")
     raise _NotRMS("the forward does not return an RMSNorm of its input")
+
+
+def _scaled_l2_normalize(sym: Sym) -> bool:
+    """``F.normalize(x, dim=-1)`` of the forward's input (or a cast of it), times factors that are
+    attributes or constants (``* self.scale * self.gamma``, a cast back): an L2-normalization the
+    source scales to an RMSNorm."""
+    if _op(sym, "*") and len(sym.args) == 2:
+        a, b = sym.args
+        return (_scaled_l2_normalize(a) and _factor(b)) or (_scaled_l2_normalize(b) and _factor(a))
+    inner = _is_cast(sym, Sym("dtype_of", args=(INPUT,)))
+    if inner is not None:
+        return _scaled_l2_normalize(inner)
+    if not _op(sym, "normalize") or not sym.args:
+        return False
+    x = sym.args[0]
+    if x != INPUT and not (_op(x, "cast") and x.args[0] == INPUT):
+        return False
+    dims = [v for k, v in sym.kw if k == "dim"] + list(sym.args[2:3])
+    others = {k for k, _ in sym.kw} - {"dim", "eps"}
+    return len(dims) == 1 and dims[0].kind == "const" and dims[0].value == -1 and not others and len(sym.args) <= 3 \
+        and (len(sym.args) < 2 or sym.args[1].kind == "const" and sym.args[1].value == 2)
+
+
+def _factor(sym: Sym) -> bool:
+    """A scale of a normalization: ``self.<attr>``, a constant, or a product/cast of them."""
+    if sym.kind in ("attr", "const"):
+        return True
+    if _op(sym, "cast"):
+        return _factor(sym.args[0])
+    return _op(sym, "*") and all(_factor(a) for a in sym.args)
 
 
 def _upcast(norm: _Norm) -> tuple[tuple[str, str], ...]:

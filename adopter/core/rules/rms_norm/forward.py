@@ -43,6 +43,7 @@ class _Evaluator(Evaluator[Sym]):
     methods: dict[str, ast.FunctionDef]
     source: str
     inlined: list[str] = field(default_factory=list)
+    functional_names: set[str] = field(default_factory=set)  # names of torch.nn.functional (``F``)
     max_depth = 3  # helpers inlined inside helpers
 
     def torch_path(self, node: ast.expr) -> str | None:
@@ -104,6 +105,10 @@ class _Evaluator(Evaluator[Sym]):
         path = self.torch_path(func)
         if path in ("rsqrt", "sqrt", "mean", "pow", "square"):
             return Sym("op", path, args, kw, node=node)
+        if path == "nn.functional.normalize" or isinstance(func, ast.Attribute) and func.attr == "normalize" \
+                and isinstance(func.value, ast.Name) and func.value.id in self.functional_names:
+            # x-transformers: ``F.normalize(x, dim=-1) * self.scale * self.gamma``
+            return Sym("op", "normalize", args, kw, node=node)
         # any other call: unknown, but what it is applied to stays visible (a norm inside it)
         other = Sym.unknown(node, args + tuple(v for _, v in kw))
         if not isinstance(func, ast.Attribute):
@@ -240,6 +245,18 @@ def _returns(body: list[ast.stmt]) -> bool:
 # ---------------------------------------------------------------- the class's forward
 
 
+def _functional_names(tree: ast.Module) -> set[str]:
+    """Names the file binds to ``torch.nn.functional`` (``import torch.nn.functional as F``,
+    ``from torch.nn import functional as F``)."""
+    names = set()
+    for st in tree.body:
+        if isinstance(st, ast.Import):
+            names |= {a.asname for a in st.names if a.name == "torch.nn.functional" and a.asname}
+        elif isinstance(st, ast.ImportFrom) and st.module == "torch.nn" and not st.level:
+            names |= {a.asname or a.name for a in st.names if a.name == "functional"}
+    return names
+
+
 def _torch_names(tree: ast.Module) -> set[str]:
     names = {"torch"}
     for st in tree.body:
@@ -306,7 +323,7 @@ def analyze_forward(source: str, class_name: str) -> Form:
         raise _Variant(f"forward({shown}) takes more than the one tensor it normalizes (a gated norm, or a norm "
                        "inside a larger forward): the rewrite replaces a norm class's whole forward")
     helpers = {k: v for k, v in methods.items() if k not in ("forward", "__init__")}
-    evaluator = _Evaluator(_torch_names(tree), helpers, source)
+    evaluator = _Evaluator(_torch_names(tree), helpers, source, functional_names=_functional_names(tree))
     result = evaluator.body(forward.body, {names[1]: INPUT})
     if result is None:
         if _mentions_norm(forward):

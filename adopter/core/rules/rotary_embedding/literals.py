@@ -6,6 +6,7 @@ subscript, and the shapes that split the last dimension in two (``x.reshape(*x.s
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 
 
@@ -67,3 +68,69 @@ def unflattens_last(args: list[ast.expr], sizes: list[int]) -> bool:
 def called_name(func: ast.expr) -> str:
     """The name a call's function is read by: ``f`` of ``f(...)`` and of ``a.b.f(...)``; "" else."""
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+_EINOPS_TOKEN = re.compile(r"\s*(\(|\)|\.\.\.|[A-Za-z_]\w*)")
+
+
+def _einops_axes(side: str) -> list | None:
+    """One side of an einops pattern as axes: names or ``...``, a parenthesised group as a tuple of
+    names; None for anything else (numbers, anonymous axes, nesting)."""
+    out: list = []
+    group: list | None = None
+    pos = 0
+    side = side.strip()
+    while pos < len(side):
+        m = _EINOPS_TOKEN.match(side, pos)
+        if m is None:
+            return None
+        tok, pos = m.group(1), m.end()
+        if tok == "(":
+            if group is not None:
+                return None
+            group = []
+        elif tok == ")":
+            if group is None:
+                return None
+            out.append(tuple(group))
+            group = None
+        elif group is not None:
+            if tok == "...":
+                return None
+            group.append(tok)
+        else:
+            out.append(tok)
+    return out if group is None else None
+
+
+def einops_last_dim(call: ast.Call) -> str | None:
+    """What ``rearrange(t, pattern, **sizes)`` does to the last dimension: ``"halves"`` for
+    ``'... (r d) -> ... r d'`` with ``r=2`` (two halves: a ``(2, d/2)`` view), ``"pairs"`` for
+    ``'... (d r) -> ... d r'`` with ``r=2`` (neighbours paired: a ``(d/2, 2)`` view), ``"merge"``
+    for ``'... d r -> ... (d r)'`` (the last two dimensions flattened in order); the leading axes
+    the same on both sides (``...`` or named). None for any other pattern (the axis names are the
+    user's: only their positions count)."""
+    if len(call.args) != 2 or not isinstance(call.args[1], ast.Constant) or not isinstance(call.args[1].value, str):
+        return None
+    lhs, arrow, rhs = call.args[1].value.partition("->")
+    left, right = (_einops_axes(lhs), _einops_axes(rhs)) if arrow else (None, None)
+    if not left or not right or left[:-1] != right[:-2] and left[:-2] != right[:-1]:
+        return None
+    sizes = {k.arg: int_const(k.value) for k in call.keywords}
+    if None in sizes:
+        return None
+    split = isinstance(left[-1], tuple) and len(left[-1]) == 2 and len(right) >= 2 \
+        and left[:-1] == right[:-2] and list(left[-1]) == right[-2:]
+    if split and not any(isinstance(a, tuple) for a in right) and len(set(left[-1])) == 2 \
+            and not set(left[-1]) & set(left[:-1]):
+        outer, inner = left[-1]
+        if sizes == {outer: 2}:
+            return "halves"
+        if sizes == {inner: 2}:
+            return "pairs"
+        return None
+    merge = isinstance(right[-1], tuple) and len(right[-1]) == 2 and len(left) >= 2 \
+        and right[:-1] == left[:-2] and list(right[-1]) == left[-2:]
+    if merge and not sizes and not any(isinstance(a, tuple) for a in left) and len(set(right[-1])) == 2:
+        return "merge"
+    return None

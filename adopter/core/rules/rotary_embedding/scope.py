@@ -37,18 +37,29 @@ class TorchNames:
     def __init__(self, tree: ast.Module):
         self.modules: set[str] = set()
         self.functions: dict[str, str] = {}  # local name -> torch function name
+        self.einops_modules: set[str] = set()  # ``import einops``
+        self.rearrange: set[str] = set()  # ``from einops import rearrange``
         for stmt in module_statements(tree):
             if isinstance(stmt, ast.Import):
                 self.modules |= {a.asname or a.name for a in stmt.names if a.name == "torch"}
+                self.einops_modules |= {a.asname or a.name for a in stmt.names if a.name == "einops"}
             elif isinstance(stmt, ast.ImportFrom) and stmt.module == "torch" and not stmt.level:
                 for a in stmt.names:
                     self.functions[a.asname or a.name] = a.name
+            elif isinstance(stmt, ast.ImportFrom) and stmt.module == "einops" and not stmt.level:
+                self.rearrange |= {a.asname or a.name for a in stmt.names if a.name == "rearrange"}
 
     def is_(self, func: ast.expr, *names: str) -> bool:
         """``func`` is ``torch.<name>`` or a name imported as it, for one of ``names``."""
         if isinstance(func, ast.Attribute) and func.attr in names:
             return isinstance(func.value, ast.Name) and func.value.id in self.modules
         return isinstance(func, ast.Name) and self.functions.get(func.id) in names
+
+    def is_rearrange(self, func: ast.expr) -> bool:
+        """``func`` is ``einops.rearrange`` (however imported)."""
+        if isinstance(func, ast.Attribute) and func.attr == "rearrange":
+            return isinstance(func.value, ast.Name) and func.value.id in self.einops_modules
+        return isinstance(func, ast.Name) and func.id in self.rearrange
 
 
 # every rotation function and candidate of a file reads the same imports (kept as module_statements)

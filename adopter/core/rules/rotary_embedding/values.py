@@ -15,6 +15,7 @@ import ast
 
 from adopter.core.rules.rotary_embedding.literals import (
     arg,
+    einops_last_dim,
     int_const,
     is_ellipsis,
     last_dim_arg,
@@ -94,6 +95,9 @@ class HalfSplitValues:
             if len(parts) == 3 and is_ellipsis(parts[0]) and int_const(parts[1]) in (0, 1) and whole_slice(parts[2]):
                 return ("x1", "x2")[int_const(parts[1])]
             return None
+        if isinstance(e, ast.Call) and self.names.is_rearrange(e.func) and e.args and self._is_x(e.args[0], env):
+            # ``rearrange(x, '... (r d) -> ... r d', r=2)``
+            return "halves" if einops_last_dim(e) == "halves" else None
         if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute)):
             return None
         if e.keywords and e.func.attr != "unbind":  # unbind(dim=-2) only
@@ -265,6 +269,15 @@ class InterleavedValues:
 
     def _call(self, call: ast.Call, env: Env) -> object:
         func = call.func
+        if self.names.is_rearrange(func) and call.args:
+            # x-transformers: ``rearrange(x, '... (d r) -> ... d r', r=2)`` pairs neighbours,
+            # ``rearrange(stacked, '... d r -> ... (d r)')`` flattens the stack back
+            base, layout = self.value(call.args[0], env), einops_last_dim(call)
+            if base == "x" and layout == "pairs":
+                return "pairs"
+            if base == "stacked" and layout == "merge":
+                return "rot"
+            raise NotTheRotation(f"{ast.unparse(call)} is not part of the interleaved rotation")
         if self.names.is_(func, "stack"):
             seq = call.args[0] if call.args else None
             if not isinstance(seq, (ast.Tuple, ast.List)) or not last_dim_arg(call, 1):
