@@ -52,6 +52,8 @@ _LAZY = {
     # training with labels, the fused loss returns logits=None: keep them, or filter the warning
     "keep_logits": "guarded_linear_cross_entropy",
     "LogitsNotComputedWarning": "guarded_linear_cross_entropy",
+    # written-out attention outside the HF namesake classes (issue 35)
+    "sdpa_attention": "guarded_sdpa",
 }
 
 
@@ -91,6 +93,7 @@ __all__ = [
     "linear_gelu",
     "qkv",
     "reset_kernel_calls",
+    "sdpa_attention",
     "select_backend",
     "softmax",
     "unfreeze",
