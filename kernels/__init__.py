@@ -53,7 +53,7 @@ _LAZY = {
     "keep_logits": "guarded_linear_cross_entropy",
     "LogitsNotComputedWarning": "guarded_linear_cross_entropy",
     # written-out attention outside the HF namesake classes (issue 35)
-    "sdpa_attention": "guarded_sdpa",
+    "sdpa": "guarded_sdpa",
 }
 
 
@@ -93,7 +93,7 @@ __all__ = [
     "linear_gelu",
     "qkv",
     "reset_kernel_calls",
-    "sdpa_attention",
+    "sdpa",
     "select_backend",
     "softmax",
     "unfreeze",

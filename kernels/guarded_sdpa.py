@@ -31,7 +31,7 @@ The fused path runs only when it provably computes what the source computes:
 * SDPA gives 0 where softmax makes NaN (a fully masked or NaN row): a query row of the fused output
   that sums to 0 or NaN sends the call to the source's ops (the check of ``ops/attention.py``), as
   does, in half precision, a row masked by a finite additive mask only;
-* it pays: the calibrated cost model (``kernels/cost.py``, ``benchmarks/results/sdpa_attention_cpu.json``)
+* it pays: the calibrated cost model (``kernels/cost.py``, ``benchmarks/results/sdpa_cpu.json``)
   by the scores' size, grad mode and thread count.
 
 Forward and backward go through :mod:`adopter.kernels.ops.attention`'s fused call (SDPA's own
@@ -51,9 +51,9 @@ from .ops.attention import _HALF, _finitely_masked_row, _run_fused, _suspect_row
 from .policy import mode_reason, policy_reason
 from .telemetry import record
 
-__all__ = ["sdpa_attention"]
+__all__ = ["sdpa"]
 
-KERNEL = "sdpa_attention"
+KERNEL = "sdpa"
 
 
 def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dropout, dropout_p, dropout_training,
@@ -133,7 +133,7 @@ def _operands_reason(q, key, v, mask, fill, fill_value, einsum) -> str:
     return ""
 
 
-def sdpa_attention(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, mask: Any = None,
+def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, mask: Any = None,
                    fill: Any = None, fill_value: Any = None, fill_first: bool = False, dropout: Any = None,
                    dropout_p: Any = None, dropout_training: Any = True, einsum: tuple[str, str] | None = None) -> Any:
     """The written-out attention the source computed (module doc), fused where provably equal."""

@@ -1,4 +1,4 @@
-"""The guarded written-out attention (``adopter.kernels.sdpa_attention``, rule sdpa_attention): fused
+"""The guarded written-out attention (``adopter.kernels.sdpa``, rule sdpa_attention): fused
 (SDPA) and fallback paths against the source's own ops, forward and backward, masks (additive, bool
 added, bool fill, causal buffer), einsum, grouped-query heads, dropout seeded in training, dtypes,
 odd shapes; and every execution mode: fx, torch.compile, torch.jit.trace, torch.func, forward AD."""
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from adopter.kernels import count_kernel_calls, sdpa_attention
+from adopter.kernels import count_kernel_calls, sdpa
 from torch import nn
 
 from tests.kernels.test_kernels_compile import check_compiles
@@ -40,7 +40,7 @@ def _qkv(b=2, h=3, q_len=5, k_len=7, d=4, dtype=torch.float32, grad=True):
 
 
 def _paths(calls) -> set[str]:
-    return {"fused" if c.fused else "original" for c in calls.calls if c.kernel == "sdpa_attention"}
+    return {"fused" if c.fused else "original" for c in calls.calls if c.kernel == "sdpa"}
 
 
 def _compare(kwargs, dtype=torch.float32, shape=(), expect="fused", atol=None):
@@ -52,7 +52,7 @@ def _compare(kwargs, dtype=torch.float32, shape=(), expect="fused", atol=None):
     for t in (q, k, v):
         t.grad = None
     with count_kernel_calls() as calls:
-        got = sdpa_attention(q, kt, v, fill_value=float("-inf") if "fill" in kwargs else None, **kwargs)
+        got = sdpa(q, kt, v, fill_value=float("-inf") if "fill" in kwargs else None, **kwargs)
     assert _paths(calls) == {expect}
     got.sum().backward()
     tol = {} if atol is None else {"atol": atol, "rtol": atol}
@@ -95,7 +95,7 @@ def test_fully_masked_row_is_nan_as_the_source():
     fill[0, 0, 2] = True  # every key of one query row
     q, k, v = _qkv(grad=False)
     with count_kernel_calls() as calls:
-        got = sdpa_attention(q, k.transpose(-2, -1), v, fill=fill, fill_value=float("-inf"))
+        got = sdpa(q, k.transpose(-2, -1), v, fill=fill, fill_value=float("-inf"))
     assert _paths(calls) == {"original"}
     torch.testing.assert_close(got, _written(q, k.transpose(-2, -1), v, fill=fill), equal_nan=True)
     assert got[0, :, 2].isnan().all()
@@ -121,10 +121,10 @@ def test_fallback_computes_the_source(kwargs, why):
 
     with count_kernel_calls() as calls:
         try:
-            got = sdpa_attention(q, kt, v, **kwargs)
+            got = sdpa(q, kt, v, **kwargs)
         except RuntimeError as e:  # the source's own ops raise where they raise
             got = e
-    reasons = [c.reason for c in calls.calls if c.kernel == "sdpa_attention"]
+    reasons = [c.reason for c in calls.calls if c.kernel == "sdpa"]
     assert reasons and why in reasons[0]
     if isinstance(got, RuntimeError):
         with pytest.raises(RuntimeError):
@@ -138,7 +138,7 @@ def test_einsum_form():
     eqs = ("b h i d, b h j d -> b h i j", "b h i j, b h j d -> b h i d")
     expected = torch.einsum(eqs[1], (torch.einsum(eqs[0], q, k) * 0.5).softmax(-1), v)
     with count_kernel_calls() as calls:
-        got = sdpa_attention(q, k, v, scale=0.5, einsum=eqs)
+        got = sdpa(q, k, v, scale=0.5, einsum=eqs)
     assert _paths(calls) == {"fused"}
     torch.testing.assert_close(got, expected)
 
@@ -148,7 +148,7 @@ def test_grouped_query_heads_repeated_by_the_source():
     k, v = (torch.randn(2, 2, 7, 4) for _ in range(2))
     k, v = k.repeat_interleave(2, dim=1), v[:, :, None].expand(2, 2, 2, 7, 4).reshape(2, 4, 7, 4)
     with count_kernel_calls() as calls:
-        got = sdpa_attention(q, k.transpose(2, 3), v, scale=0.5)
+        got = sdpa(q, k.transpose(2, 3), v, scale=0.5)
     assert _paths(calls) == {"fused"}
     torch.testing.assert_close(got, _written(q, k.transpose(2, 3), v, scale=0.5))
 
@@ -163,14 +163,14 @@ def test_dropout_in_training_draws_what_the_source_draws(form):
     kwargs = {"dropout": drop} if form == "module" else {"dropout_p": 0.3, "dropout_training": True}
     torch.manual_seed(7)
     with count_kernel_calls() as calls:
-        got = sdpa_attention(q, kt, v, scale=0.5, **kwargs)
+        got = sdpa(q, kt, v, scale=0.5, **kwargs)
     assert _paths(calls) == {"original"}
     assert torch.equal(got, expected)
     # eval mode (or p == 0): nothing drawn, the fused path
     drop.eval()
     kwargs = {"dropout": drop} if form == "module" else {"dropout_p": 0.3, "dropout_training": False}
     with count_kernel_calls() as calls:
-        got = sdpa_attention(q, kt, v, scale=0.5, **kwargs)
+        got = sdpa(q, kt, v, scale=0.5, **kwargs)
     assert _paths(calls) == {"fused"}
     torch.testing.assert_close(got, _written(q, kt, v, scale=0.5))
 
@@ -181,15 +181,15 @@ def test_dropout_module_with_hooks_runs_the_source():
     seen = []
     drop.register_forward_hook(lambda m, i, o: seen.append(o))
     with count_kernel_calls() as calls:
-        sdpa_attention(q, k.transpose(-2, -1), v, dropout=drop)
+        sdpa(q, k.transpose(-2, -1), v, dropout=drop)
     assert _paths(calls) == {"original"} and len(seen) == 1  # the hook saw the probabilities
 
 
 def test_double_backward():
     q, k, v = (t.double() for t in _qkv())
     kt = k.transpose(-2, -1)
-    assert torch.autograd.gradcheck(lambda q, kt, v: sdpa_attention(q, kt, v, scale=0.5), (q, kt, v))
-    assert torch.autograd.gradgradcheck(lambda q, kt, v: sdpa_attention(q, kt, v, scale=0.5), (q, kt, v))
+    assert torch.autograd.gradcheck(lambda q, kt, v: sdpa(q, kt, v, scale=0.5), (q, kt, v))
+    assert torch.autograd.gradgradcheck(lambda q, kt, v: sdpa(q, kt, v, scale=0.5), (q, kt, v))
 
 
 # ---------------------------------------------------------------- execution modes
@@ -202,7 +202,7 @@ class WrittenOut(nn.Module):
         self.register_buffer("bias", torch.tril(torch.ones(6, 6)).view(1, 1, 6, 6))
 
     def forward(self, q, k, v):
-        return sdpa_attention(q, k.transpose(-2, -1), v, scale=q.shape[-1] ** -0.5, fill=self.bias == 0,
+        return sdpa(q, k.transpose(-2, -1), v, scale=q.shape[-1] ** -0.5, fill=self.bias == 0,
                               fill_value=float("-inf"), dropout=self.attn_drop)
 
 
@@ -256,7 +256,7 @@ def test_bf16_fill_against_float64():
     q, k, v = _qkv(dtype=torch.float64, grad=False)
     fill = _padding_fill()
     exact = _written(q, k.transpose(-2, -1), v, scale=0.5, fill=fill)
-    got = sdpa_attention(*(t.bfloat16() for t in (q, k.transpose(-2, -1), v)), scale=0.5, fill=fill,
+    got = sdpa(*(t.bfloat16() for t in (q, k.transpose(-2, -1), v)), scale=0.5, fill=fill,
                          fill_value=float("-inf"))
     torch.testing.assert_close(got.double(), exact, atol=3e-2, rtol=3e-2)
     assert F.softmax is not None

@@ -60,7 +60,7 @@ def test_rewritten_equals_original(name, train):
     torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
     for a, b in zip(grads_a, grads_b):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
-    paths = {c.fused for c in calls.calls if c.kernel == "sdpa_attention"}
+    paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
     draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules()) or (
         train and name == "EinsumAttention")
     assert paths == ({False} if draws else {True}), calls.calls

@@ -13,7 +13,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from adopter.kernels import sdpa_attention
+from adopter.kernels import sdpa
 from torch import nn
 
 
@@ -35,7 +35,7 @@ class VitAttention(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
 
-        x = (sdpa_attention(q, k.transpose(-2, -1), v, scale=self.scale, dropout=self.attn_drop)).transpose(1, 2).reshape(
+        x = (sdpa(q, k.transpose(-2, -1), v, scale=self.scale, dropout=self.attn_drop)).transpose(1, 2).reshape(
             B, N, C
         )
         x = self.proj(x)
@@ -62,7 +62,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = sdpa_attention(
+        y = sdpa(
             q,
             k.transpose(-2, -1),
             v,
@@ -96,7 +96,7 @@ class EinsumAttention(nn.Module):
         q = self.to_q(x).view(b, n, h, -1).transpose(1, 2)
         k = self.to_k(x).view(b, n, h, -1).transpose(1, 2)
         v = self.to_v(x).view(b, n, h, -1).transpose(1, 2)
-        out = sdpa_attention(
+        out = sdpa(
             q,
             k,
             v,
@@ -127,9 +127,7 @@ class MaskedAttention(nn.Module):
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        out = sdpa_attention(
-            q, k.transpose(-1, -2), v, divisor=math.sqrt(self.head_dim), mask=mask, dropout=self.dropout
-        )
+        out = sdpa(q, k.transpose(-1, -2), v, divisor=math.sqrt(self.head_dim), mask=mask, dropout=self.dropout)
         return self.out_proj(out.transpose(1, 2).reshape(b, n, d))
 
 
@@ -146,7 +144,7 @@ class PaddingMaskAttention(nn.Module):
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         return self.out(
-            (sdpa_attention(q, k.transpose(-2, -1), v, divisor=math.sqrt(q.size(-1)), fill=~keep[:, None, None, :], fill_value=float("-inf"))).transpose(1, 2).reshape(b, n, d),
+            (sdpa(q, k.transpose(-2, -1), v, divisor=math.sqrt(q.size(-1)), fill=~keep[:, None, None, :], fill_value=float("-inf"))).transpose(1, 2).reshape(b, n, d),
         )
 
 
@@ -171,5 +169,5 @@ class GroupedQueryAttention(nn.Module):
         rep = self.heads // self.kv_heads
         k = k.repeat_interleave(rep, dim=1)
         v = v[:, :, None].expand(b, self.kv_heads, rep, n, self.head_dim).reshape(b, self.heads, n, self.head_dim)
-        out = sdpa_attention(q, k.transpose(2, 3), v, scale=self.head_dim ** -0.5)
+        out = sdpa(q, k.transpose(2, 3), v, scale=self.head_dim ** -0.5)
         return self.wo(out.transpose(1, 2).reshape(b, n, -1))

@@ -1,5 +1,5 @@
 """sdpa_attention: written-out attention (``softmax(q @ kᵀ * scale + mask) @ v``) anywhere, replaced by
-``adopter.kernels.sdpa_attention``, which runs ``F.scaled_dot_product_attention`` where it computes
+``adopter.kernels.sdpa``, which runs ``F.scaled_dot_product_attention`` where it computes
 the same and pays, and the source's own ops otherwise.
 
 Rewrite (the codemod in :mod:`.codemod`), forward only — ``__init__`` and the modules stay:
@@ -7,7 +7,7 @@ Rewrite (the codemod in :mod:`.codemod`), forward only — ``__init__`` and the 
     attn = attn.softmax(dim=-1)
     attn = self.attn_drop(attn)
     x = (attn @ v).transpose(1, 2).reshape(B, N, C)
- => x = (sdpa_attention(q, k.transpose(-2, -1), v, scale=self.scale, dropout=self.attn_drop)).transpose(...)
+ => x = (sdpa(q, k.transpose(-2, -1), v, scale=self.scale, dropout=self.attn_drop)).transpose(...)
 
 The source's region is read by :mod:`.site` (scale, additive mask, boolean ``masked_fill``,
 dropout, einsum spellings); the same reading decides the precondition (with its refusal codes)
@@ -51,7 +51,7 @@ output product with the values (``@``, ``torch.matmul``, the matching einsum) �
 or over statements, in any class or function outside the three HF namesake classes (ViT
 collections, nanoGPT's non-flash branch, x-former libraries; grouped-query attention whose keys
 and values the source repeats with ``repeat_interleave``/``expand``) — by one call of
-``adopter.kernels.sdpa_attention`` given the query, the key as the source wrote it, the value,
+``adopter.kernels.sdpa`` given the query, the key as the source wrote it, the value,
 and the scale, mask, fill, fill value and dropout as expressions evaluated where the call is
 (nothing of the analysed model is written into the source). Refused: the scores or
 probabilities read besides the output product (``probs-read``: returned as attention weights —
@@ -65,7 +65,7 @@ of the query's dtype broadcasting to the scores, a bool fill, a fill value of ``
 that is a number (or a one-element tensor without gradient), no dropout drawn (eval mode or
 ``p == 0``: training with dropout runs the source's ops with the user's dropout, so the random
 numbers are those the original draws), no fully-masked or NaN row (checked on the output) — and
-where it pays (the calibrated cost model: ``benchmarks/results/sdpa_attention_cpu.json``);
+where it pays (the calibrated cost model: ``benchmarks/results/sdpa_cpu.json``);
 otherwise it runs the source's own ops."""
 
 
@@ -141,7 +141,7 @@ class _SdpaRule(Rule):
 
 RULE = _SdpaRule(
     name="sdpa_attention",
-    kernel="adopter.kernels.sdpa_attention",
+    kernel="adopter.kernels.sdpa",
     doc=DOC,
     dsl=DSL,
     codemod=SdpaAttentionCodemod(),

@@ -2,7 +2,7 @@
 
 The statements before the output product that only computed the scores and probabilities are
 deleted; the output product (``attn @ v``, wherever it sits in its statement) becomes
-``sdpa_attention(q, <key as written>, v, scale=..., mask=..., fill=..., dropout=...)``; a mask or
+``sdpa(q, <key as written>, v, scale=..., mask=..., fill=..., dropout=...)``; a mask or
 fill added under ``if <test>:`` is passed as ``(m if <test> else None)``.
 """
 
@@ -16,7 +16,7 @@ from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
 from adopter.core.structures import Match
 from adopter.core.syntax import walk
 
-KERNEL = "sdpa_attention"
+KERNEL = "sdpa"
 
 
 def find_expr(fn: ast.AST, span) -> ast.expr | None:
