@@ -12,8 +12,8 @@ import torch
 from adopter.kernels import count_kernel_calls
 
 ROOT = Path(__file__).resolve().parents[1]
-ORIGINAL = ROOT / "fixtures" / "rules" / "sdpa_attention" / "positive.py"
-REWRITTEN = ROOT / "rules" / "sdpa_attention" / "positive.rewritten.py"
+FIXTURES = ROOT / "fixtures" / "rules" / "sdpa_attention"
+SNAPSHOTS = ROOT / "rules" / "sdpa_attention"
 
 
 def _load(path: Path, name: str):
@@ -32,13 +32,23 @@ CASES = {
     "PaddingMaskAttention": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.arange(7)[None] < torch.tensor([[7], [4]]))),
     "GroupedQueryAttention": ((32, 8, 2), {}, lambda: (torch.randn(2, 7, 32),)),
 }
+SPELLINGS = {
+    "OneLiner": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    "MethodMatmul": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32),)),
+    "RelativeBias": ((32, 4, 3), {}, lambda: (torch.randn(2, 9, 32),)),  # (a learned bias: its gradient)
+    "ConditionalFill": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.arange(7)[None, None, None] < 5)),
+    "BoolAdded": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.rand(2, 1, 1, 7) > 0.5)),
+}
+ALL = {**{("positive", n): c for n, c in CASES.items()}, **{("positive_spellings", n): c for n, c in SPELLINGS.items()}}
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(ALL), ids=lambda c: f"{c[0]}:{c[1]}")
 @pytest.mark.parametrize("train", [False, True])
-def test_rewritten_equals_original(name, train):
-    before, after = _load(ORIGINAL, "sdpa_before"), _load(REWRITTEN, "sdpa_after")
-    args, kwargs, inputs = CASES[name]
+def test_rewritten_equals_original(case, train):
+    stem, name = case
+    before = _load(FIXTURES / f"{stem}.py", f"sdpa_before_{stem}")
+    after = _load(SNAPSHOTS / f"{stem}.rewritten.py", f"sdpa_after_{stem}")
+    args, kwargs, inputs = ALL[case]
     torch.manual_seed(0)
     original = getattr(before, name)(*args, **kwargs)
     rewritten = getattr(after, name)(*args, **kwargs)

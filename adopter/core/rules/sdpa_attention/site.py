@@ -145,6 +145,8 @@ class _Interpreter:
         self.is_dropout_module = is_dropout_module  # (attr name) -> bool
         self.env: dict[str, _Scores | _Probs] = {}
         self.moved: list[ast.expr] = []
+        self.read_at: list[tuple[ast.expr, int]] = []  # (moved expression, index in the region where read)
+        self.at = 0
         self.result: tuple | None = None
 
     # ------------------------------------------------------------ expressions
@@ -178,6 +180,7 @@ class _Interpreter:
         if self.tracked(node) or any(n is self.first or n is self.last_node for n in walk(node)):
             raise NotCovered(f"line {node.lineno}: the {what} reads the attention scores", candidate=False)
         self.moved.append(node)
+        self.read_at.append((node, self.at))
         return node
 
     def _scores_product(self, node: ast.expr) -> _Scores:
@@ -248,6 +251,7 @@ class _Interpreter:
         s.mask, s.mask_test = self._plain(term, "mask"), test
         if test is not None:
             self.moved.append(test)
+            self.read_at.append((test, self.at))
         return s
 
     def _fill(self, s: _Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> _Scores:
@@ -257,6 +261,7 @@ class _Interpreter:
         s.fill_first = s.mask is None
         if test is not None:
             self.moved.append(test)
+            self.read_at.append((test, self.at))
         return s
 
     def _call(self, node: ast.Call):
@@ -303,6 +308,7 @@ class _Interpreter:
                 raise NotCovered(f"line {node.lineno}: a second dropout")
             subject.dropout = ("module", node.func)
             self.moved.append(node.func)
+            self.read_at.append((node.func, self.at))
             return subject
         if name == "dropout" and isinstance(subject, _Probs) and receiver_value is None:
             if _func_name(receiver) not in ("F", "functional") if receiver is not None else True:
@@ -442,7 +448,8 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -
     region = block[block.index(first_stmt): block.index(last_stmt) + 1]
     it = _Interpreter(first, last, is_dropout_module)
     consumed = []
-    for stmt in region:
+    for index, stmt in enumerate(region):
+        it.at = index
         if it.statement(stmt):
             consumed.append(stmt)
     if it.result is None:
@@ -451,12 +458,12 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -
     names = sorted({n for st in consumed for n in _stores(st)} - _stores(last_stmt)
                    | {n for n in it.env if n not in _stores(last_stmt)})
     # values moved to the call must not change between where they were read and the call
-    read = set()
-    for e in it.moved:
-        read |= _loads(e)
-    for st in region[:-1]:
-        if st not in consumed and _stores(st) & read:
-            raise NotCovered(f"line {st.lineno} rebinds {', '.join(sorted(_stores(st) & read))} inside the attention")
+    for expr, index in it.read_at:
+        read = _loads(expr)
+        for st in region[index + 1:-1]:
+            if st not in consumed and _stores(st) & read:
+                raise NotCovered(f"line {st.lineno} rebinds {', '.join(sorted(_stores(st) & read))} between its "
+                                 "read in the attention and the output product")
     following = block[block.index(last_stmt) + 1:]
     for name in names:
         for st in following:
