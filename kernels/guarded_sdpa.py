@@ -156,7 +156,10 @@ def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, ma
             factor = factor / number if invert else factor * number
     if not reason:
         k_len = key.shape[-2] if einsum else key.shape[-1]
-        reason = policy_reason(KERNEL, q, size=lambda: q.shape[0] * q.shape[1] * q.shape[2] * k_len)
+        # (half precision calibrated apart: the written-out bf16 matmuls are slow on CPU, where SDPA
+        # pays from far smaller sizes than in float32)
+        reason = policy_reason(KERNEL, q, size=lambda: q.shape[0] * q.shape[1] * q.shape[2] * k_len,
+                               variant=lambda: "half" if q.dtype in _HALF else "")
     if reason:
         record_fallback(KERNEL, reason)
         return _original(*args)

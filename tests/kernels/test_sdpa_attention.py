@@ -260,3 +260,24 @@ def test_bf16_fill_against_float64():
                          fill_value=float("-inf"))
     torch.testing.assert_close(got.double(), exact, atol=3e-2, rtol=3e-2)
     assert F.softmax is not None
+
+
+def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch):
+    """Applied only where it pays: on one CPU thread the shipped calibration (benchmarks/
+    calibrate_kernels.py --kernels sdpa) measured SDPA slower than the written-out ops at a
+    prototype's 1x2x16x16, faster from 2x4x64x32 on; half precision is calibrated apart."""
+    from adopter.kernels import cost
+
+    monkeypatch.setattr(cost, "ENABLED", True)
+    monkeypatch.delenv(cost.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # (no user calibration: the shipped one)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for shape, expect in (((1, 2, 16, 16), "original"), ((4, 6, 197, 64), "fused")):
+            q, k, v = (torch.randn(*shape) for _ in range(3))
+            with torch.no_grad(), count_kernel_calls() as calls:
+                sdpa(q, k.transpose(-2, -1), v, scale=0.125)
+            assert _paths(calls) == {expect}, calls.calls
+    finally:
+        torch.set_num_threads(threads)

@@ -75,3 +75,31 @@ def test_rewritten_equals_original(case, train):
         train and name == "EinsumAttention")
     assert paths == ({False} if draws else {True}), calls.calls
     assert not math.isnan(out_b.sum().item())
+
+
+def test_torchscript_compiles_the_source_statements(tmp_path):
+    """With the TorchScript guard (``--torchscript always``) a scripted module runs the statements
+    the rewrite kept under ``torch.jit.is_scripting()``; eagerly the kernel runs."""
+    from adopter.rewrite import rewrite_source
+
+    from adopter.core.rules import get_rules
+    from adopter.core.scan import scan_source
+
+    text = (FIXTURES / "positive.py").read_text()
+    rules = get_rules(["sdpa_attention"])
+    result = rewrite_source(text, scan_source(text, "positive.py", rules), filename="positive.py", rules=rules,
+                            torchscript_guard=True)
+    assert "torch.jit.is_scripting()" in result.new_text
+    path = tmp_path / "guarded.py"
+    path.write_text(result.new_text)
+    before, after = _load(FIXTURES / "positive.py", "sdpa_ts_before"), _load(path, "sdpa_ts_after")
+    for name, (args, kwargs, inputs) in CASES.items():
+        torch.manual_seed(0)
+        original = getattr(before, name)(*args, **kwargs).eval()
+        rewritten = getattr(after, name)(*args, **kwargs).eval()
+        rewritten.load_state_dict(original.state_dict())
+        xs = inputs()
+        scripted = torch.jit.script(rewritten)
+        with torch.no_grad():
+            torch.testing.assert_close(scripted(*xs), original(*xs), atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(rewritten(*xs), original(*xs), atol=1e-5, rtol=1e-4)

@@ -71,8 +71,9 @@ class SdpaAttentionCodemod(Codemod):
             if site.dropout[0] == "module":
                 args.append(f"dropout={arg_text(ctx, site.dropout[1])}")
             else:
-                args.append(f"dropout_p={arg_text(ctx, site.dropout[1])}")
-                args.append(f"dropout_training={arg_text(ctx, site.dropout[2])}")
+                _, p, training = site.dropout
+                args.append(f"dropout_p={arg_text(ctx, p) if p is not None else '0.5'}")
+                args.append(f"dropout_training={arg_text(ctx, training) if training is not None else 'True'}")
         if s.einsum:
             args.append(f"einsum=({s.einsum!r}, {site.out_einsum!r})")
         spec, local = kernel_name(ctx, KERNEL)

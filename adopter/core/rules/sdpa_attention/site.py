@@ -320,8 +320,9 @@ class _Interpreter:
             if kw.keys() - {"p", "training", "inplace"} or len(rest) > 3 or _literal(kw.get("inplace")) is True \
                     or (len(rest) > 2 and _literal(rest[2]) is not False):
                 raise NotCovered(f"line {node.lineno}: F.dropout with arguments the kernel does not take")
-            p = self._plain(p, "dropout p") if p is not None else ast.Constant(0.5)
-            training = self._plain(training, "dropout training") if training is not None else ast.Constant(True)
+            # (None: not written, F.dropout's defaults p=0.5, training=True)
+            p = self._plain(p, "dropout p") if p is not None else None
+            training = self._plain(training, "dropout training") if training is not None else None
             subject.dropout = ("functional", p, training)
             return subject
         raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)}(...) on the attention scores is not covered")
@@ -423,6 +424,14 @@ def _is_transposed_key(node: ast.expr) -> bool:
     return {_literal(a) for a in node.args} in ({-1, -2}, {2, 3})
 
 
+def _in_loop(fn: ast.AST, block: list[ast.stmt]) -> bool:
+    """Whether the statement list ``block`` lies inside a ``for``/``while`` of ``fn``."""
+    for node in walk(fn):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and any(_holds(node, st) for st in block[:1]):
+            return True
+    return False
+
+
 def _holds(stmt: ast.stmt, node: ast.AST) -> bool:
     return any(n is node for n in walk(stmt))
 
@@ -465,6 +474,8 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -
                 raise NotCovered(f"line {st.lineno} rebinds {', '.join(sorted(_stores(st) & read))} between its "
                                  "read in the attention and the output product")
     following = block[block.index(last_stmt) + 1:]
+    if _in_loop(fn, block):  # (a read before the region is one of the previous iteration's value)
+        following = following + block[:block.index(first_stmt)]
     for name in names:
         for st in following:
             if name in _loads(st):
