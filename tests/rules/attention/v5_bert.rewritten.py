@@ -5,7 +5,6 @@
 # expect: Dropout_LayerNorm BertSelfOutput.forward
 # expect: Dropout_LayerNorm BertOutput.forward
 # expect: biased_GeLU BertIntermediate.forward conditional:needs-config
-# expect: sdpa_attention BertCrossAttention.forward refused:probs-read
 # expect: sdpa_attention eager_attention_forward refused:probs-read
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -103,15 +103,16 @@ def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
 
 
 def _written_out_attention(ctx: MatchContext) -> str | None:
-    cls_name = ctx.match.class_name or ""
-    if any(cls_name.endswith(n) for n in NAMESAKES):
-        return NotACandidate(f"class {cls_name} is the {next(n for n in NAMESAKES if cls_name.endswith(n))} "
-                             "rule's")
     nodes = [mn.node for mn in ctx.match.nodes]
     spans = [n.span for n in nodes]
     if ctx.source is None or any(s is None for s in spans):
         return "the attention's source positions are unknown"
     first, last = spans[0], spans[-1]
+    # the class whose method holds the products (a module-level helper such as transformers'
+    # eager_attention_forward, inlined into every caller, belongs to none: reported once, under it)
+    owner = (first.function or "").rpartition(".")[0] if first.function else (ctx.match.class_name or "")
+    if any(owner.endswith(n) for n in NAMESAKES):
+        return NotACandidate(f"class {owner} is the {next(n for n in NAMESAKES if owner.endswith(n))} rule's")
     if first.function != last.function or getattr(first, "inlined_at", ()) != getattr(last, "inlined_at", ()):
         return NotACandidate("the two products lie in different functions")
     tree = parse_file(ctx.source)
@@ -147,7 +148,8 @@ RULE = _SdpaRule(
     codemod=SdpaAttentionCodemod(),
     fixtures="sdpa_attention",
     preconditions=(_written_out_attention,),
-    rehome=False,  # the rewrite is in the function holding the products
+    # a match wholly inside an inlined helper (transformers' eager_attention_forward) is reported and
+    # rewritten once, under the helper: the rewrite is in the function holding the products
     hoisting=False,  # the codemod reads the region's statements itself
     supersedes=("softmax",),
 )
