@@ -223,6 +223,8 @@ class _Interpreter:
         return None
 
     def _binop(self, node: ast.BinOp):
+        if isinstance(node.op, ast.MatMult) and self.relevant(node):
+            raise _another_product(node)
         left, right = self.value(node.left), self.value(node.right)
         if left is None and right is None:
             return None
@@ -281,6 +283,8 @@ class _Interpreter:
                 raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)}(...) on the scores is not covered")
             return None
         rest = args if receiver_value is not None else args[1:]
+        if name in ("matmul", "bmm", "einsum", "mm"):
+            raise _another_product(node)
         if name in CASTS:
             raise NotCovered(f"line {node.lineno}: a cast of the attention scores or probabilities (the source's "
                              "softmax dtype is another math than SDPA's)", "probs-dtype")
@@ -395,6 +399,14 @@ class _Interpreter:
                 return True
         raise NotCovered(f"line {stmt.lineno}: a conditional update of the scores that is not `+ mask` or "
                          "`masked_fill` under a test")
+
+
+def _another_product(node: ast.expr) -> NotCovered:
+    """The scores or probabilities feed a product other than the matched output product: the
+    matched pair is not one attention (the sub-sequence pattern pairs a softmax with every later
+    product; the one reading the probabilities is matched on its own)."""
+    return NotCovered(f"line {node.lineno}: the scores or probabilities feed another product first",
+                      candidate=False)
 
 
 def _self_attr(func: ast.expr) -> str | None:
