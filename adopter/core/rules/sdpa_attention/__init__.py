@@ -24,8 +24,7 @@ from adopter.core.match.context import NotACandidate, Refusal
 from adopter.core.match.source import parse_file
 from adopter.core.rule import Rule
 from adopter.core.rules.sdpa_attention.codemod import SdpaAttentionCodemod, find_expr
-from adopter.core.rules.sdpa_attention.site import NotCovered, interpret
-from adopter.core.syntax import walk
+from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
 
 MATMULS = "torch.matmul|torch.Tensor.matmul"
 SOFTMAXES = "torch.nn.functional.softmax|torch.softmax|torch.Tensor.softmax|torch.special.softmax"
@@ -86,20 +85,6 @@ def _enclosing(tree: ast.AST, name: str, line: int) -> tuple[ast.AST | None, ast
             else:
                 stack.append((child, owner))
     return best, cls
-
-
-def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
-    """Attributes ``self.<a> = ...Dropout(...)`` of the class (any method)."""
-    out = set()
-    for node in walk(cls) if cls is not None else ():
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            func = node.value.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name == "Dropout":
-                for t in node.targets:
-                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                        out.add(t.attr)
-    return frozenset(out)
 
 
 def _written_out_attention(ctx: MatchContext) -> str | None:

@@ -13,6 +13,7 @@ import ast
 from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_exprs, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
+from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
 from adopter.core.structures import Match
 from adopter.core.syntax import walk
 
@@ -41,9 +42,6 @@ class SdpaAttentionCodemod(Codemod):
     rule = "sdpa_attention"
 
     def analyze(self, match: Match, ctx: FileContext) -> Edit:
-        from adopter.core.rules.sdpa_attention import dropout_attrs
-        from adopter.core.rules.sdpa_attention.site import NotCovered, interpret
-
         exprs = matched_exprs(match, ctx)
         first, last = exprs[0][1], exprs[-1][1]
         fn = ctx.enclosing_function(last)

@@ -76,6 +76,20 @@ class Attention:
     moved: list[ast.expr] = field(default_factory=list)  # expressions evaluated at the call instead
 
 
+def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
+    """Attributes ``self.<a> = ...Dropout(...)`` of the class (any method)."""
+    out = set()
+    for node in walk(cls) if cls is not None else ():
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "Dropout":
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        out.add(t.attr)
+    return frozenset(out)
+
+
 def _func_name(func: ast.expr) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
