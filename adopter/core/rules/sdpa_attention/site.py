@@ -2,7 +2,7 @@
 
 The region runs from the statement holding the scores product to the statement holding the output
 product, in one block of one function. Each statement is interpreted over a small symbolic state
-(:class:`_Scores`, then :class:`_Probs`) bound to the names it assigns:
+(:class:`Scores`, then :class:`Probs`) bound to the names it assigns:
 
     s = q @ k.transpose(-2, -1)  |  torch.matmul(q, kᵀ)  |  torch.einsum('bhid,bhjd->bhij', q, k)
     s = s * c  |  s / c  |  s *= c                                 one scale (before any mask)
@@ -42,7 +42,9 @@ class NotCovered(Exception):
 
 
 @dataclass
-class _Scores:
+class Scores:
+    """The scores as the region computes them, up to the softmax."""
+
     q: ast.expr
     key: ast.expr  # kᵀ for a matmul, k for an einsum
     einsum: str = ""  # the scores equation, as written ("" for a matmul)
@@ -56,8 +58,10 @@ class _Scores:
 
 
 @dataclass
-class _Probs:
-    scores: _Scores
+class Probs:
+    """The softmax of :class:`Scores`, then its dropout."""
+
+    scores: Scores
     dropout: tuple | None = None  # ("module", expr) | ("functional", p, training)
 
 
@@ -65,7 +69,7 @@ class _Probs:
 class Attention:
     """A covered written-out attention (syntax nodes of the parsed file)."""
 
-    scores: _Scores
+    scores: Scores
     dropout: tuple | None
     v: ast.expr
     out_einsum: str
@@ -157,7 +161,7 @@ class _Interpreter:
         self.first = first
         self.last_node = last
         self.is_dropout_module = is_dropout_module  # (attr name) -> bool
-        self.env: dict[str, _Scores | _Probs] = {}
+        self.env: dict[str, Scores | Probs] = {}
         self.moved: list[ast.expr] = []
         self.read_at: list[tuple[ast.expr, int]] = []  # (moved expression, index in the region where read)
         self.at = 0
@@ -173,7 +177,7 @@ class _Interpreter:
         return self.tracked(node) or any(n is self.first or n is self.last_node for n in walk(node))
 
     def value(self, node: ast.expr):
-        """The symbolic value of ``node``: a _Scores, a _Probs, or None when it reads no tracked
+        """The symbolic value of ``node``: a Scores, a Probs, or None when it reads no tracked
         name and holds neither product."""
         if node is self.first:
             return self._scores_product(node)
@@ -197,7 +201,7 @@ class _Interpreter:
         self.read_at.append((node, self.at))
         return node
 
-    def _scores_product(self, node: ast.expr) -> _Scores:
+    def _scores_product(self, node: ast.expr) -> Scores:
         if isinstance(node, ast.BinOp):
             q, key = node.left, node.right
         elif _func_name(node.func) == "einsum":
@@ -207,13 +211,13 @@ class _Interpreter:
             role = einsum_roles(eq)
             if role is None or role[0] != "scores":
                 raise NotCovered(f"line {node.lineno}: einsum {eq!r} is not a batched q·kᵀ", candidate=False)
-            return _Scores(self._plain(node.args[1], "query"), self._plain(node.args[2], "key"), einsum=eq)
+            return Scores(self._plain(node.args[1], "query"), self._plain(node.args[2], "key"), einsum=eq)
         else:
             q, key = _matmul_operands(node)
         if not _is_transposed_key(key):
             raise NotCovered(f"line {node.lineno}: the key operand is not transposed over its last two dims",
                              candidate=False)
-        return _Scores(self._plain(q, "query"), self._plain(key, "key"))
+        return Scores(self._plain(q, "query"), self._plain(key, "key"))
 
     def _output(self, node: ast.expr) -> None:
         if isinstance(node, ast.Call) and _func_name(node.func) == "einsum":
@@ -226,7 +230,7 @@ class _Interpreter:
             probs, v = _matmul_operands(node)
             out_eq = ""
         p = self.value(probs)
-        if not isinstance(p, _Probs):
+        if not isinstance(p, Probs):
             raise NotCovered(f"line {node.lineno}: the output product does not read the softmax's probabilities",
                              candidate=False)
         if p.scores.einsum and not out_eq or out_eq and not p.scores.einsum:
@@ -242,18 +246,18 @@ class _Interpreter:
         left, right = self.value(node.left), self.value(node.right)
         if left is None and right is None:
             return None
-        if isinstance(left, _Probs) or isinstance(right, _Probs):
+        if isinstance(left, Probs) or isinstance(right, Probs):
             raise NotCovered(f"line {node.lineno}: an operation on the probabilities (a head mask?) is not covered")
-        if isinstance(node.op, (ast.Mult, ast.Div)) and isinstance(left, _Scores) and right is None:
+        if isinstance(node.op, (ast.Mult, ast.Div)) and isinstance(left, Scores) and right is None:
             return self._scale(left, "mul" if isinstance(node.op, ast.Mult) else "div", node.right)
-        if isinstance(node.op, ast.Mult) and isinstance(right, _Scores) and left is None:
+        if isinstance(node.op, ast.Mult) and isinstance(right, Scores) and left is None:
             return self._scale(right, "mul", node.left)
         if isinstance(node.op, ast.Add) and (left is None) != (right is None):
             scores = left if left is not None else right
             return self._add(scores, node.right if left is not None else node.left, None)
         raise NotCovered(f"line {node.lineno}: {ast.unparse(node)[:60]!r} on the scores is not covered")
 
-    def _scale(self, s: _Scores, kind: str, factor: ast.expr, *, line: int = 0) -> _Scores:
+    def _scale(self, s: Scores, kind: str, factor: ast.expr, *, line: int = 0) -> Scores:
         if s.scale is not None:
             raise NotCovered(f"line {factor.lineno}: the scores are scaled twice")
         if s.mask is not None or s.fill is not None:
@@ -261,7 +265,7 @@ class _Interpreter:
         s.scale = (kind, self._plain(factor, "scale"))
         return s
 
-    def _add(self, s: _Scores, term: ast.expr, test: ast.expr | None) -> _Scores:
+    def _add(self, s: Scores, term: ast.expr, test: ast.expr | None) -> Scores:
         if s.mask is not None:
             raise NotCovered(f"line {term.lineno}: a second additive term on the scores")
         s.mask, s.mask_test = self._plain(term, "mask"), test
@@ -270,7 +274,7 @@ class _Interpreter:
             self.read_at.append((test, self.at))
         return s
 
-    def _fill(self, s: _Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> _Scores:
+    def _fill(self, s: Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> Scores:
         if s.fill is not None:
             raise NotCovered(f"line {mask.lineno}: a second masked_fill of the scores")
         s.fill, s.fill_value, s.fill_test = self._plain(mask, "fill mask"), self._plain(value, "fill value"), test
@@ -302,7 +306,7 @@ class _Interpreter:
         if name in CASTS:
             raise NotCovered(f"line {node.lineno}: a cast of the attention scores or probabilities (the source's "
                              "softmax dtype is another math than SDPA's)", "probs-dtype")
-        if name in SOFTMAX_FUNCS and isinstance(subject, _Scores):
+        if name in SOFTMAX_FUNCS and isinstance(subject, Scores):
             if receiver is not None and receiver_value is None and _func_name(receiver) not in ("F", "functional",
                                                                                                  "torch", "special"):
                 raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)} is not torch's softmax")
@@ -311,15 +315,15 @@ class _Interpreter:
                 raise NotCovered(f"line {node.lineno}: the softmax is computed in another dtype", "probs-dtype")
             if dim is None or _literal(dim) != -1:
                 raise NotCovered(f"line {node.lineno}: the softmax is not over dim=-1", "dim-not-last")
-            return _Probs(subject)
-        if name in ("masked_fill", "masked_fill_") and isinstance(subject, _Scores):
+            return Probs(subject)
+        if name in ("masked_fill", "masked_fill_") and isinstance(subject, Scores):
             mask = kw.get("mask", rest[0] if rest else None)
             value = kw.get("value", rest[1] if len(rest) > 1 else None)
             if mask is None or value is None or len(rest) > 2:
                 raise NotCovered(f"line {node.lineno}: masked_fill without mask and value")
             return self._fill(subject, mask, value, None)
         attr = _self_attr(node.func)
-        if attr is not None and isinstance(subject, _Probs) and len(args) == 1 and not kw:
+        if attr is not None and isinstance(subject, Probs) and len(args) == 1 and not kw:
             if not self.is_dropout_module(attr):
                 raise NotCovered(f"line {node.lineno}: self.{attr}(...) on the probabilities is not an nn.Dropout")
             if subject.dropout is not None:
@@ -328,7 +332,7 @@ class _Interpreter:
             self.moved.append(node.func)
             self.read_at.append((node.func, self.at))
             return subject
-        if name == "dropout" and isinstance(subject, _Probs) and receiver_value is None:
+        if name == "dropout" and isinstance(subject, Probs) and receiver_value is None:
             if _func_name(receiver) not in ("F", "functional") if receiver is not None else True:
                 raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)} is not F.dropout")
             if subject.dropout is not None:
@@ -353,7 +357,7 @@ class _Interpreter:
             return self._conditional(stmt)
         if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id in self.env:
             s = self.env[stmt.target.id]
-            if not isinstance(s, _Scores):
+            if not isinstance(s, Scores):
                 raise NotCovered(f"line {stmt.lineno}: an update of the probabilities")
             if self.tracked(stmt.value):
                 raise NotCovered(f"line {stmt.lineno}: an update of the scores by themselves")
@@ -376,7 +380,7 @@ class _Interpreter:
             return False
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             value = self.value(stmt.value)
-            if isinstance(value, (_Scores, _Probs)):
+            if isinstance(value, (Scores, Probs)):
                 self.env[stmt.targets[0].id] = value
                 return True
         raise NotCovered(f"line {stmt.lineno}: the attention scores or probabilities are read here besides the "
@@ -394,19 +398,19 @@ class _Interpreter:
             raise NotCovered(f"line {stmt.lineno}: a branch inside the attention", "branch-straddle")
         if isinstance(inner, ast.AugAssign) and isinstance(inner.op, ast.Add) and isinstance(inner.target, ast.Name):
             s = self.env.get(inner.target.id)
-            if isinstance(s, _Scores) and not self.tracked(inner.value):
+            if isinstance(s, Scores) and not self.tracked(inner.value):
                 self._add(s, inner.value, stmt.test)
                 return True
         if isinstance(inner, ast.Assign) and len(inner.targets) == 1 and isinstance(inner.targets[0], ast.Name):
             name = inner.targets[0].id
             s = self.env.get(name)
             v = inner.value
-            if isinstance(s, _Scores) and s.mask is None and isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add):
+            if isinstance(s, Scores) and s.mask is None and isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add):
                 for mine, other in ((v.left, v.right), (v.right, v.left)):
                     if isinstance(mine, ast.Name) and mine.id == name and not self.tracked(other):
                         self._add(s, other, stmt.test)
                         return True
-            if (isinstance(s, _Scores) and isinstance(v, ast.Call) and _func_name(v.func) == "masked_fill"
+            if (isinstance(s, Scores) and isinstance(v, ast.Call) and _func_name(v.func) == "masked_fill"
                     and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name)
                     and v.func.value.id == name and len(v.args) == 2 and not v.keywords):
                 self._fill(s, v.args[0], v.args[1], stmt.test)
