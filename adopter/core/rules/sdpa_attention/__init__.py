@@ -58,7 +58,10 @@ transformers' ``eager_attention_forward`` —, stored, printed), a cast or ``dty
 softmax (``probs-dtype``: another math than SDPA's), a softmax not over ``dim=-1``
 (``dim-not-last``). Not a match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, a second mask, a scale after the mask), an
-``nn.Softmax`` module. The kernel runs SDPA only where it is provably the same computation —
+``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
+directly (they feed another product first) is no candidate. A helper function that callers
+inline (transformers' ``eager_attention_forward``) is reported and rewritten once, under the
+helper. The kernel runs SDPA only where it is provably the same computation —
 query/key/value plain floating tensors of rank 4 with equal batch and head sizes, a float mask
 of the query's dtype broadcasting to the scores, a bool fill, a fill value of ``-inf``, a scale
 that is a number (or a one-element tensor without gradient), no dropout drawn (eval mode or
