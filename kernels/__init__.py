@@ -52,6 +52,8 @@ _LAZY = {
     # training with labels, the fused loss returns logits=None: keep them, or filter the warning
     "keep_logits": "guarded_linear_cross_entropy",
     "LogitsNotComputedWarning": "guarded_linear_cross_entropy",
+    # written-out attention outside the HF namesake classes (issue 35)
+    "sdpa": "guarded_sdpa",
 }
 
 
@@ -92,6 +94,7 @@ __all__ = [
     "qkv",
     "reset_kernel_calls",
     "run_sequential",
+    "sdpa",
     "select_backend",
     "softmax",
     "unfreeze",

@@ -70,6 +70,7 @@ RULE_KEYWORDS = {
     "linear_cross_entropy": ("linear_cross_entropy", "lce", "lm_head"),
     "rotary_embedding": ("rotary",),
     "softmax": ("softmax",),
+    "sdpa_attention": ("sdpa",),
 }
 
 

@@ -137,6 +137,10 @@ PRECISION_CODES = {
                          "value between them, say): rewriting one method alone would make the class answer two ways",
     "norm-variant": "the code normalizes like the kernel but computes a variant it does not (eps outside the "
                     "square root, a bias, no float32 upcast, other casts, more than the norm)",
+    "probs-read": "the attention scores or probabilities are read besides the output product (returned as "
+                  "attention weights, stored): SDPA never computes them",
+    "probs-dtype": "the attention probabilities are computed in another dtype than the scores' (a cast or dtype= "
+                     "around it): another math than SDPA's",
 }
 
 # "rejected" (tracing): the sequence executes but a runtime-only precondition fails (the

@@ -210,6 +210,26 @@ def _lm_head_loss(tokens: int, hidden: int, vocab: int) -> Case:
     return Case(KERNEL, f"{tokens}x{hidden}->{vocab}", tokens * vocab, build)
 
 
+# (batch, heads, seq, head_dim) of written-out attention: a prototype's few tokens, a ViT-S/16 image
+# (197 tokens), a GPT-2-small training block, a long context
+ATTENTION_SHAPES = ((1, 2, 16, 16), (2, 4, 64, 32), (4, 6, 197, 64), (4, 12, 256, 64), (1, 8, 1024, 64))
+
+
+def _sdpa(batch: int, heads: int, seq: int, head_dim: int, dtype: torch.dtype = torch.float32) -> Case:
+    def build(mode):
+        from adopter.kernels import sdpa
+
+        grad = mode == "train"
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=dtype, requires_grad=grad) for _ in range(3))
+        fill = torch.ones(seq, seq, dtype=torch.bool).tril().logical_not()  # (nanoGPT's causal buffer == 0)
+        drop = nn.Dropout(0.1).eval()  # (no dropout drawn: the fused path)
+        return _step(mode, lambda: sdpa(q, k.transpose(-2, -1), v, scale=head_dim ** -0.5, fill=fill,
+                                                  fill_value=float("-inf"), dropout=drop), [q, k, v])
+    half = dtype in (torch.float16, torch.bfloat16)  # (the kernel's variant "half": calibrated apart)
+    return Case("sdpa", f"{batch}x{heads}x{seq}x{head_dim}" + (f" {dtype}".replace("torch.", "") if half else ""),
+                batch * heads * seq * seq, build, "half" if half else "")
+
+
 def cases(kernels: set[str] | None = None) -> list[Case]:
     """Every calibration case (of ``kernels`` only, when given)."""
     found = [
@@ -218,6 +238,7 @@ def cases(kernels: set[str] | None = None) -> list[Case]:
         *(make(b, c, s) for make in (_conv_bn, _add_relu) for b, c, s in MAP_SHAPES),
         *(_conv_bn(b, c, s, "channels_last") for b, c, s in MAP_SHAPES),
         *(_lm_head_loss(t, h, v) for t, h, v in LOSS_SHAPES),
+        *(_sdpa(*shape, dtype) for dtype in (torch.float32, torch.bfloat16) for shape in ATTENTION_SHAPES),
     ]
     return [c for c in found if kernels is None or c.kernel in kernels]
 

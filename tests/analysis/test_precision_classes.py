@@ -44,7 +44,7 @@ def by_class(matches, rule: str) -> dict:
 def test_codes_are_documented():
     assert set(PRECISION_CODES) == {"needs-config", "dim-not-last", "not-a-layernorm", "branch-straddle",
                                     "torchscript", "norm-variant", "logits-transformed", "logits-read",
-                                    "method-divergence"}
+                                    "method-divergence", "probs-read", "probs-dtype"}
     assert all(PRECISION_CODES.values())
 
 

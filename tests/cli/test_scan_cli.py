@@ -87,7 +87,7 @@ def test_rules_command(capsys):
     assert "Dropout_LayerNorm" in out and "adopter.kernels.dropout_add_layer_norm" in out
     assert main(["rules", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert len(data) == 14 and {"name", "kernel", "summary"} <= set(data[0])
+    assert len(data) == 15 and {"name", "kernel", "summary"} <= set(data[0])
     assert main(["rules", "Conv_BatchNorm"]) == 0
     out = capsys.readouterr().out
     assert "rule Conv_BatchNorm" in out and "torch.nn.BatchNorm2d@$bn($c) -> $out" in out

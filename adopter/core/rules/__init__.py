@@ -46,6 +46,8 @@ RULE_MODULES: dict[str, str] = {
     "linear_cross_entropy": "linear_cross_entropy",
     # residual blocks (issue 25)
     "Add_ReLU": "add_relu",
+    # written-out attention outside the HF namesake classes (issue 35)
+    "sdpa_attention": "sdpa_attention",
 }
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from adopter.core.dsl import Layer, Node, TensorOp, Value, Var
 from adopter.core.match import MatchContext, same_value
+from adopter.core.match.context import NotACandidate
 from adopter.core.rules._common import producer
 
 MATMULS = ("torch.matmul", "torch.Tensor.matmul")
@@ -111,10 +112,12 @@ def is_projection(n: Node) -> bool:
 
 def namesake(ctx: MatchContext, rule_name: str) -> str | None:
     """The attention rules target the class they are named after (and classes whose
-    name ends with it), as the kernel policies they come from do."""
+    name ends with it), as the kernel policies they come from do. Any other attention is no
+    candidate of theirs (not reported as rejected: the sdpa_attention rule covers written-out
+    attention in every other class); a namesake class that differs stays a rejected match."""
     cls = ctx.match.class_name or ""
     if not cls.endswith(rule_name):
-        return f"class {cls or '(none)'} is not a {rule_name} class"
+        return NotACandidate(f"class {cls or '(none)'} is not a {rule_name} class")
     return None
 
 

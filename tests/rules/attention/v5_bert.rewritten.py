@@ -5,6 +5,7 @@
 # expect: Dropout_LayerNorm BertSelfOutput.forward
 # expect: Dropout_LayerNorm BertOutput.forward
 # expect: biased_GeLU BertIntermediate.forward conditional:needs-config
+# expect: sdpa_attention eager_attention_forward refused:probs-read
 from collections.abc import Callable
 from dataclasses import dataclass
 import torch

@@ -2,6 +2,7 @@
 # expect: GPT2Attention GPT2Attention.forward
 # expect: softmax eager_attention_forward
 # expect: softmax GPT2Attention._upcast_and_reordered_attn
+# expect: sdpa_attention eager_attention_forward refused:probs-dtype
 import math
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -4,8 +4,8 @@
 # uses leave the three modules what the fused call reads, so they do not keep the match out.
 # expect: fused_QKV GroupedQueryAttention.forward
 # expect: fused_QKV ResetAttention.forward
-# expect: softmax ResetAttention.forward
 # expect: fused_QKV WeightInitAttention.forward
+# expect: sdpa_attention ResetAttention.forward
 from dataclasses import dataclass
 from typing import Optional
 

@@ -1,0 +1,143 @@
+"""sdpa_attention: written-out attention (``softmax(q @ kᵀ * scale + mask) @ v``) anywhere, replaced by
+``adopter.kernels.sdpa``, which runs ``F.scaled_dot_product_attention`` where it computes
+the same and pays, and the source's own ops otherwise.
+
+Rewrite (the codemod in :mod:`.codemod`), forward only — ``__init__`` and the modules stay:
+    attn = (q @ k.transpose(-2, -1)) * self.scale
+    attn = attn.softmax(dim=-1)
+    attn = self.attn_drop(attn)
+    x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+ => x = (sdpa(q, k.transpose(-2, -1), v, scale=self.scale, dropout=self.attn_drop)).transpose(...)
+
+The source's region is read by :mod:`.site` (scale, additive mask, boolean ``masked_fill``,
+dropout, einsum spellings); the same reading decides the precondition (with its refusal codes)
+and writes the call, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from adopter.core.match import MatchContext
+from adopter.core.match.context import NotACandidate, Refusal
+from adopter.core.match.source import parse_file
+from adopter.core.rule import Rule
+from adopter.core.rules.sdpa_attention.codemod import SdpaAttentionCodemod, find_expr
+from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
+
+MATMULS = "torch.matmul|torch.Tensor.matmul"
+SOFTMAXES = "torch.nn.functional.softmax|torch.softmax|torch.Tensor.softmax|torch.special.softmax"
+_FIRST = (f"{MATMULS}($q, $kt) -> $scores", "$q @ $kt -> $scores", "torch.einsum() -> $scores")
+_LAST = (f"{MATMULS}($probs, $v) -> $out", "$probs @ $v -> $out", "torch.einsum() -> $out")
+DSL = "\n".join(
+    f"rule sdpa_attention\nforward:\n    {first};\n    {SOFTMAXES}($logits) -> $weights;\n    {last}\n"
+    for first in _FIRST for last in _LAST
+)
+
+# The HF classes the three namesake attention rules own (their kernel policy names them).
+NAMESAKES = ("BertSelfAttention", "T5Attention", "GPT2Attention")
+
+DOC = """\
+Replaces a written-out attention — the scores ``q @ k.transpose(-2, -1)`` (``torch.matmul``,
+``@``, ``x.matmul``, ``k.mT``, or ``torch.einsum('b h i d, b h j d -> b h i j', q, k)``), at most
+one scale (``* c`` or ``/ c``, ``c`` any expression: ``self.scale``, ``1 / math.sqrt(d)``,
+``d ** -0.5``), at most one additive mask (``+ mask``, also ``if mask is not None: s = s + mask``)
+and one boolean fill (``s.masked_fill(b, float('-inf'))``: nanoGPT's causal
+``self.bias[:, :, :T, :T] == 0``, a padding ``~keep``), ``softmax(..., dim=-1)``, at most one
+dropout of the probabilities (an ``nn.Dropout`` bound in ``__init__``, or ``F.dropout``), and the
+output product with the values (``@``, ``torch.matmul``, the matching einsum) — in one expression
+or over statements, in any class or function outside the three HF namesake classes (ViT
+collections, nanoGPT's non-flash branch, x-former libraries; grouped-query attention whose keys
+and values the source repeats with ``repeat_interleave``/``expand``) — by one call of
+``adopter.kernels.sdpa`` given the query, the key as the source wrote it, the value,
+and the scale, mask, fill, fill value and dropout as expressions evaluated where the call is
+(nothing of the analysed model is written into the source). Refused: the scores or
+probabilities read besides the output product (``probs-read``: returned as attention weights —
+transformers' ``eager_attention_forward`` —, stored, printed), a cast or ``dtype=`` around the
+softmax (``probs-dtype``: another math than SDPA's), a softmax not over ``dim=-1``
+(``dim-not-last``). Not a match: anything else inside the region (a head mask, a
+talking-heads projection, a relative-position gather, a second mask, a scale after the mask), an
+``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
+directly (they feed another product first) is no candidate. A helper function that callers
+inline (transformers' ``eager_attention_forward``) is reported and rewritten once, under the
+helper. The kernel runs SDPA only where it is provably the same computation —
+query/key/value plain floating tensors of rank 4 with equal batch and head sizes, a float mask
+of the query's dtype broadcasting to the scores, a bool fill, a fill value of ``-inf``, a scale
+that is a number (or a one-element tensor without gradient), no dropout drawn (eval mode or
+``p == 0``: training with dropout runs the source's ops with the user's dropout, so the random
+numbers are those the original draws), no fully-masked or NaN row (checked on the output) — and
+where it pays (the calibrated cost model: ``benchmarks/results/sdpa_cpu.json``);
+otherwise it runs the source's own ops."""
+
+
+def _enclosing(tree: ast.AST, name: str, line: int) -> tuple[ast.AST | None, ast.ClassDef | None]:
+    """The innermost function called ``name`` whose lines hold ``line``, and the class around it."""
+    best = cls = None
+    stack = [(tree, None)]
+    while stack:
+        node, owner = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                stack.append((child, child))
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if child.lineno <= line <= (child.end_lineno or child.lineno):
+                    if child.name == name:
+                        best, cls = child, owner
+                    stack.append((child, owner))
+            else:
+                stack.append((child, owner))
+    return best, cls
+
+
+def _written_out_attention(ctx: MatchContext) -> str | None:
+    nodes = [mn.node for mn in ctx.match.nodes]
+    spans = [n.span for n in nodes]
+    if ctx.source is None or any(s is None for s in spans):
+        return "the attention's source positions are unknown"
+    first, last = spans[0], spans[-1]
+    # the class whose method holds the products (a module-level helper such as transformers'
+    # eager_attention_forward, inlined into every caller, belongs to none: reported once, under it)
+    owner = (first.function or "").rpartition(".")[0] if first.function else (ctx.match.class_name or "")
+    if any(owner.endswith(n) for n in NAMESAKES):
+        return NotACandidate(f"class {owner} is the {next(n for n in NAMESAKES if owner.endswith(n))} rule's")
+    if first.function != last.function or getattr(first, "inlined_at", ()) != getattr(last, "inlined_at", ()):
+        return NotACandidate("the two products lie in different functions")
+    tree = parse_file(ctx.source)
+    fn, cls = _enclosing(tree, (first.function or ctx.match.function).rsplit(".", 1)[-1], first.line) \
+        if tree is not None else (None, None)
+    if fn is None:
+        return "the function holding the attention is not found in the source"
+    first_expr, last_expr = find_expr(fn, first), find_expr(fn, last)
+    if first_expr is None or last_expr is None:
+        return "the attention's products are not found in the source"
+    attrs = dropout_attrs(cls)
+    try:
+        interpret(fn, first_expr, last_expr, attrs.__contains__)
+    except NotCovered as e:
+        if not e.candidate:
+            return NotACandidate(e.reason)
+        return Refusal(e.code, e.reason) if e.code else e.reason
+    return None
+
+
+@dataclass(frozen=True)
+class _SdpaRule(Rule):
+    # Matches of these rules lying wholly inside a written-out attention match are not reported (the
+    # match driver reads ``supersedes`` with getattr): one SDPA call computes the softmax too.
+    supersedes: tuple[str, ...] = ()
+
+
+RULE = _SdpaRule(
+    name="sdpa_attention",
+    kernel="adopter.kernels.sdpa",
+    doc=DOC,
+    dsl=DSL,
+    codemod=SdpaAttentionCodemod(),
+    fixtures="sdpa_attention",
+    preconditions=(_written_out_attention,),
+    # a match wholly inside an inlined helper (transformers' eager_attention_forward) is reported and
+    # rewritten once, under the helper: the rewrite is in the function holding the products
+    hoisting=False,  # the codemod reads the region's statements itself
+    supersedes=("softmax",),
+)

@@ -1,0 +1,85 @@
+"""The codemod of sdpa_attention: the region :mod:`.site` read becomes one kernel call.
+
+The statements before the output product that only computed the scores and probabilities are
+deleted; the output product (``attn @ v``, wherever it sits in its statement) becomes
+``sdpa(q, <key as written>, v, scale=..., mask=..., fill=..., dropout=...)``; a mask or
+fill added under ``if <test>:`` is passed as ``(m if <test> else None)``.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_exprs, pos
+from adopter.core.codemod.context import FileContext, Skip
+from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
+from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
+from adopter.core.structures import Match
+from adopter.core.syntax import walk
+
+KERNEL = "sdpa"
+
+
+def find_expr(fn: ast.AST, span) -> ast.expr | None:
+    """The expression of ``fn`` at ``span`` (its exact position)."""
+    for node in walk(fn):
+        if isinstance(node, ast.expr) and (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset) == (
+                span.line, span.col, span.end_line, span.end_col):
+            return node
+    return None
+
+
+def _conditional(ctx: FileContext, term: ast.expr, test: ast.expr | None) -> str:
+    text = arg_text(ctx, term)
+    if (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.IsNot)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None
+            and ast.dump(test.left) == ast.dump(term)):
+        return text  # ``if m is not None: s = s + m``: the kernel takes None as no mask
+    return f"({text} if {arg_text(ctx, test)} else None)" if test is not None else text
+
+
+class SdpaAttentionCodemod(Codemod):
+    rule = "sdpa_attention"
+
+    def analyze(self, match: Match, ctx: FileContext) -> Edit:
+        exprs = matched_exprs(match, ctx)
+        first, last = exprs[0][1], exprs[-1][1]
+        fn = ctx.enclosing_function(last)
+        if fn is None or ctx.enclosing_function(first) is not fn:
+            raise Skip("the attention's products are not in one function")
+        owner = ctx.enclosing_class_name(fn)
+        cls = ctx.classes.get(owner) if owner else None
+        try:
+            site = interpret(fn, first, last, dropout_attrs(cls).__contains__)
+        except NotCovered as e:
+            raise Skip(e.reason) from None
+        s = site.scores
+        args = [arg_text(ctx, s.q), arg_text(ctx, s.key), arg_text(ctx, site.v)]
+        if s.scale is not None:
+            kind, factor = s.scale
+            args.append(f"{'scale' if kind == 'mul' else 'divisor'}={arg_text(ctx, factor)}")
+        if s.mask is not None:
+            args.append(f"mask={_conditional(ctx, s.mask, s.mask_test)}")
+        if s.fill is not None:
+            args.append(f"fill={_conditional(ctx, s.fill, s.fill_test)}")
+            args.append(f"fill_value={arg_text(ctx, s.fill_value)}")
+            if s.mask is not None and s.fill_first:
+                args.append("fill_first=True")
+        if site.dropout is not None:
+            if site.dropout[0] == "module":
+                args.append(f"dropout={arg_text(ctx, site.dropout[1])}")
+            else:
+                _, p, training = site.dropout
+                args.append(f"dropout_p={arg_text(ctx, p) if p is not None else '0.5'}")
+                args.append(f"dropout_training={arg_text(ctx, training) if training is not None else 'True'}")
+        if s.einsum:
+            args.append(f"einsum=({s.einsum!r}, {site.out_einsum!r})")
+        spec, local = kernel_name(ctx, KERNEL)
+        text = f"{local}({', '.join(args)})"
+        forward = ForwardEdit(
+            statements=tuple(pos(ctx, st) for st in (*site.consumed, site.last)),
+            anchor=pos(ctx, site.last),
+            expr_edits=(ExprEdit(ctx.char_span(site.output), text),),
+            delete=tuple(pos(ctx, st) for st in site.consumed),
+        )
+        return Edit(rule=self.rule, forward=forward, imports=(spec,))

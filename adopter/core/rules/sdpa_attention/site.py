@@ -1,0 +1,522 @@
+"""What a written-out attention computes, read statement by statement from its syntax tree.
+
+The region runs from the statement holding the scores product to the statement holding the output
+product, in one block of one function. Each statement is interpreted over a small symbolic state
+(:class:`Scores`, then :class:`Probs`) bound to the names it assigns:
+
+    s = q @ k.transpose(-2, -1)  |  torch.matmul(q, kᵀ)  |  torch.einsum('bhid,bhjd->bhij', q, k)
+    s = s * c  |  s / c  |  s *= c                                 one scale (before any mask)
+    s = s + m  |  s += m  |  if <test>: s = s + m                  one additive mask
+    s = s.masked_fill(b, float('-inf'))  |  torch.masked_fill(...)  one boolean fill
+    p = softmax(s, dim=-1)  (F./torch./tensor method)              the softmax, over the last dim
+    p = self.drop(p)  |  F.dropout(p, p=P, training=T)             dropout of the probabilities
+    o = p @ v  |  torch.matmul(p, v)  |  torch.einsum('bhij,bhjd->bhid', p, v)   (inside any expression)
+
+nested in one expression or spread over statements. :func:`interpret` returns the
+:class:`Attention` (the syntax nodes the codemod moves into the kernel call) or raises
+:class:`NotCovered` with a precision code where one applies (``probs-read``: the scores or
+probabilities are read besides the output product; ``probs-dtype``: a cast or ``dtype=`` around
+the softmax, another math than SDPA's; ``dim-not-last``). ``candidate=False`` marks a region whose
+data flow is not attention at all (the softmax does not read the scores product, the output does
+not read the probabilities): the rule drops it without a report.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from adopter.core.syntax import walk
+
+MATMUL_FUNCS = ("matmul",)
+SOFTMAX_FUNCS = ("softmax",)
+CASTS = {"type", "to", "type_as", "float", "half", "bfloat16", "double"}
+
+
+class NotCovered(Exception):
+    def __init__(self, reason: str, code: str = "", candidate: bool = True):
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.candidate = candidate
+
+
+@dataclass
+class Scores:
+    """The scores as the region computes them, up to the softmax."""
+
+    q: ast.expr
+    key: ast.expr  # kᵀ for a matmul, k for an einsum
+    einsum: str = ""  # the scores equation, as written ("" for a matmul)
+    scale: tuple[str, ast.expr] | None = None  # ("mul" | "div", factor)
+    mask: ast.expr | None = None
+    mask_test: ast.expr | None = None
+    fill: ast.expr | None = None
+    fill_value: ast.expr | None = None
+    fill_test: ast.expr | None = None
+    fill_first: bool = False
+
+
+@dataclass
+class Probs:
+    """The softmax of :class:`Scores`, then its dropout."""
+
+    scores: Scores
+    dropout: tuple | None = None  # ("module", expr) | ("functional", p, training)
+
+
+@dataclass
+class Attention:
+    """A covered written-out attention (syntax nodes of the parsed file)."""
+
+    scores: Scores
+    dropout: tuple | None
+    v: ast.expr
+    out_einsum: str
+    output: ast.expr  # the output product (replaced by the kernel call)
+    last: ast.stmt  # the statement holding it
+    consumed: list[ast.stmt] = field(default_factory=list)  # statements deleted (before ``last``)
+    names: list[str] = field(default_factory=list)  # names holding scores/probabilities
+    moved: list[ast.expr] = field(default_factory=list)  # expressions evaluated at the call instead
+
+
+def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
+    """Attributes ``self.<a> = ...Dropout(...)`` of the class (any method)."""
+    out = set()
+    for node in walk(cls) if cls is not None else ():
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "Dropout":
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        out.add(t.attr)
+    return frozenset(out)
+
+
+def _func_name(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _literal(node):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _loads(node: ast.AST) -> set[str]:
+    return {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _stores(stmt: ast.AST) -> set[str]:
+    return {n.id for n in walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+
+
+def _is_neg_inf(node: ast.expr) -> bool:
+    """``float('-inf')``, ``-float('inf')``, ``-math.inf``, ``-torch.inf``, ``float("-inf")``."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = node.operand
+        if isinstance(inner, ast.Call) and _func_name(inner.func) == "float" and len(inner.args) == 1:
+            return str(_literal(inner.args[0])).lower() in ("inf", "infinity")
+        return isinstance(inner, ast.Attribute) and inner.attr == "inf"
+    if isinstance(node, ast.Call) and _func_name(node.func) == "float" and len(node.args) == 1:
+        return str(_literal(node.args[0])).lower() in ("-inf", "-infinity")
+    return False
+
+
+def einsum_roles(equation: str) -> tuple[str, str] | None:
+    """("scores" | "output", prefix) when ``equation`` is a batched ``q kᵀ`` (``PiD,PjD->Pij``) or
+    ``p v`` (``Pij,PjD->PiD``) with one batch prefix of letters, else None."""
+    eq = equation.replace(" ", "")
+    if "..." in eq or eq.count("->") != 1:
+        return None
+    lhs, out = eq.split("->")
+    ops = lhs.split(",")
+    if len(ops) != 2 or not all(s.isalpha() for s in (*ops, out)):
+        return None
+    a, b = ops
+    if not (len(a) == len(b) == len(out) >= 3) or len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None
+    prefix = a[:-2]
+    if b[:-2] != prefix or out[:-2] != prefix:
+        return None
+    i, x = a[-2:]
+    j, y = b[-2:]
+    if y == x and out[-2:] == i + j:  # P i d, P j d -> P i j
+        letters = (i, j, x)
+        role = "scores"
+    elif x == j and out[-2:] == i + y:  # P i j, P j d -> P i d
+        letters = (i, j, y)
+        role = "output"
+    else:
+        return None
+    if len(set(letters) | set(prefix)) != len(prefix) + 3:
+        return None
+    return role, prefix
+
+
+class _Interpreter:
+    def __init__(self, first: ast.expr, last: ast.expr, is_dropout_module):
+        self.first = first
+        self.last_node = last
+        self.is_dropout_module = is_dropout_module  # (attr name) -> bool
+        self.env: dict[str, Scores | Probs] = {}
+        self.moved: list[ast.expr] = []
+        self.read_at: list[tuple[ast.expr, int]] = []  # (moved expression, index in the region where read)
+        self.at = 0
+        self.result: tuple | None = None
+
+    # ------------------------------------------------------------ expressions
+
+    def tracked(self, node: ast.AST) -> bool:
+        return bool(_loads(node) & set(self.env))
+
+    def relevant(self, node: ast.AST) -> bool:
+        """``node`` reads the scores/probabilities or holds one of the two products."""
+        return self.tracked(node) or any(n is self.first or n is self.last_node for n in walk(node))
+
+    def value(self, node: ast.expr):
+        """The symbolic value of ``node``: a Scores, a Probs, or None when it reads no tracked
+        name and holds neither product."""
+        if node is self.first:
+            return self._scores_product(node)
+        if node is self.last_node:
+            return self._output(node)
+        if isinstance(node, ast.Name) and node.id in self.env:
+            return self.env[node.id]
+        if isinstance(node, ast.BinOp):
+            return self._binop(node)
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        if not self.tracked(node) and not any(n is self.first or n is self.last_node for n in walk(node)):
+            return None
+        raise NotCovered(f"line {node.lineno}: {ast.unparse(node)[:60]!r} on the attention scores is not covered")
+
+    def _plain(self, node: ast.expr, what: str) -> ast.expr:
+        """An operand moved into the call: it must not read the scores or probabilities."""
+        if self.tracked(node) or any(n is self.first or n is self.last_node for n in walk(node)):
+            raise NotCovered(f"line {node.lineno}: the {what} reads the attention scores", candidate=False)
+        self.moved.append(node)
+        self.read_at.append((node, self.at))
+        return node
+
+    def _scores_product(self, node: ast.expr) -> Scores:
+        if isinstance(node, ast.BinOp):
+            q, key = node.left, node.right
+        elif _func_name(node.func) == "einsum":
+            eq = _literal(node.args[0]) if node.args else None
+            if not isinstance(eq, str) or len(node.args) != 3 or node.keywords:
+                raise NotCovered(f"line {node.lineno}: an einsum of the scores not written as einsum('eq', q, k)")
+            role = einsum_roles(eq)
+            if role is None or role[0] != "scores":
+                raise NotCovered(f"line {node.lineno}: einsum {eq!r} is not a batched q·kᵀ", candidate=False)
+            return Scores(self._plain(node.args[1], "query"), self._plain(node.args[2], "key"), einsum=eq)
+        else:
+            q, key = _matmul_operands(node)
+        if not _is_transposed_key(key):
+            raise NotCovered(f"line {node.lineno}: the key operand is not transposed over its last two dims",
+                             candidate=False)
+        return Scores(self._plain(q, "query"), self._plain(key, "key"))
+
+    def _output(self, node: ast.expr) -> None:
+        if isinstance(node, ast.Call) and _func_name(node.func) == "einsum":
+            eq = _literal(node.args[0]) if node.args else None
+            role = einsum_roles(eq) if isinstance(eq, str) else None
+            if role is None or role[0] != "output" or len(node.args) != 3 or node.keywords:
+                raise NotCovered(f"line {node.lineno}: the output einsum is not a batched p·v", candidate=False)
+            probs, v, out_eq = node.args[1], node.args[2], eq
+        else:
+            probs, v = _matmul_operands(node)
+            out_eq = ""
+        p = self.value(probs)
+        if not isinstance(p, Probs):
+            raise NotCovered(f"line {node.lineno}: the output product does not read the softmax's probabilities",
+                             candidate=False)
+        if p.scores.einsum and not out_eq or out_eq and not p.scores.einsum:
+            raise NotCovered(f"line {node.lineno}: one product is an einsum, the other a matmul")
+        if out_eq and einsum_roles(out_eq)[1] != einsum_roles(p.scores.einsum)[1]:
+            raise NotCovered(f"line {node.lineno}: the einsums' batch dimensions differ")
+        self.result = (p, self._plain(v, "value"), out_eq)
+        return None
+
+    def _binop(self, node: ast.BinOp):
+        if isinstance(node.op, ast.MatMult) and self.relevant(node):
+            raise _another_product(node)
+        left, right = self.value(node.left), self.value(node.right)
+        if left is None and right is None:
+            return None
+        if isinstance(left, Probs) or isinstance(right, Probs):
+            raise NotCovered(f"line {node.lineno}: an operation on the probabilities (a head mask?) is not covered")
+        if isinstance(node.op, (ast.Mult, ast.Div)) and isinstance(left, Scores) and right is None:
+            return self._scale(left, "mul" if isinstance(node.op, ast.Mult) else "div", node.right)
+        if isinstance(node.op, ast.Mult) and isinstance(right, Scores) and left is None:
+            return self._scale(right, "mul", node.left)
+        if isinstance(node.op, ast.Add) and (left is None) != (right is None):
+            scores = left if left is not None else right
+            return self._add(scores, node.right if left is not None else node.left, None)
+        raise NotCovered(f"line {node.lineno}: {ast.unparse(node)[:60]!r} on the scores is not covered")
+
+    def _scale(self, s: Scores, kind: str, factor: ast.expr, *, line: int = 0) -> Scores:
+        if s.scale is not None:
+            raise NotCovered(f"line {factor.lineno}: the scores are scaled twice")
+        if s.mask is not None or s.fill is not None:
+            raise NotCovered(f"line {factor.lineno}: the scores are scaled after the mask")
+        s.scale = (kind, self._plain(factor, "scale"))
+        return s
+
+    def _add(self, s: Scores, term: ast.expr, test: ast.expr | None) -> Scores:
+        if s.mask is not None:
+            raise NotCovered(f"line {term.lineno}: a second additive term on the scores")
+        s.mask, s.mask_test = self._plain(term, "mask"), test
+        if test is not None:
+            self.moved.append(test)
+            self.read_at.append((test, self.at))
+        return s
+
+    def _fill(self, s: Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> Scores:
+        if s.fill is not None:
+            raise NotCovered(f"line {mask.lineno}: a second masked_fill of the scores")
+        s.fill, s.fill_value, s.fill_test = self._plain(mask, "fill mask"), self._plain(value, "fill value"), test
+        s.fill_first = s.mask is None
+        if test is not None:
+            self.moved.append(test)
+            self.read_at.append((test, self.at))
+        return s
+
+    def _call(self, node: ast.Call):
+        name = _func_name(node.func)
+        receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+        receiver_value = self.value(receiver) if receiver is not None and self.relevant(receiver) else None
+        args = list(node.args)
+        kw = {k.arg: k.value for k in node.keywords}
+        if any(isinstance(a, ast.Starred) for a in args) or None in kw:
+            if self.tracked(node):
+                raise NotCovered(f"line {node.lineno}: a call unpacking arguments on the scores")
+            return None
+        first = self.value(args[0]) if args and receiver_value is None and self.relevant(args[0]) else None
+        subject = receiver_value if receiver_value is not None else first
+        if subject is None:
+            if self.relevant(node):
+                raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)}(...) on the scores is not covered")
+            return None
+        rest = args if receiver_value is not None else args[1:]
+        if name in ("matmul", "bmm", "einsum", "mm"):
+            raise _another_product(node)
+        if name in CASTS:
+            raise NotCovered(f"line {node.lineno}: a cast of the attention scores or probabilities (the source's "
+                             "softmax dtype is another math than SDPA's)", "probs-dtype")
+        if name in SOFTMAX_FUNCS and isinstance(subject, Scores):
+            if receiver is not None and receiver_value is None and _func_name(receiver) not in ("F", "functional",
+                                                                                                 "torch", "special"):
+                raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)} is not torch's softmax")
+            dim = kw.get("dim", rest[0] if rest else None)
+            if "dtype" in kw or len(rest) > 1:
+                raise NotCovered(f"line {node.lineno}: the softmax is computed in another dtype", "probs-dtype")
+            if dim is None or _literal(dim) != -1:
+                raise NotCovered(f"line {node.lineno}: the softmax is not over dim=-1", "dim-not-last")
+            return Probs(subject)
+        if name in ("masked_fill", "masked_fill_") and isinstance(subject, Scores):
+            mask = kw.get("mask", rest[0] if rest else None)
+            value = kw.get("value", rest[1] if len(rest) > 1 else None)
+            if mask is None or value is None or len(rest) > 2:
+                raise NotCovered(f"line {node.lineno}: masked_fill without mask and value")
+            return self._fill(subject, mask, value, None)
+        attr = _self_attr(node.func)
+        if attr is not None and isinstance(subject, Probs) and len(args) == 1 and not kw:
+            if not self.is_dropout_module(attr):
+                raise NotCovered(f"line {node.lineno}: self.{attr}(...) on the probabilities is not an nn.Dropout")
+            if subject.dropout is not None:
+                raise NotCovered(f"line {node.lineno}: a second dropout")
+            subject.dropout = ("module", node.func)
+            self.moved.append(node.func)
+            self.read_at.append((node.func, self.at))
+            return subject
+        if name == "dropout" and isinstance(subject, Probs) and receiver_value is None:
+            if _func_name(receiver) not in ("F", "functional") if receiver is not None else True:
+                raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)} is not F.dropout")
+            if subject.dropout is not None:
+                raise NotCovered(f"line {node.lineno}: a second dropout")
+            p = kw.get("p", rest[0] if rest else None)
+            training = kw.get("training", rest[1] if len(rest) > 1 else None)
+            if kw.keys() - {"p", "training", "inplace"} or len(rest) > 3 or _literal(kw.get("inplace")) is True \
+                    or (len(rest) > 2 and _literal(rest[2]) is not False):
+                raise NotCovered(f"line {node.lineno}: F.dropout with arguments the kernel does not take")
+            # (None: not written, F.dropout's defaults p=0.5, training=True)
+            p = self._plain(p, "dropout p") if p is not None else None
+            training = self._plain(training, "dropout training") if training is not None else None
+            subject.dropout = ("functional", p, training)
+            return subject
+        raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)}(...) on the attention scores is not covered")
+
+    # ------------------------------------------------------------ statements
+
+    def statement(self, stmt: ast.stmt) -> bool:
+        """Interpret ``stmt``; True when it belongs to the attention (deleted or rewritten)."""
+        if isinstance(stmt, ast.If):
+            return self._conditional(stmt)
+        if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id in self.env:
+            s = self.env[stmt.target.id]
+            if not isinstance(s, Scores):
+                raise NotCovered(f"line {stmt.lineno}: an update of the probabilities")
+            if self.tracked(stmt.value):
+                raise NotCovered(f"line {stmt.lineno}: an update of the scores by themselves")
+            if isinstance(stmt.op, ast.Add):
+                self._add(s, stmt.value, None)
+            elif isinstance(stmt.op, (ast.Mult, ast.Div)):
+                self._scale(s, "mul" if isinstance(stmt.op, ast.Mult) else "div", stmt.value)
+            else:
+                raise NotCovered(f"line {stmt.lineno}: an update of the scores that is not covered")
+            return True
+        if _holds(stmt, self.last_node):  # the output product, anywhere in its statement
+            self.value(self.last_node)
+            inside = {id(n) for n in walk(self.last_node)}
+            if any(isinstance(n, ast.Name) and n.id in self.env and isinstance(n.ctx, ast.Load) and id(n) not in inside
+                   for n in walk(stmt)):
+                raise NotCovered(f"line {stmt.lineno}: the attention scores or probabilities are read here besides "
+                                 "the output product", "probs-read")
+            return True
+        if not _holds(stmt, self.first) and not self.tracked(stmt):
+            return False
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            value = self.value(stmt.value)
+            if isinstance(value, (Scores, Probs)):
+                self.env[stmt.targets[0].id] = value
+                return True
+        raise NotCovered(f"line {stmt.lineno}: the attention scores or probabilities are read here besides the "
+                         "output product", "probs-read")
+
+    def _conditional(self, stmt: ast.If) -> bool:
+        """``if <test>: s = s + m`` / ``s = s.masked_fill(b, v)`` (no else): the term is passed as
+        ``(m if <test> else None)``."""
+        if not self.tracked(stmt):
+            if any(n is self.first or n is self.last_node for n in walk(stmt)):
+                raise NotCovered(f"line {stmt.lineno}: a product of the attention under a branch")
+            return False
+        inner = stmt.body[0] if len(stmt.body) == 1 and not stmt.orelse else None
+        if self.tracked(stmt.test) or inner is None:
+            raise NotCovered(f"line {stmt.lineno}: a branch inside the attention", "branch-straddle")
+        if isinstance(inner, ast.AugAssign) and isinstance(inner.op, ast.Add) and isinstance(inner.target, ast.Name):
+            s = self.env.get(inner.target.id)
+            if isinstance(s, Scores) and not self.tracked(inner.value):
+                self._add(s, inner.value, stmt.test)
+                return True
+        if isinstance(inner, ast.Assign) and len(inner.targets) == 1 and isinstance(inner.targets[0], ast.Name):
+            name = inner.targets[0].id
+            s = self.env.get(name)
+            v = inner.value
+            if isinstance(s, Scores) and s.mask is None and isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add):
+                for mine, other in ((v.left, v.right), (v.right, v.left)):
+                    if isinstance(mine, ast.Name) and mine.id == name and not self.tracked(other):
+                        self._add(s, other, stmt.test)
+                        return True
+            if (isinstance(s, Scores) and isinstance(v, ast.Call) and _func_name(v.func) == "masked_fill"
+                    and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name)
+                    and v.func.value.id == name and len(v.args) == 2 and not v.keywords):
+                self._fill(s, v.args[0], v.args[1], stmt.test)
+                return True
+        raise NotCovered(f"line {stmt.lineno}: a conditional update of the scores that is not `+ mask` or "
+                         "`masked_fill` under a test")
+
+
+def _another_product(node: ast.expr) -> NotCovered:
+    """The scores or probabilities feed a product other than the matched output product: the
+    matched pair is not one attention (the sub-sequence pattern pairs a softmax with every later
+    product; the one reading the probabilities is matched on its own)."""
+    return NotCovered(f"line {node.lineno}: the scores or probabilities feed another product first",
+                      candidate=False)
+
+
+def _self_attr(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        return func.attr
+    return None
+
+
+def _matmul_operands(node: ast.expr) -> tuple[ast.expr, ast.expr]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return node.left, node.right
+    if isinstance(node, ast.Call) and not node.keywords:
+        if _func_name(node.func) == "matmul" and isinstance(node.func, ast.Attribute) and len(node.args) == 1 and not (
+                isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"):
+            return node.func.value, node.args[0]
+        if _func_name(node.func) == "matmul" and len(node.args) == 2:
+            return node.args[0], node.args[1]
+    raise NotCovered(f"line {node.lineno}: a product that is not q @ kᵀ / torch.matmul", candidate=False)
+
+
+def _is_transposed_key(node: ast.expr) -> bool:
+    if isinstance(node, ast.Attribute) and node.attr == "mT":
+        return True
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "transpose"
+            and len(node.args) == 2 and not node.keywords):
+        return False
+    return {_literal(a) for a in node.args} in ({-1, -2}, {2, 3})
+
+
+def _in_loop(fn: ast.AST, block: list[ast.stmt]) -> bool:
+    """Whether the statement list ``block`` lies inside a ``for``/``while`` of ``fn``."""
+    for node in walk(fn):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and any(_holds(node, st) for st in block[:1]):
+            return True
+    return False
+
+
+def _holds(stmt: ast.stmt, node: ast.AST) -> bool:
+    return any(n is node for n in walk(stmt))
+
+
+def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -> Attention:
+    """The :class:`Attention` from the scores product ``first`` to the output product ``last``
+    (nodes of ``fn``), or :class:`NotCovered`."""
+    first_stmt = last_stmt = block = None
+    for node in walk(fn):
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, name, None)
+            if not isinstance(stmts, list):
+                continue
+            for st in stmts:
+                if isinstance(st, ast.stmt) and not isinstance(st, (ast.If, ast.For, ast.While, ast.With, ast.Try,
+                                                                    ast.FunctionDef)):
+                    if _holds(st, first):
+                        first_stmt, block = st, stmts
+                    if _holds(st, last):
+                        last_stmt = st
+    if first_stmt is None or last_stmt is None or last_stmt not in block:
+        raise NotCovered("the two products of the attention are not in one block", "branch-straddle")
+    region = block[block.index(first_stmt): block.index(last_stmt) + 1]
+    it = _Interpreter(first, last, is_dropout_module)
+    consumed = []
+    for index, stmt in enumerate(region):
+        it.at = index
+        if it.statement(stmt):
+            consumed.append(stmt)
+    if it.result is None:
+        raise NotCovered("the region does not end in the output product", candidate=False)
+    probs, v, out_eq = it.result
+    names = sorted({n for st in consumed for n in _stores(st)} - _stores(last_stmt)
+                   | {n for n in it.env if n not in _stores(last_stmt)})
+    # values moved to the call must not change between where they were read and the call
+    for expr, index in it.read_at:
+        read = _loads(expr)
+        for st in region[index + 1:-1]:
+            if st not in consumed and _stores(st) & read:
+                raise NotCovered(f"line {st.lineno} rebinds {', '.join(sorted(_stores(st) & read))} between its "
+                                 "read in the attention and the output product")
+    following = block[block.index(last_stmt) + 1:]
+    if _in_loop(fn, block):  # (a read before the region is one of the previous iteration's value)
+        following = following + block[:block.index(first_stmt)]
+    for name in names:
+        for st in following:
+            if name in _loads(st):
+                raise NotCovered(f"line {st.lineno}: {name!r} (attention scores or probabilities) is read after "
+                                 "the output product", "probs-read")
+            if name in _stores(st):
+                break
+        for node in walk(fn):  # reads outside the block: after it, or earlier in an enclosing loop
+            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load) and not any(
+                    _holds(st, node) for st in block):
+                raise NotCovered(f"line {node.lineno}: {name!r} (attention scores or probabilities) is read "
+                                 "outside the attention", "probs-read")
+    return Attention(probs.scores, probs.dropout, v, out_eq, last, last_stmt,
+                     [st for st in consumed if st is not last_stmt], names, it.moved)

@@ -1,0 +1,283 @@
+"""The guarded written-out attention (``adopter.kernels.sdpa``, rule sdpa_attention): fused
+(SDPA) and fallback paths against the source's own ops, forward and backward, masks (additive, bool
+added, bool fill, causal buffer), einsum, grouped-query heads, dropout seeded in training, dtypes,
+odd shapes; and every execution mode: fx, torch.compile, torch.jit.trace, torch.func, forward AD."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from adopter.kernels import count_kernel_calls, sdpa
+from torch import nn
+
+from tests.kernels.test_kernels_compile import check_compiles
+
+
+def _written(q, kt, v, scale=None, divisor=None, mask=None, fill=None, fill_first=False, dropout=None):
+    """The written-out attention, spelled as research code spells it."""
+    s = q @ kt
+    if scale is not None:
+        s = s * scale
+    if divisor is not None:
+        s = s / divisor
+    if fill is not None and fill_first:
+        s = s.masked_fill(fill, float("-inf"))
+    if mask is not None:
+        s = s + mask
+    if fill is not None and not fill_first:
+        s = s.masked_fill(fill, float("-inf"))
+    p = s.softmax(dim=-1)
+    if dropout is not None:
+        p = dropout(p)
+    return p @ v
+
+
+def _qkv(b=2, h=3, q_len=5, k_len=7, d=4, dtype=torch.float32, grad=True):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(b, h, n, d, generator=g, dtype=dtype).requires_grad_(grad) for n in (q_len, k_len, k_len)]
+
+
+def _paths(calls) -> set[str]:
+    return {"fused" if c.fused else "original" for c in calls.calls if c.kernel == "sdpa"}
+
+
+def _compare(kwargs, dtype=torch.float32, shape=(), expect="fused", atol=None):
+    q, k, v = _qkv(*shape, dtype=dtype) if shape else _qkv(dtype=dtype)
+    kt = k.transpose(-2, -1)
+    expected = _written(q, kt, v, **kwargs)
+    expected.sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, fill_value=float("-inf") if "fill" in kwargs else None, **kwargs)
+    assert _paths(calls) == {expect}
+    got.sum().backward()
+    tol = {} if atol is None else {"atol": atol, "rtol": atol}
+    torch.testing.assert_close(got, expected, equal_nan=True, **tol)
+    for a, b in zip((t.grad for t in (q, k, v)), grads):
+        torch.testing.assert_close(a, b, equal_nan=True, **tol)
+
+
+def _padding_fill(b=2, k_len=7):
+    fill = torch.zeros(b, 1, 1, k_len, dtype=torch.bool)
+    fill[1, ..., 4:] = True
+    return fill
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"scale": 0.5}, {"divisor": math.sqrt(4)}, {"scale": torch.tensor(0.3)},
+    {"mask": torch.randn(2, 1, 5, 7)}, {"mask": torch.randn(7)[None, :].expand(5, 7)},
+    {"mask": torch.rand(2, 1, 1, 7) > 0.5},  # a bool mask *added*: 1.0 where True, as s + m does
+    {"fill": _padding_fill()}, {"fill": _padding_fill(), "mask": torch.randn(1, 3, 5, 7)},
+    {"fill": _padding_fill(), "mask": torch.randn(1, 3, 5, 7), "fill_first": True},
+], ids=["plain", "scale", "divisor", "tensor-scale", "additive", "additive-2d", "bool-added", "fill", "fill-add",
+        "add-fill"])
+def test_fused_equals_written_out(kwargs):
+    _compare(kwargs)
+
+
+def test_causal_buffer_fill_odd_shapes():
+    # nanoGPT: the tril buffer sliced to T and compared with 0; head_dim 7, one head, T = 9
+    bias = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+    _compare({"scale": 1 / math.sqrt(7), "fill": bias[:, :, :9, :9] == 0}, shape=(3, 1, 9, 9, 7))
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, None), (torch.bfloat16, 2e-2)])
+def test_dtypes(dtype, atol):
+    _compare({"scale": 0.25, "mask": torch.randn(2, 1, 5, 7, dtype=dtype)}, dtype=dtype, atol=atol)
+
+
+def test_fully_masked_row_is_nan_as_the_source():
+    fill = torch.zeros(2, 1, 5, 7, dtype=torch.bool)
+    fill[0, 0, 2] = True  # every key of one query row
+    q, k, v = _qkv(grad=False)
+    with count_kernel_calls() as calls:
+        got = sdpa(q, k.transpose(-2, -1), v, fill=fill, fill_value=float("-inf"))
+    assert _paths(calls) == {"original"}
+    torch.testing.assert_close(got, _written(q, k.transpose(-2, -1), v, fill=fill), equal_nan=True)
+    assert got[0, :, 2].isnan().all()
+
+
+@pytest.mark.parametrize("kwargs,why", [
+    ({"fill": _padding_fill(), "fill_value": -1e9}, "fill value"),
+    ({"mask": torch.randn(2, 1, 5, 7, dtype=torch.float64)}, "mask"),
+    ({"scale": torch.tensor(0.5, requires_grad=True)}, "scale"),
+    ({"fill": _padding_fill().float(), "fill_value": float("-inf")}, "fill mask"),
+], ids=["finite-fill", "promoting-mask", "learned-scale", "float-fill"])
+def test_fallback_computes_the_source(kwargs, why):
+    q, k, v = _qkv()
+    kt = k.transpose(-2, -1)
+
+    def source():
+        s = (q @ kt) * kwargs.get("scale", 1.0)
+        if "mask" in kwargs:
+            s = s + kwargs["mask"]
+        if "fill" in kwargs:
+            s = s.masked_fill(kwargs["fill"], kwargs["fill_value"])
+        return s.softmax(-1) @ v
+
+    with count_kernel_calls() as calls:
+        try:
+            got = sdpa(q, kt, v, **kwargs)
+        except RuntimeError as e:  # the source's own ops raise where they raise
+            got = e
+    reasons = [c.reason for c in calls.calls if c.kernel == "sdpa"]
+    assert reasons and why in reasons[0]
+    if isinstance(got, RuntimeError):
+        with pytest.raises(RuntimeError):
+            source()
+        return
+    torch.testing.assert_close(got, source())
+
+
+def test_einsum_form():
+    q, k, v = _qkv()
+    eqs = ("b h i d, b h j d -> b h i j", "b h i j, b h j d -> b h i d")
+    expected = torch.einsum(eqs[1], (torch.einsum(eqs[0], q, k) * 0.5).softmax(-1), v)
+    with count_kernel_calls() as calls:
+        got = sdpa(q, k, v, scale=0.5, einsum=eqs)
+    assert _paths(calls) == {"fused"}
+    torch.testing.assert_close(got, expected)
+
+
+def test_grouped_query_heads_repeated_by_the_source():
+    q, _, _ = _qkv(h=4)
+    k, v = (torch.randn(2, 2, 7, 4) for _ in range(2))
+    k, v = k.repeat_interleave(2, dim=1), v[:, :, None].expand(2, 2, 2, 7, 4).reshape(2, 4, 7, 4)
+    with count_kernel_calls() as calls:
+        got = sdpa(q, k.transpose(2, 3), v, scale=0.5)
+    assert _paths(calls) == {"fused"}
+    torch.testing.assert_close(got, _written(q, k.transpose(2, 3), v, scale=0.5))
+
+
+@pytest.mark.parametrize("form", ["module", "functional"])
+def test_dropout_in_training_draws_what_the_source_draws(form):
+    q, k, v = _qkv()
+    kt = k.transpose(-2, -1)
+    drop = nn.Dropout(0.3).train()
+    torch.manual_seed(7)
+    expected = _written(q, kt, v, scale=0.5, dropout=drop)
+    kwargs = {"dropout": drop} if form == "module" else {"dropout_p": 0.3, "dropout_training": True}
+    torch.manual_seed(7)
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, scale=0.5, **kwargs)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(got, expected)
+    # eval mode (or p == 0): nothing drawn, the fused path
+    drop.eval()
+    kwargs = {"dropout": drop} if form == "module" else {"dropout_p": 0.3, "dropout_training": False}
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, scale=0.5, **kwargs)
+    assert _paths(calls) == {"fused"}
+    torch.testing.assert_close(got, _written(q, kt, v, scale=0.5))
+
+
+def test_dropout_module_with_hooks_runs_the_source():
+    q, k, v = _qkv(grad=False)
+    drop = nn.Dropout(0.1).eval()
+    seen = []
+    drop.register_forward_hook(lambda m, i, o: seen.append(o))
+    with count_kernel_calls() as calls:
+        sdpa(q, k.transpose(-2, -1), v, dropout=drop)
+    assert _paths(calls) == {"original"} and len(seen) == 1  # the hook saw the probabilities
+
+
+def test_double_backward():
+    q, k, v = (t.double() for t in _qkv())
+    kt = k.transpose(-2, -1)
+    assert torch.autograd.gradcheck(lambda q, kt, v: sdpa(q, kt, v, scale=0.5), (q, kt, v))
+    assert torch.autograd.gradgradcheck(lambda q, kt, v: sdpa(q, kt, v, scale=0.5), (q, kt, v))
+
+
+# ---------------------------------------------------------------- execution modes
+
+class WrittenOut(nn.Module):
+    def __init__(self, p=0.1):
+        super().__init__()
+        self.attn_drop = nn.Dropout(p)
+        # (sized to the inputs: fx cannot slice a buffer, a plain tensor, by a traced length)
+        self.register_buffer("bias", torch.tril(torch.ones(6, 6)).view(1, 1, 6, 6))
+
+    def forward(self, q, k, v):
+        return sdpa(q, k.transpose(-2, -1), v, scale=q.shape[-1] ** -0.5, fill=self.bias == 0,
+                              fill_value=float("-inf"), dropout=self.attn_drop)
+
+
+def test_fx_traces_the_source_ops():
+    module = WrittenOut().eval()
+    gm = torch.fx.symbolic_trace(module)
+    names = {str(n.target) for n in gm.graph.nodes}
+    assert "attn_drop" in names and any("softmax" in n for n in names)  # the user's dropout module stays
+    q, k, v = _qkv(q_len=6, k_len=6, grad=False)
+    torch.testing.assert_close(gm(q, k, v), module(q, k, v))
+    torch.jit.script(gm)  # (timm's fx-then-TorchScript)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_compile(train):
+    q, k, v = _qkv(q_len=6, k_len=6)
+    check_compiles(WrittenOut(p=0.0 if train else 0.1), q, k, v, train=train)
+
+
+def test_jit_trace_records_the_source():
+    q, k, v = _qkv(q_len=6, k_len=6, grad=False)
+    module = WrittenOut().eval()
+    with count_kernel_calls() as calls:
+        traced = torch.jit.trace(module, (q, k, v), check_trace=False)
+    assert _paths(calls) == {"original"}
+    torch.testing.assert_close(traced(q, k, v), module(q, k, v))
+
+
+def test_torch_func_and_forward_ad():
+    q, k, v = _qkv(q_len=6, k_len=6, grad=False)
+    module = WrittenOut().eval()
+
+    def f(q):
+        return module(q, k, v).sum()
+
+    def ref(q):
+        return _written(q, k.transpose(-2, -1), v, scale=0.5, fill=module.bias == 0).sum()
+
+    with count_kernel_calls() as calls:
+        got = torch.func.grad(f)(q)
+    assert _paths(calls) == {"original"}
+    torch.testing.assert_close(got, torch.func.grad(ref)(q))
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level(), count_kernel_calls() as calls:
+        out = module(fwAD.make_dual(q, torch.ones_like(q)), k, v)
+        tangent = fwAD.unpack_dual(out).tangent
+    assert _paths(calls) == {"original"} and tangent is not None
+
+
+def test_bf16_fill_against_float64():
+    q, k, v = _qkv(dtype=torch.float64, grad=False)
+    fill = _padding_fill()
+    exact = _written(q, k.transpose(-2, -1), v, scale=0.5, fill=fill)
+    got = sdpa(*(t.bfloat16() for t in (q, k.transpose(-2, -1), v)), scale=0.5, fill=fill,
+                         fill_value=float("-inf"))
+    torch.testing.assert_close(got.double(), exact, atol=3e-2, rtol=3e-2)
+    assert F.softmax is not None
+
+
+def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch):
+    """Applied only where it pays: on one CPU thread the shipped calibration (benchmarks/
+    calibrate_kernels.py --kernels sdpa) measured SDPA slower than the written-out ops at a
+    prototype's 1x2x16x16, faster from 2x4x64x32 on; half precision is calibrated apart."""
+    from adopter.kernels import cost
+
+    monkeypatch.setattr(cost, "ENABLED", True)
+    monkeypatch.delenv(cost.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # (no user calibration: the shipped one)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for shape, expect in (((1, 2, 16, 16), "original"), ((4, 6, 197, 64), "fused")):
+            q, k, v = (torch.randn(*shape) for _ in range(3))
+            with torch.no_grad(), count_kernel_calls() as calls:
+                sdpa(q, k.transpose(-2, -1), v, scale=0.125)
+            assert _paths(calls) == {expect}, calls.calls
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,105 @@
+"""The sdpa_attention rewrite of its positive fixture computes what the original computes: every
+class built twice with the same weights, eval and train (dropout drawn from the same seed),
+forward and backward, and the fused path taken where no dropout is drawn."""
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from adopter.kernels import count_kernel_calls
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures" / "rules" / "sdpa_attention"
+SNAPSHOTS = ROOT / "rules" / "sdpa_attention"
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CASES = {
+    "VitAttention": ((32,), {"num_heads": 4, "attn_drop": 0.2}, lambda: (torch.randn(2, 9, 32),)),
+    "CausalSelfAttention": ((32, 4, 16), {"dropout": 0.2}, lambda: (torch.randn(2, 11, 32),)),
+    "EinsumAttention": ((32,), {"heads": 4, "dim_head": 8, "dropout": 0.2}, lambda: (torch.randn(2, 7, 32),)),
+    "MaskedAttention": ((32, 4), {"dropout": 0.2},
+                        lambda: (torch.randn(2, 7, 32), torch.randn(2, 1, 1, 7).clamp(max=0) * 1e4)),
+    "PaddingMaskAttention": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.arange(7)[None] < torch.tensor([[7], [4]]))),
+    "GroupedQueryAttention": ((32, 8, 2), {}, lambda: (torch.randn(2, 7, 32),)),
+}
+SPELLINGS = {
+    "OneLiner": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    "MethodMatmul": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32),)),
+    "RelativeBias": ((32, 4, 3), {}, lambda: (torch.randn(2, 9, 32),)),  # (a learned bias: its gradient)
+    "ConditionalFill": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.arange(7)[None, None, None] < 5)),
+    "BoolAdded": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.rand(2, 1, 1, 7) > 0.5)),
+}
+ALL = {**{("positive", n): c for n, c in CASES.items()}, **{("positive_spellings", n): c for n, c in SPELLINGS.items()}}
+
+
+@pytest.mark.parametrize("case", sorted(ALL), ids=lambda c: f"{c[0]}:{c[1]}")
+@pytest.mark.parametrize("train", [False, True])
+def test_rewritten_equals_original(case, train):
+    stem, name = case
+    before = _load(FIXTURES / f"{stem}.py", f"sdpa_before_{stem}")
+    after = _load(SNAPSHOTS / f"{stem}.rewritten.py", f"sdpa_after_{stem}")
+    args, kwargs, inputs = ALL[case]
+    torch.manual_seed(0)
+    original = getattr(before, name)(*args, **kwargs)
+    rewritten = getattr(after, name)(*args, **kwargs)
+    rewritten.load_state_dict(original.state_dict())
+    assert list(rewritten.state_dict()) == list(original.state_dict())
+    original.train(train), rewritten.train(train)
+    torch.manual_seed(1)
+    xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs()]
+    results = []
+    for model in (original, rewritten):
+        torch.manual_seed(2)  # (the same dropout draws)
+        with count_kernel_calls() as calls:
+            out = model(*xs)
+        out.pow(2).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()] + [xs[0].grad.clone()]
+        xs[0].grad = None
+        results.append((out.detach(), grads, calls))
+    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
+    draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules()) or (
+        train and name == "EinsumAttention")
+    assert paths == ({False} if draws else {True}), calls.calls
+    assert not math.isnan(out_b.sum().item())
+
+
+def test_torchscript_compiles_the_source_statements(tmp_path):
+    """With the TorchScript guard (``--torchscript always``) a scripted module runs the statements
+    the rewrite kept under ``torch.jit.is_scripting()``; eagerly the kernel runs."""
+    from adopter.rewrite import rewrite_source
+
+    from adopter.core.rules import get_rules
+    from adopter.core.scan import scan_source
+
+    text = (FIXTURES / "positive.py").read_text()
+    rules = get_rules(["sdpa_attention"])
+    result = rewrite_source(text, scan_source(text, "positive.py", rules), filename="positive.py", rules=rules,
+                            torchscript_guard=True)
+    assert "torch.jit.is_scripting()" in result.new_text
+    path = tmp_path / "guarded.py"
+    path.write_text(result.new_text)
+    before, after = _load(FIXTURES / "positive.py", "sdpa_ts_before"), _load(path, "sdpa_ts_after")
+    for name, (args, kwargs, inputs) in CASES.items():
+        torch.manual_seed(0)
+        original = getattr(before, name)(*args, **kwargs).eval()
+        rewritten = getattr(after, name)(*args, **kwargs).eval()
+        rewritten.load_state_dict(original.state_dict())
+        xs = inputs()
+        scripted = torch.jit.script(rewritten)
+        with torch.no_grad():
+            torch.testing.assert_close(scripted(*xs), original(*xs), atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(rewritten(*xs), original(*xs), atol=1e-5, rtol=1e-4)
