@@ -25,6 +25,7 @@ from adopter.core.match.source import parse_file
 from adopter.core.rule import Rule
 from adopter.core.rules.sdpa_attention.codemod import SdpaAttentionCodemod, find_expr
 from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
+from adopter.core.syntax import per_node
 
 MATMULS = "torch.matmul|torch.Tensor.matmul"
 SOFTMAXES = "torch.nn.functional.softmax|torch.softmax|torch.Tensor.softmax|torch.special.softmax"
@@ -71,23 +72,33 @@ where it pays (the calibrated cost model: ``benchmarks/results/sdpa_cpu.json``);
 otherwise it runs the source's own ops."""
 
 
-def _enclosing(tree: ast.AST, name: str, line: int) -> tuple[ast.AST | None, ast.ClassDef | None]:
-    """The innermost function called ``name`` whose lines hold ``line``, and the class around it."""
-    best = cls = None
-    stack = [(tree, None)]
+@per_node(8)
+def _functions(tree: ast.AST) -> tuple[tuple[str, int, int, ast.AST, ast.ClassDef | None], ...]:
+    """Every function of a file, with its lines and the class around it, in one walk per file
+    (the precondition asks once per candidate: walking the tree each time doubled the scan)."""
+    found = []
+    stack: list[tuple[ast.AST, ast.ClassDef | None]] = [(tree, None)]
     while stack:
         node, owner = stack.pop()
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.ClassDef):
                 stack.append((child, child))
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if child.lineno <= line <= (child.end_lineno or child.lineno):
-                    if child.name == name:
-                        best, cls = child, owner
-                    stack.append((child, owner))
+                found.append((child.name, child.lineno, child.end_lineno or child.lineno, child, owner))
+                stack.append((child, owner))
             else:
                 stack.append((child, owner))
-    return best, cls
+    return tuple(found)
+
+
+def _enclosing(tree: ast.AST, name: str, line: int) -> tuple[ast.AST | None, ast.ClassDef | None]:
+    """The innermost function called ``name`` whose lines hold ``line``, and the class around it."""
+    holding = [(start, -end, fn, cls) for fname, start, end, fn, cls in _functions(tree)
+               if fname == name and start <= line <= end]
+    if not holding:
+        return None, None
+    _, _, fn, cls = max(holding, key=lambda h: (h[0], h[1]))
+    return fn, cls
 
 
 def _written_out_attention(ctx: MatchContext) -> str | None:
