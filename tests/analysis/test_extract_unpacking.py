@@ -186,3 +186,45 @@ def f(q, k):
     assert len({n.output for n in normalized}) == 2
     (soft,) = [n for n in nodes if getattr(n, "type", "") == "torch.Tensor.softmax"]
     assert isinstance(soft.args[0].value, Var) and soft.args[0].value.name == "q"
+
+
+def test_a_display_of_another_length_stays_unknown():
+    fs = src(HEADER + """
+def f(x, y, z):
+    xs = [x, y]
+    xs.append(z)
+    a, b, c = (u.float() for u in xs)
+    return a.softmax(-1)
+""")
+    nodes = [n for p in fn(fs, None, "f").paths for n in p.nodes]
+    assert sum(getattr(n, "type", "") == "torch.Tensor.float" for n in nodes) == 1
+    assert not any(isinstance(arg.value, Var) and arg.value.name == "a" for n in nodes for arg in n.args)
+
+
+def test_the_iterable_is_evaluated_once_and_its_nodes_kept():
+    fs = src(HEADER + """
+class M(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.to_qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        q, k, v = [t.float() for t in self.to_qkv(x).chunk(3, dim=-1)]
+        return q
+""")
+    nodes = paths(fs, "M")[0]
+    assert nodes[:2] == ["torch.nn.Linear@self.to_qkv(x) -> tmp_1", "torch.Tensor.chunk(tmp_1, 3, dim=-1) -> tmp_2"]
+    assert [n.split("(")[0] for n in nodes[2:]] == ["torch.Tensor.float"] * 3
+
+
+def test_a_returned_tuple_of_another_length_is_evaluated_once():
+    fs = src(HEADER + """
+def three(x):
+    return x.relu(), x.tanh(), x.sigmoid()
+
+def f(x):
+    a, b = (u.float() for u in three(x))
+    return a
+""")
+    nodes = [n for p in fn(fs, None, "f").paths for n in p.nodes]
+    assert [n.type for n in nodes] == ["torch.Tensor.relu", "torch.Tensor.tanh", "torch.Tensor.sigmoid"]

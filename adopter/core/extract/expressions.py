@@ -132,19 +132,26 @@ class _Expressions:
                 return None
         if type(it) is ast.Name or type(it) is ast.Attribute:
             v = self.name(it.id, st) if type(it) is ast.Name else self.attribute(it, st)[0][1]
-            per_state = [(st, v.elts if v.elts is not None and len(v.elts) == count
-                          else [self.element(it, st)] * count)]
+            if v.elts is not None and len(v.elts) != count:
+                return None  # a display of another length (changed since?): which element is which is unknown
+            per_state = [(st, v.elts if v.elts is not None else [self.element(it, st)] * count)]
         else:
             per_state = []
             for st2, v in self.ev(it, st):
-                if v.elts is not None and len(v.elts) == count:
-                    per_state.append((st2, v.elts))
-                else:  # an element of what a call returned: a tensor (its chunks, its rows)
-                    per_state.append((st2, [_V(text="item", tensor=v.tensor or v.var is not None)] * count))
+                if v.elts is not None:
+                    # another length: the iterable's nodes are on the state already, its elements unknown
+                    per_state.append((st2, v.elts if len(v.elts) == count else None))
+                elif v.var is not None or v.tensor:  # a tensor's chunks / rows: a tensor, which one unknown
+                    per_state.append((st2, [_V(text="item", tensor=True)] * count))
+                else:
+                    per_state.append((st2, [self.element(it, st2)] * count))
         name = gen.target.id
         outer = self.ctx
         out = []
         for st0, items in per_state:
+            if items is None:
+                out.append((st0, _V(expr=e)))
+                continue
             saved = st0.env.get(name)
             res = [(st0, [])]
             for i, item in enumerate(items):
