@@ -108,3 +108,10 @@ def test_rewritten_softmax_trains_equal(train):
     torch.testing.assert_close(xn.grad, xr.grad, rtol=1e-4, atol=1e-6)
     for (name, p), (_, q) in zip(ref.named_parameters(), new.named_parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_parameter_only_a_layer_norm_or_one_factory_size_reads_is_no_int():
+    # LayerNorm's normalized_shape and torch.ones(shape) take a sequence too
+    text = _case("self.norm = nn.LayerNorm(shape)\nself.bias = torch.ones(shape)\nself.scale = shape ** -0.5\n",
+                 params="dim, shape")
+    assert _softmax(text) == [("refused", "dim-not-last")]

@@ -15,12 +15,18 @@ from adopter.core.syntax import dotted_name, walk
 # (``math.floor``/``ceil``/``trunc``/``prod`` hand back what the argument's own method returns)
 _MATH_FLOATS = frozenset({"sqrt", "log", "log2", "log10", "log1p", "exp", "pow", "fabs", "cos", "sin", "tan"})
 _NUMBER_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
-# torch callables whose positional arguments are sizes (ints by their signatures), and the
-# ``torch.nn`` layers whose leading positional arguments are widths
+# torch factories whose positional arguments, when there are several, are each one int size; and
+# the ``torch.nn`` layers whose two leading arguments are int widths (not ``LayerNorm``: its
+# ``normalized_shape`` may be a sequence; not ``Dropout``: a probability)
 _SIZE_FACTORIES = frozenset({"torch.randn", "torch.rand", "torch.zeros", "torch.ones", "torch.empty"})
+_WIDTH_LAYERS = frozenset({
+    "Linear", "Embedding", "EmbeddingBag", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+    "ConvTranspose3d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm", "MultiheadAttention", "LSTM",
+    "GRU", "RNN",
+})
 _SIZE_KEYWORDS = frozenset({
     "in_features", "out_features", "num_embeddings", "embedding_dim", "in_channels", "out_channels",
-    "embed_dim", "num_features", "hidden_size", "input_size",
+    "embed_dim", "num_features", "num_channels", "num_groups", "hidden_size", "input_size",
 })
 _MAX_DEPTH = 6
 
@@ -105,7 +111,8 @@ def _number(ctx: MatchContext, init: ast.FunctionDef, e: ast.expr, depth: int) -
 
 def _size_parameter(ctx: MatchContext, init: ast.FunctionDef, name: str) -> bool:
     """The parameter ``name`` is handed, as it is, to a ``torch.nn`` layer as a width or to a torch
-    factory as a size: an int (what those signatures take)."""
+    factory as one of several sizes: an int by those signatures (what else passes there is a
+    one-element integer tensor through ``__index__``, which no model hands a layer as its width)."""
     imports = ctx.structures.imports
     for call in walk(init):
         if not isinstance(call, ast.Call):
@@ -113,8 +120,8 @@ def _size_parameter(ctx: MatchContext, init: ast.FunctionDef, name: str) -> bool
         fn = dotted_name(call.func) or ""
         head, _, rest = fn.partition(".")
         fq = ".".join(filter(None, (imports.get(head), rest))) if imports.get(head) else ""
-        layer = fq.startswith("torch.nn.") and fq.rsplit(".", 1)[-1][:1].isupper()
-        if fq in _SIZE_FACTORIES or layer:
+        layer = fq.startswith("torch.nn.") and fq.rsplit(".", 1)[-1] in _WIDTH_LAYERS
+        if (fq in _SIZE_FACTORIES and len(call.args) >= 2) or layer:
             positional = call.args if fq in _SIZE_FACTORIES else call.args[:2]
             if any(isinstance(a, ast.Name) and a.id == name for a in positional):
                 return True
