@@ -570,6 +570,12 @@ def _layout_reason(head: nn.Linear, hidden_states: torch.Tensor, rows: Any, cont
     """"" when the source's ``logits[rows]...flatten`` is ``(tokens, vocab)`` of ``hidden_states[rows]``
     in row order (what the fused sum computes), and the source's own code would not raise."""
     ndim = hidden_states.dim()
+    if _classes_first(flatten):
+        if rows is not None or contiguous or vocab is not None:
+            return "the classes are moved to dim 1 of laid-out logits"
+        if ndim != 3:
+            return f"{flatten[0]} of {ndim}-d logits: not the classes of (batch, tokens, vocab) logits at dim 1"
+        return ""
     if rows is not None:
         if not _keeps_last_dim(rows, ndim):
             return "the logits' subscript is not rows (slices leaving the vocabulary dimension whole)"
@@ -586,6 +592,25 @@ def _layout_reason(head: nn.Linear, hidden_states: torch.Tensor, rows: Any, cont
     return f"unknown logits layout {flatten!r}"
 
 
+def _classes_first(flatten: Any) -> bool:
+    """The layout moves the classes of (batch, tokens, vocab) logits to dim 1 (``("transpose", 1, 2)``,
+    ``("permute", 0, 2, 1)``, ``("rearrange", "b n c -> b c n")``): torch's cross entropy over dim 1
+    with a (batch, tokens) target, which is the per-token cross entropy of the (tokens, vocab) rows."""
+    return type(flatten) is tuple and len(flatten) >= 2 and flatten[0] in ("transpose", "permute", "rearrange")
+
+
+def _move_classes(z: Any, flatten: tuple) -> Any:
+    """The source's own op of a :func:`_classes_first` layout."""
+    kind, *args = flatten
+    if kind == "transpose":
+        return z.transpose(*args)
+    if kind == "permute":
+        return z.permute(*args)
+    from einops import rearrange  # the source calls it: installed
+
+    return rearrange(z, *args)
+
+
 def _original_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, loss_args: tuple, loss_kwargs: dict,
                             rows: Any, contiguous: bool, flatten: Any, vocab: Any, upcast: bool) -> tuple[Any, Any]:
     """The source's statements: the head, then the cross entropy of the logits as it laid them out."""
@@ -593,7 +618,9 @@ def _original_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, l
     z = logits if rows is None else logits[rows]
     if contiguous:
         z = z.contiguous()
-    if flatten == "view":
+    if _classes_first(flatten):
+        z = _move_classes(z, flatten)
+    elif flatten == "view":
         z = z.view(-1, z.size(-1) if vocab is None else vocab)
     elif flatten == "reshape":
         z = z.reshape(-1, z.size(-1) if vocab is None else vocab)
@@ -612,7 +639,9 @@ def lm_head_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, *lo
     ``F.cross_entropy`` or an ``nn.CrossEntropyLoss``; the layout keywords say how the source laid
     the logits out: ``logits[rows]``, ``.contiguous()``, ``.view(-1, vocab)`` / ``.reshape(-1, vocab)``
     (``flatten="view"`` / ``"reshape"``; ``vocab`` None: the logits' own last size) or
-    ``.flatten(*flatten)``, ``.float()`` (``upcast``).
+    ``.flatten(*flatten)``, ``.float()`` (``upcast``); or the classes of (batch, tokens, vocab) logits
+    moved to dim 1 for a (batch, tokens) target, ``flatten`` saying how the source writes it
+    (``("transpose", 1, 2)``, ``("permute", 0, 2, 1)``, ``("rearrange", "b n c -> b c n")``).
 
     Fused (the module doc's conditions: training, grad on, a plain ``nn.Linear`` head, logits not
     kept; and a cross entropy the chunked sum computes: an int64 target per token, ``ignore_index``,
@@ -633,7 +662,9 @@ def lm_head_cross_entropy(head: nn.Module, hidden_states: Any, loss_fn: Any, *lo
             reason = "the target is not a plain tensor"
         elif target.dtype != torch.int64:
             reason = "the target is not an int64 (class index) tensor"
-        elif target.dim() != 1 or target.shape[0] != tokens:
+        elif _classes_first(flatten) and tuple(target.shape) != tuple(h.shape[:-1]):
+            reason = f"target of shape {tuple(target.shape)} for logits of shape {(*h.shape[:-1], head.out_features)}"
+        elif not _classes_first(flatten) and (target.dim() != 1 or target.shape[0] != tokens):
             reason = f"target of shape {tuple(target.shape)} for {tokens} logits rows"
         elif target.device != h.device:
             reason = "target and hidden states on different devices"

@@ -21,6 +21,8 @@ _TENSOR_HOLDERS = ("torch.nn.Parameter", "torch.nn.Buffer", "torch.nn.parameter.
 _SIMPLE = (ast.Name, ast.Constant, ast.Attribute)
 # the binding type of ``self.x = partial(...)`` (what it binds is the class's ``partials``)
 _PARTIAL = "functools.partial"
+# Names one comprehension or ``map`` may be unpacked into and still run once per element
+_MAX_UNPACKED = 8
 
 
 class _Expressions:
@@ -100,6 +102,110 @@ class _Expressions:
                     st2.env[n] = old
             out.append((st2, _V(expr=e)))
         return out
+
+    def unpacked_elements(self, e, count: int, st: _St) -> list | None:
+        """``q, k, v = (rearrange(t, ...) for t in (q, k, v))``, ``[t.transpose(1, 2) for t in (q, k,
+        v)]``, ``map(lambda t: ..., qkv)``: unpacking into ``count`` names takes exactly ``count``
+        elements (Python raises otherwise), so the element expression runs once per element with the
+        loop variable bound to that element: the i-th entry of a literal tuple/list of ``count``
+        entries (or of a value holding ``count`` elements), else one element of the iterable as a
+        plain ``for`` sees it (``t`` of ``qkv.chunk(3)``: a tensor, which one unknown, as when
+        ``qkv`` itself is unpacked). Each run has its own context, so its nodes write their own
+        temporaries. ``[(state, value with count elements)]``; None when ``e`` is none of these forms."""
+        t = type(e)
+        if t is ast.Call:
+            f = e.func
+            if type(f) is ast.Name and f.id in ("tuple", "list") and len(e.args) == 1 and not e.keywords \
+                    and self.builtin(f.id, st):
+                return self.unpacked_elements(e.args[0], count, st)
+            e = self.map_as_generator(e, st)
+            if e is None:
+                return None
+        elif t is not ast.GeneratorExp and t is not ast.ListComp:
+            return None
+        if len(e.generators) != 1 or not 1 <= count <= _MAX_UNPACKED:
+            return None
+        gen = e.generators[0]
+        if gen.is_async or gen.ifs or type(gen.target) is not ast.Name:
+            return None
+        it = gen.iter
+        if type(it) is ast.Tuple or type(it) is ast.List:
+            if len(it.elts) != count or any(type(x) is ast.Starred for x in it.elts):
+                return None
+        if type(it) is ast.Name or type(it) is ast.Attribute:
+            v = self.name(it.id, st) if type(it) is ast.Name else self.attribute(it, st)[0][1]
+            if v.elts is not None and len(v.elts) != count:
+                return None  # a display of another length (changed since?): which element is which is unknown
+            per_state = [(st, v.elts if v.elts is not None else [self.element(it, st)] * count)]
+        else:
+            per_state = []
+            for st2, v in self.ev(it, st):
+                if v.elts is not None:
+                    # another length: the iterable's nodes are on the state already, its elements unknown
+                    per_state.append((st2, v.elts if len(v.elts) == count else None))
+                elif v.var is not None or v.tensor:  # a tensor's chunks / rows: a tensor, which one unknown
+                    per_state.append((st2, [_V(text="item", tensor=True)] * count))
+                else:
+                    per_state.append((st2, [self.element(it, st2)] * count))
+        name = gen.target.id
+        outer = self.ctx
+        out = []
+        for st0, items in per_state:
+            if items is None:
+                out.append((st0, _V(expr=e)))
+                continue
+            saved = st0.env.get(name)
+            res = [(st0, [])]
+            for i, item in enumerate(items):
+                self.ctx = outer + ((id(e), i),)
+                nres = []
+                try:
+                    for s, acc in res:
+                        s.env[name] = item
+                        for s2, v in self.ev(e.elt, s):
+                            nres.append((s2, acc + [v]))
+                finally:
+                    self.ctx = outer
+                res = nres
+            for s, acc in res:  # the comprehension's variable does not leak
+                if saved is None:
+                    s.env.pop(name, None)
+                else:
+                    s.env[name] = saved
+                out.append((s, _V(elts=acc)))
+        return out
+
+    def builtin(self, ident: str, st: _St) -> bool:
+        """``ident`` names the Python builtin here (no local, import, function or class shadows it)."""
+        v = self.name(ident, st)
+        return v.alias is None and v.var is None and v.text == ident and ident not in st.env
+
+    def map_as_generator(self, e: ast.Call, st: _St):
+        """``map(fn, xs)`` as ``(fn(x) for x in xs)`` (``map(lambda t: body, xs)`` as ``(body for t in
+        xs)``), positions those of the source; None when ``e`` is no such ``map`` call."""
+        f = e.func
+        if not (type(f) is ast.Name and f.id == "map" and len(e.args) == 2 and not e.keywords
+                and not any(type(a) is ast.Starred for a in e.args) and self.builtin("map", st)):
+            return None
+        g = self.synthetic.get(id(e))
+        if g is None:
+            fn = e.args[0]
+            if type(fn) is ast.Lambda:
+                a = fn.args
+                if len(a.args) != 1 or a.posonlyargs or a.kwonlyargs or a.vararg or a.kwarg or a.defaults:
+                    return None
+                elt, target = fn.body, a.args[0].arg
+            else:
+                target = "\0map item"  # no Python name: cannot meet a name of the code
+                elt = ast.Call(func=fn, args=[ast.Name(id=target, ctx=ast.Load())], keywords=[])
+                ast.copy_location(elt, e)
+                elt.end_lineno, elt.end_col_offset = e.end_lineno, e.end_col_offset
+                ast.copy_location(elt.args[0], e.args[1])
+            gen = ast.comprehension(target=ast.Name(id=target, ctx=ast.Store()), iter=e.args[1], ifs=[], is_async=0)
+            g = ast.GeneratorExp(elt=elt, generators=[gen])
+            ast.copy_location(g, e)
+            self.synthetic[id(e)] = g
+        return g
 
     def name(self, ident: str, st: _St) -> _V:
         v = st.env.get(ident)

@@ -3,7 +3,8 @@
 Its methods live in mixins by concern; they share the interpreter state set up here:
 
 * per file: ``fc`` (:class:`_File`), ``defs`` (nested ``def`` id -> (FunctionDef,
-  qualified name)), ``synthetic`` (calls built for ``apply_chunking_to_forward``);
+  qualified name)), ``synthetic`` (calls built for ``apply_chunking_to_forward``, the generator a
+  ``map`` call is read as);
 * per entry: ``cls``/``owner`` (class of the inlined method / whose ``super()`` is
   meant), SSA bookkeeping ``vers``/``vcount``/``tmps``/``ntmp``/``sources``/``nodes_made``, inlining
   context ``ctx``/``inlined_at``/``qual``/``stack``/``ret_dest``/``memo``, ``spans``,
@@ -28,7 +29,7 @@ class _Interp(_Paths, _Ssa, _Expressions, _Calls):
     def __init__(self, fc: _File):
         self.fc = fc
         self.defs: dict[int, tuple[ast.FunctionDef, str]] = {}
-        self.synthetic: dict[int, ast.Call] = {}
+        self.synthetic: dict[int, ast.AST] = {}
         # per file, by ast node id: ``self.fc.fqn`` of a called dotted name, ``extraneous(call)``
         self.fq_cache: dict[int, str | None] = {}
         self.extraneous_cache: dict[int, bool] = {}

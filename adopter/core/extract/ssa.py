@@ -150,7 +150,11 @@ class _Ssa:
             elif type(tg) is ast.Attribute and type(tg.value) is ast.Name and st.env.get(tg.value.id) is _SELF:
                 dest = self.new_var(f"self.{tg.attr}", s)
         out = []
-        for st2, v in self.ev(s.value, st, dest):
+        evaluated = None
+        if len(targets) == 1 and type(targets[0]) in (ast.Tuple, ast.List) \
+                and not any(type(x) is ast.Starred for x in targets[0].elts):
+            evaluated = self.unpacked_elements(s.value, len(targets[0].elts), st)
+        for st2, v in evaluated if evaluated is not None else self.ev(s.value, st, dest):
             for tg in targets:
                 self.bind(tg, v, st2, s, dest)
             out.append(st2)

@@ -24,6 +24,7 @@ from adopter.core.codemod.context import FileContext, Skip, call_arguments, is_s
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, InitEdit
 from adopter.core.dsl import Const, Layer, TensorOp, Value, Var
 from adopter.core.match import MatchContext, NotACandidate, Refusal
+from adopter.core.match.scalars import self_attr_is_number
 from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime
 from adopter.core.rules._common import kwarg
@@ -231,6 +232,8 @@ def _const_rank(ctx: MatchContext, text: str, depth: int) -> int | None:
         return None
     if isinstance(e, ast.Constant) and type(e.value) in (int, float):
         return 0
+    if isinstance(e, ast.Attribute) and self_attr_is_number(ctx, ast.unparse(e)):
+        return 0  # ``self.scale = dim ** -0.5``: a number broadcasts to the other operand's rank
     if not (isinstance(e, ast.Subscript) and isinstance(e.value, ast.Name)):
         return None
     parts = e.slice.elts if isinstance(e.slice, ast.Tuple) else [e.slice]

@@ -66,9 +66,26 @@ def chain(expr: ast.expr, names: set[str], imports: dict[str, str], local: set[s
     reads: list = []
     node = expr
     while True:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if isinstance(node, ast.Call) and not isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
+                and not node.keywords and qualified(node.func, imports, local) == "einops.rearrange":
+            pattern = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+            if not (isinstance(pattern, str) and _classes_first_pattern(pattern)):
+                raise NotAMatch("the logits are rearranged otherwise than (b, n, classes) -> (b, classes, n)")
+            ops.append(("classes", ("rearrange", pattern)))
+            node = node.args[0]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, receiver = node.func.attr, node.func.value
-            if method in ("view", "reshape") and len(node.args) == 2 and not node.keywords \
+            if method in ("transpose", "permute") and not node.keywords:
+                dims = tuple(int_literal(a) for a in node.args)
+                if method == "transpose" and len(dims) == 2 and None not in dims and dims[0] % 3 != dims[1] % 3 \
+                        and {dims[0] % 3, dims[1] % 3} == {1, 2} and all(-3 <= d <= 2 for d in dims):
+                    ops.append(("classes", ("transpose", *dims)))
+                elif method == "permute" and dims == (0, 2, 1):
+                    ops.append(("classes", ("permute", *dims)))
+                else:
+                    raise NotAMatch(f"the logits reach the cross entropy through .{method}"
+                                    f"({', '.join(map(ast.unparse, node.args))})")
+            elif method in ("view", "reshape") and len(node.args) == 2 and not node.keywords \
                     and int_literal(node.args[0]) == -1:
                 vocab = node.args[1]
                 last = _last_size_of(vocab, names)
@@ -115,10 +132,27 @@ def chain(expr: ast.expr, names: set[str], imports: dict[str, str], local: set[s
 
 
 
+def _classes_first_pattern(pattern: str) -> bool:
+    """``"b n c -> b c n"``: three plain axes, the last two swapped (einops raises on any input that
+    is not 3-D)."""
+    left, arrow, right = pattern.partition("->")
+    a, b = left.split(), right.split()
+    return bool(arrow) and len(a) == 3 == len(set(a)) and all(x.isidentifier() for x in a) \
+        and b == [a[0], a[2], a[1]]
+
+
 def layout(ops: list, ref: Callable[[ast.expr], ExprRef]) -> Layout:
     """The :class:`Layout` of ``ops`` (application order), its expressions given by ``ref``; raises
     NotAMatch for an order the kernel does not replay exactly."""
     kinds = [k for k, _ in ops]
+    if "classes" in kinds:
+        # (b, n, vocab) logits with the classes moved to dim 1 and a (b, n) target: torch's cross
+        # entropy over dim 1 is the per-token one of the (tokens, vocab) rows (the kernel checks the
+        # shapes at run time and replays the source's op otherwise)
+        if sorted(kinds) not in (["classes"], ["classes", "float"]):
+            raise NotAMatch("the logits are laid out otherwise than one move of the classes to dim 1 "
+                            "(and a .float())")
+        return Layout(flatten=ops[kinds.index("classes")][1], upcast="float" in kinds)
     flat = [i for i, k in enumerate(kinds) if k in ("view", "reshape", "flatten")]
     if len(flat) != 1:
         raise NotAMatch("the logits are not flattened to (tokens, vocab) once" if not flat else

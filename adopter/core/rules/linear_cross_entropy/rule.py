@@ -54,7 +54,10 @@ output reaches no ``self.loss_function`` nor a written-out cross entropy, a Line
 assigned to a plain name.
 
 Written out (issue 24): torch's cross entropy of the logits laid out as ``(tokens, vocab)``
-(``F.cross_entropy``, an ``nn.CrossEntropyLoss``, a shift ``logits[..., :-1, :]``, a same-file
+(``F.cross_entropy``, an ``nn.CrossEntropyLoss``, a shift ``logits[..., :-1, :]``, the classes moved
+to dim 1 for a ``(batch, tokens)`` target — ``rearrange(logits, "b n c -> b c n")``,
+``logits.transpose(1, 2)``, ``logits.permute(0, 2, 1)``: the same per-token loss, fused only when
+the logits are 3-D and the target has their leading shape, else the source's op runs —, a same-file
 helper inlined when straight-line once the call settles its ``if``s: ``isinstance(<the head's
 tensor>, list)`` is False, ``chunk_size == 0`` with a constant argument or default picks the plain
 cross entropy; a call that settles litgpt's chunked sum over ``max(count, 1)`` (0, not nan, for an

@@ -46,11 +46,14 @@ RowsElement = tuple[ExprRef | None, ExprRef | None, ExprRef | None] | None
 class Layout:
     """How the source turns the logits into the cross entropy's ``(tokens, vocab)`` input, in this
     order: ``logits[rows]``, ``.contiguous()``, ``.view/.reshape(-1, vocab)`` or ``.flatten(a, b)``,
-    ``.float()``."""
+    ``.float()``; or the classes moved to dim 1 (``logits.transpose(1, 2)``), alone or with ``.float()``."""
 
     rows: tuple[RowsElement, ...] | None = None  # None: no rows subscript
     contiguous: bool = False
-    flatten: str | tuple[int, int] = "view"  # "view", "reshape", or flatten's (start, end) dims
+    # "view", "reshape", flatten's (start, end) dims, or how the classes of (b, n, vocab) logits go to
+    # dim 1 for a (b, n) target, as the source writes it: ("transpose", 1, 2), ("permute", 0, 2, 1),
+    # ("rearrange", "b n c -> b c n")
+    flatten: str | tuple = "view"
     vocab: ExprRef | None = None  # None: the logits' own last size (``logits.size(-1)``)
     upcast: bool = False
 
