@@ -77,18 +77,23 @@ def _functions(tree: ast.AST) -> tuple[tuple[str, int, int, ast.AST, ast.ClassDe
     """Every function of a file, with its lines and the class around it, in one walk per file
     (the precondition asks once per candidate: walking the tree each time doubled the scan)."""
     found = []
+    # (definitions are statements: only statement lists are walked, never expressions)
     stack: list[tuple[ast.AST, ast.ClassDef | None]] = [(tree, None)]
     while stack:
         node, owner = stack.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                stack.append((child, child))
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                found.append((child.name, child.lineno, child.end_lineno or child.lineno, child, owner))
-                stack.append((child, owner))
-            else:
-                stack.append((child, owner))
+        for name in _STATEMENT_LISTS:
+            for child in getattr(node, name, ()):
+                if isinstance(child, ast.ClassDef):
+                    stack.append((child, child))
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found.append((child.name, child.lineno, child.end_lineno or child.lineno, child, owner))
+                    stack.append((child, owner))
+                elif isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                    stack.append((child, owner))
     return tuple(found)
+
+
+_STATEMENT_LISTS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
 def _enclosing(tree: ast.AST, name: str, line: int) -> tuple[ast.AST | None, ast.ClassDef | None]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from adopter.core.syntax import walk
+from adopter.core.syntax import per_node, walk
 
 MATMUL_FUNCS = ("matmul",)
 SOFTMAX_FUNCS = ("softmax",)
@@ -80,6 +80,7 @@ class Attention:
     moved: list[ast.expr] = field(default_factory=list)  # expressions evaluated at the call instead
 
 
+@per_node(64)
 def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
     """Attributes ``self.<a> = ...Dropout(...)`` of the class (any method)."""
     out = set()
@@ -463,14 +464,38 @@ def _in_loop(fn: ast.AST, block: list[ast.stmt]) -> bool:
 
 
 def _holds(stmt: ast.stmt, node: ast.AST) -> bool:
-    return any(n is node for n in walk(stmt))
+    return id(node) in _node_ids(stmt)
+
+
+@per_node(256)
+def _statement_nodes(fn: ast.AST) -> tuple[ast.AST, ...]:
+    """``fn`` and the statements (and except handlers, match cases) under it: the nodes that hold
+    statement lists, found without walking a single expression."""
+    out: list[ast.AST] = []
+    stack = [fn]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            children = getattr(node, name, None)
+            if isinstance(children, list):
+                stack.extend(c for c in reversed(children)
+                             if isinstance(c, (ast.stmt, ast.excepthandler, ast.match_case)))
+    return tuple(out)
+
+
+@per_node(4096)
+def _node_ids(stmt: ast.AST) -> frozenset[int]:
+    """The ids of the nodes under ``stmt`` (held with ``stmt``, so none is reused): the region search
+    asks of each statement of a function whether it holds a node, once per candidate."""
+    return frozenset(map(id, walk(stmt)))
 
 
 def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -> Attention:
     """The :class:`Attention` from the scores product ``first`` to the output product ``last``
     (nodes of ``fn``), or :class:`NotCovered`."""
     first_stmt = last_stmt = block = None
-    for node in walk(fn):
+    for node in _statement_nodes(fn):
         for name in ("body", "orelse", "finalbody"):
             stmts = getattr(node, name, None)
             if not isinstance(stmts, list):
