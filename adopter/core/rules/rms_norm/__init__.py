@@ -192,8 +192,8 @@ class RMSNormCodemod(Codemod):
         body = list(forward.body)
         if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and len(body) > 1:
             body = body[1:]  # the docstring stays
-        spec, kernel = kernel_name(ctx, KERNEL)
-        args = [form.input, form.weight, form.eps] + [f"{k}={v}" for k, v in form.keywords]
+        spec, kernel = kernel_name(ctx, form.kernel)
+        args = form.arguments()
         statements = tuple(pos(ctx, s) for s in body)
         return Edit(
             rule=self.rule,
