@@ -108,10 +108,12 @@ class ScaledL2NormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # n = h / D, D = max(r, eps), r = ||h||: dh = g / D + h * dr / r with
             # dr = -sum(g * h) / D ** 2 where r >= eps (clamp_min passes its gradient there; then
-            # D = r), 0 elsewhere and for an all-zero row (the norm's gradient at 0); in float32
-            g32, h32 = g.to(torch.float32), h.to(torch.float32)
-            d32, r32 = denom.to(torch.float32), norm.to(torch.float32)
-            dot = torch.linalg.vecdot(g32, h32).unsqueeze(-1)
-            coeff = torch.where((norm >= eps) & (norm > 0), -dot / (d32 * d32 * r32), 0.0)
-            dx = torch.addcmul(g32 / d32, h32, coeff).to(x.dtype)
+            # D = r), 0 elsewhere and for an all-zero row (the norm's gradient at 0). Where r >= eps
+            # that is (g - n * sum(g * n)) / D, in float32: no cancellation of two ~1/D terms
+            # (a row of one element gets an exact 0, as the gradient of its sign is)
+            g32, h32, d32 = g.to(torch.float32), h.to(torch.float32), denom.to(torch.float32)
+            n32 = h32 / d32
+            # (r >= eps as clamp_min's backward tests it: eps rounded to the norm's dtype, as denom has it)
+            c = torch.where((norm >= denom) & (norm > 0), torch.linalg.vecdot(g32, n32).unsqueeze(-1), 0.0)
+            dx = torch.addcmul(g32, n32, c, value=-1).div_(d32).to(x.dtype)
         return (dx, None, None, *grads)
