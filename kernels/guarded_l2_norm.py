@@ -11,7 +11,8 @@ in place where it can, a backward from the input and one norm per row) runs when
 
 * no execution mode, switch or measured cost says otherwise (:func:`adopter.kernels.policy.policy_reason`:
   torch.jit.trace, a torch.func transform, forward-mode AD, ``ADOPTER_KERNELS_OFF``, the CPU
-  calibration where the fused path was measured slower);
+  calibration where the fused path was measured slower, a half input normalized in its own dtype on
+  a curve of its own: the kernel's float32 backward costs more there);
 * ``x`` is a non-empty floating tensor in float32/float16/bfloat16 with a last dimension, not an
   fx ``Proxy`` (a trace must show the original ops);
 * every factor is a Python number (not a bool) or a floating tensor of shape ``()``, ``(1,)`` or
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from .ops.common import is_proxy
-from .ops.l2_norm import DEFAULT_EPS, INPUT_DTYPES, L2NormForm, ScaledL2NormFunction, scaled_l2_norm_reference
+from .ops.l2_norm import DEFAULT_EPS, HALF, INPUT_DTYPES, L2NormForm, ScaledL2NormFunction, scaled_l2_norm_reference
 from .policy import policy_reason
 from .telemetry import ORIGINAL, record
 
@@ -70,6 +71,12 @@ def _reason(x: Any, factors: tuple, eps: Any) -> str:
     return ""
 
 
+def _variant(x: Any, form: L2NormForm) -> str:
+    """The calibration curve of this call: ``half`` for a float16/bfloat16 input normalized in its
+    own dtype (no upcast; measured apart, benchmarks/results/scaled_l2_norm.json), else the default."""
+    return "half" if isinstance(x, torch.Tensor) and x.dtype in HALF and not form.upcast else ""
+
+
 def _saves_input(x: torch.Tensor, form: L2NormForm) -> bool:
     """Whether the source's graph keeps ``x`` itself (so that an in-place change of ``x`` before
     the backward is an error there too): when ``x`` requires grad and is normalized as it is
@@ -83,7 +90,8 @@ def scaled_l2_norm(x: Any, *factors: Any, eps: Any = DEFAULT_EPS, upcast: bool =
     ``x.dtype``], fused when the module doc's checks pass."""
     form = L2NormForm(upcast, cast_back)
     # the mode and policy first: under torch.jit.trace the checks' shape tests would be recorded
-    reason = policy_reason(KERNEL, x) or _reason(x, factors, eps)
+    # (a half input normalized in its own dtype is calibrated apart: the kernel's backward is float32)
+    reason = policy_reason(KERNEL, x, variant=lambda: _variant(x, form)) or _reason(x, factors, eps)
     if reason:
         record(KERNEL, ORIGINAL, reason)
         return scaled_l2_norm_reference(x, factors, eps, form)

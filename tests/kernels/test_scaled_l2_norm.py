@@ -167,3 +167,31 @@ def test_input_changed_in_place_before_backward_errors_as_the_source_does():
         h.add_(1)
     out.float().sum().backward()  # no version-counter error
     assert gamma.grad is not None
+
+
+def test_the_cost_model_decides_per_size_and_half_variant(tmp_path, monkeypatch):
+    """A float32 call takes the ``scaled_l2_norm`` curve, a bfloat16 one normalized in bfloat16
+    the ``scaled_l2_norm@half`` curve (its float32 backward costs more), an upcast bfloat16 one
+    the float32 curve (it computes in float32)."""
+    import json
+
+    from adopter.kernels import cost
+
+    threads = str(torch.get_num_threads())
+    losing, paying = [{"size": 16, "ratio": 0.5, "low": 0.4, "high": 0.6}], [{"size": 16, "ratio": 1.5, "low": 1.4, "high": 1.6}]
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": cost.FORMAT, "device": "cpu", "threads": {threads: {
+        "scaled_l2_norm": {"train": paying}, "scaled_l2_norm@half": {"train": losing}}}}))
+    monkeypatch.setenv(cost.ENV, str(path))
+    monkeypatch.setattr(cost, "ENABLED", True)
+    cost.reload()
+    try:
+        gamma = torch.ones(16, requires_grad=True)
+        with count_kernel_calls() as calls:
+            scaled_l2_norm(torch.randn(4, 16, requires_grad=True), 4.0, gamma)
+            scaled_l2_norm(torch.randn(4, 16).bfloat16().requires_grad_(), 4.0, gamma)
+            scaled_l2_norm(torch.randn(4, 16).bfloat16().requires_grad_(), 4.0, gamma, upcast=True, cast_back=True)
+        got = sorted((c.backend, "does not pay" in c.reason, c.count) for c in calls.calls)
+        assert got == [("original", True, 1), ("torch", False, 2)], got
+    finally:
+        cost.reload()

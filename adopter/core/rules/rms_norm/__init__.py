@@ -128,10 +128,13 @@ a factor read from anything but the module and constants. Not a match: an ``F.no
 dim 1), an ``F.normalize`` inside a larger forward (cosine-similarity attention), a norm in a
 function that is not a ``forward``. The scaled L2 kernel runs fused (the same ops as the source,
 multiplied in place, a backward from the input and one norm per row) where the CPU calibration
-measured it faster (``benchmarks/calibrate_kernels.py --kernels scaled_l2_norm``: training from
-~32-98K elements, no-grad inference from ~786K; benchmarks/results/scaled_l2_norm.json side by
-side with the source module); elsewhere, and under torch.func, forward AD, jit.trace and fx, the
-source's own ``F.normalize`` and products run.
+measured it faster (``benchmarks/calibrate_kernels.py --kernels scaled_l2_norm``, 1 thread:
+training from ~100K elements, no-grad from ~800K; a half input normalized in its own dtype, whose
+float32 backward costs more, on a curve of its own: bfloat16 no-grad from ~4M, training never). Side by
+side with the source module (benchmarks/bench_scaled_l2_norm.py, results/scaled_l2_norm.md, 1
+thread): float32 forward+backward 0.41-0.70x the source's time at 0.8-1M elements (no-grad
+0.55-0.91x), 1.3-1.4x at 16K; bfloat16 normalized in bfloat16 1.23-1.28x in training. Elsewhere, and under torch.func, forward AD, jit.trace and fx, the source's own
+``F.normalize`` and products run.
 ``torch.nn.RMSNorm`` and ``F.rms_norm`` used directly are not rewritten: measured side by side in
 one run (benchmarks/bench_rms_norm_forms.py --builtin-only, results/rms_norm_forms.json: CPU, 1
 thread, 11 paired rounds, (8,128,768) and (2,128,4096), float32 and bfloat16; bitwise equal
