@@ -56,7 +56,10 @@ def _scaled(n: torch.Tensor, factors: tuple, inplace: bool) -> torch.Tensor:
     """``n * f1 * f2 ...`` left to right; in place on ``n`` where the product keeps its dtype."""
     y = n
     for f in factors:
-        if inplace and torch.result_type(y, f) == y.dtype:
+        # (a number keeps a floating tensor's dtype; a tensor factor when the types promote to y's,
+        # or a 0-d one may keep it anyway, which the out-of-place product computes alike)
+        keeps = not isinstance(f, torch.Tensor) or torch.promote_types(y.dtype, f.dtype) == y.dtype
+        if inplace and keeps:
             y = y.mul_(f)
         else:
             y = y * f

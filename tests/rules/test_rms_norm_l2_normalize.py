@@ -160,3 +160,24 @@ def test_the_rewritten_model_trains_as_the_original(modules):
     assert fused == 3 * len(CALLS)
     for (name, a), b in zip(original.named_parameters(), rewritten.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("name", ["RMSNorm", "CastRMSNorm", "OffsetRMSNorm"])
+def test_rewritten_classes_compile_to_one_graph_and_export(modules, name):
+    """torch.compile (fullgraph: no graph break in the guard or the kernel) and torch.export of a
+    rewritten class compute what the original computes, forward and backward."""
+    import torch._dynamo
+
+    before, after = modules
+    torch.manual_seed(0)
+    original = getattr(before, name)(32)
+    rewritten = getattr(after, name)(32)
+    rewritten.load_state_dict(original.state_dict())
+    x = torch.randn(4, 32, requires_grad=True)
+    torch._dynamo.reset()
+    out = torch.compile(rewritten, fullgraph=True, backend="aot_eager")(x)
+    ref = original(x)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(ref.sum(), x)[0])
+    exported = torch.export.export(rewritten, (x.detach(),))
+    torch.testing.assert_close(exported.module()(x.detach()), ref.detach())
