@@ -41,6 +41,7 @@ from .telemetry import KernelCall, count_kernel_calls, kernel_calls, reset_kerne
 _LAZY = {
     "add_relu": "guarded_add_relu",
     "rms_norm": "guarded_rms_norm",
+    "scaled_l2_norm": "guarded_l2_norm",
     "gated_mlp": "guarded_gated_mlp",
     "gated_mlp_packed": "guarded_gated_mlp",
     "rotary": "guarded_rotary",

@@ -62,7 +62,7 @@ RULE_KEYWORDS = {
     "Conv_BatchNorm": ("conv_bn", "conv_batchnorm", "batch_norm_fold", "conv_prepacked"),
     "Dropout_LayerNorm": ("dropout_layernorm", "dropout_add_layer_norm", "layer_norm"),
     "Linear_BatchNorm": ("linear_bn", "linear_batchnorm"),
-    "RMSNorm": ("rms_norm", "rmsnorm"),
+    "RMSNorm": ("rms_norm", "rmsnorm", "l2_norm"),
     "attention": ("attention",),
     "biased_GeLU": ("biased_gelu", "bias_gelu", "linear_gelu"),
     "fused_QKV": ("qkv",),

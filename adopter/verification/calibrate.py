@@ -108,6 +108,19 @@ def _rms_norm(rows: int, width: int) -> Case:
     return Case("rms_norm", f"{rows}x{width}", rows * width, build)
 
 
+def _scaled_l2_norm(rows: int, width: int, dtype: torch.dtype = torch.float32) -> Case:
+    """x-transformers' ``F.normalize(x, dim=-1) * scale * gamma``; ``half``: a bfloat16 input and
+    gamma normalized in bfloat16 (no upcast), where the kernel's float32 backward costs more."""
+    def build(mode):
+        from adopter.kernels import scaled_l2_norm
+
+        gamma = torch.ones(width, dtype=dtype, requires_grad=mode == "train")
+        x = torch.randn(rows, width, dtype=dtype, requires_grad=mode == "train")
+        return _step(mode, lambda: scaled_l2_norm(x, width ** 0.5, gamma), [x, gamma])
+    return Case("scaled_l2_norm", f"{rows}x{width}", rows * width, build,
+                variant="" if dtype == torch.float32 else "half")
+
+
 def _gated_mlp(rows: int, width: int) -> Case:
     def build(mode):
         from adopter.kernels import gated_mlp
@@ -233,8 +246,9 @@ def _sdpa(batch: int, heads: int, seq: int, head_dim: int, dtype: torch.dtype = 
 def cases(kernels: set[str] | None = None) -> list[Case]:
     """Every calibration case (of ``kernels`` only, when given)."""
     found = [
-        *(make(r, w) for make in (_linear_gelu, _dropout_add_layer_norm, _rms_norm, _gated_mlp, _rotary, _linear_bn)
+        *(make(r, w) for make in (_linear_gelu, _dropout_add_layer_norm, _rms_norm, _scaled_l2_norm, _gated_mlp, _rotary, _linear_bn)
           for r, w in ROW_SHAPES),
+        *(_scaled_l2_norm(r, w, torch.bfloat16) for r, w in ROW_SHAPES),
         *(make(b, c, s) for make in (_conv_bn, _add_relu) for b, c, s in MAP_SHAPES),
         *(_conv_bn(b, c, s, "channels_last") for b, c, s in MAP_SHAPES),
         *(_lm_head_loss(t, h, v) for t, h, v in LOSS_SHAPES),

@@ -1234,6 +1234,61 @@ def build_rms_norm(d: Draw) -> Spec:
     return Spec(world, inputs, original, kernel, dtype if dtype != F64 else F64, params_grad=params_grad)
 
 
+# ---------------------------------------------------------------------- scaled L2 norm
+
+
+def build_scaled_l2_norm(d: Draw) -> Spec:
+    """x-transformers' RMSNorm, ``F.normalize(x[.float()], dim=-1[, eps]) * f1 * f2 ...`` [cast back],
+    the factors a Python scale, a gamma Parameter (in either order), an offset gamma, a 0-d buffer."""
+    upcast, cast_back = d.pick("form", [(False, False), (True, False), (True, True), (False, True)], [4, 2, 3, 1])
+    dtype = pick_dtype(d, weights=(6, 2, 4, 2))
+    g_dtype = d.pick("gamma.dtype", ["same", F32, BF16], [6, 2, 1])
+    g_dtype = dtype if g_dtype == "same" else g_dtype
+    hidden = d.pick("hidden", [1, 4, 7, 64])
+    eps = d.pick("eps", ["default", 1e-6, 0.5, 0, "tensor"], [4, 2, 1, 1, 1])
+    factors = d.pick("factors", ["scale_gamma", "gamma_scale", "scale", "none", "offset_gamma", "buffer_gamma"],
+                     [4, 2, 1, 1, 1, 1])
+    rank = d.pick("x.rank", [1, 2, 3, 4], [1, 3, 4, 1])
+    batch = d.pick("x.batch", [0, 1, 2, 3], [1, 3, 4, 2])
+    layout = d.pick("x.layout", LAYOUTS, [8, 0, 1, 2, 1])
+    kind = pick_values(d, "x.values")
+    g_kind = d.pick("gamma.values", ["normal", "zeros", "negzero", "nan"], [12, 1, 1, 1])
+    params_grad = d.flag("params_grad", 0.8)
+
+    def world(kind_):
+        def build():
+            w = nn.Module()
+            w.scale = hidden ** 0.5
+            w.gamma = nn.Parameter(values(gen_for(d.seed, "g"), (hidden,), g_dtype, g_kind) + (
+                0 if g_kind != "normal" else 1))
+            w.register_buffer("temperature", torch.tensor(1.5, dtype=g_dtype))
+            return _params_grad(w, params_grad)
+        return _seeded_world(d.seed, build)
+
+    def fs(w):
+        return {"scale_gamma": (w.scale, w.gamma), "gamma_scale": (w.gamma, w.scale), "scale": (w.scale,),
+                "none": (), "offset_gamma": (w.scale, w.gamma + 1.0), "buffer_gamma": (w.temperature, w.gamma)}[factors]
+
+    def inputs(gen):
+        shape = {1: (hidden,), 2: (batch, hidden), 3: (batch, 3, hidden), 4: (batch, 2, 3, hidden)}[rank]
+        return [lay(values(gen, shape, dtype, kind, scale=3.0), layout)]
+
+    def eps_kw(x):
+        return {} if eps == "default" else {"eps": torch.tensor(1e-6) if eps == "tensor" else eps}
+
+    def original(w, x):
+        h = x.float() if upcast else x
+        y = F.normalize(h, dim=-1, **eps_kw(x))
+        for f in fs(w):
+            y = y * f
+        return y.type_as(x) if cast_back else y
+
+    def kernel(w, x):
+        return K.scaled_l2_norm(x, *fs(w), upcast=upcast, cast_back=cast_back, **eps_kw(x))
+
+    return Spec(world, inputs, original, kernel, dtype, params_grad=params_grad)
+
+
 # ---------------------------------------------------------------------- gated MLP
 
 
@@ -1762,6 +1817,7 @@ ROWS: dict[str, Row] = {r.name: r for r in [
     Row("add_relu", build_add_relu, "add_relu"),
     Row("conv_bn_add_relu", build_conv_bn_add_relu, "add_relu"),
     Row("rms_norm", build_rms_norm, "rms_norm"),
+    Row("scaled_l2_norm", build_scaled_l2_norm, "scaled_l2_norm"),
     Row("gated_mlp", build_gated_mlp, "gated_mlp"),
     Row("gated_mlp_packed", build_gated_mlp_packed, "gated_mlp"),
     Row("linear_cross_entropy", build_linear_cross_entropy, "linear_cross_entropy"),
@@ -2594,6 +2650,7 @@ FAST_COMPILE: list[tuple[str, Mode]] = [
     ("linear_bn", Mode("compile_inductor", "grad")),
     ("conv_bn", Mode("compile_aot_eager", "no_grad", ("requires_grad_off", "inplace"))),
     ("rms_norm", Mode("compile_aot_eager", "grad")),
+    ("scaled_l2_norm", Mode("compile_aot_eager", "grad")),
     ("rotary", Mode("compile_aot_eager", "grad")),
     ("gated_mlp", Mode("compile_aot_eager", "grad")),
     ("linear_cross_entropy", Mode("compile_aot_eager", "grad")),

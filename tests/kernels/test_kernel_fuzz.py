@@ -32,7 +32,7 @@ ISSUE_KERNELS = {
     "GuardedSequential(Linear,GELU)": "seq_linear_gelu", "FusedConv2dBatchNorm2d": "fused_conv_bn_module",
     "FusedLinearBatchNorm1d": "fused_linear_bn_module", "qkv": "qkv", "linear_gelu": "linear_gelu",
     "dropout_add_layer_norm": "dropout_add_layer_norm", "softmax": "softmax", "attention": "attention",
-    "add_relu": "add_relu", "rms_norm": "rms_norm", "gated_mlp": "gated_mlp", "gated_mlp_packed": "gated_mlp_packed",
+    "add_relu": "add_relu", "rms_norm": "rms_norm", "scaled_l2_norm": "scaled_l2_norm", "gated_mlp": "gated_mlp", "gated_mlp_packed": "gated_mlp_packed",
     "linear_cross_entropy": "linear_cross_entropy", "lm_head_cross_entropy": "lm_head_cross_entropy",
     "rotary": "rotary", "rotary_interleaved": "rotary_interleaved", "rotary_pairs": "rotary_pairs",
     "rotary_complex": "rotary_complex",

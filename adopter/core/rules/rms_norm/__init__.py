@@ -14,7 +14,9 @@ rewritten with keyword arguments naming it (facts of the source, never of a conf
 OLMo-2's ``(self.weight * h).to(input_dtype)`` => ``weight_before_cast=True``; Helium/Moshi's
 ``self.weight.to(torch.float32)`` => ``+ weight_fp32=True``; Gemma's ``output * (1.0 +
 self.weight.float())`` => ``offset=1.0, weight_before_cast=True, weight_fp32=True``;
-T5LayerNorm's cast to a half weight => ``cast_to_half_weight=True``. The others are refused
+T5LayerNorm's cast to a half weight => ``cast_to_half_weight=True``. x-transformers'
+``F.normalize(x, dim=-1) * self.scale * self.gamma`` => ``scaled_l2_norm(x, self.scale, self.gamma)``
+(another kernel: the L2 norm clamped by eps, see ``adopter.kernels.guarded_l2_norm``). The others are refused
 (``norm-variant``) with what differs: eps outside the square root, a bias, no float32 upcast,
 a division by ``sqrt``, no weight, a forward that computes more than the norm.
 
@@ -73,7 +75,7 @@ forward:
     {_SQUARE}($h) -> $sq; {_MEAN}($sq) -> $var; $var + $eps -> $ve;
     torch.sqrt|torch.Tensor.sqrt($ve) -> $s; $x / $s -> $n
 
-# F.normalize(x, dim=-1) * scale * gamma (x-transformers): an L2 norm scaled, refused (another eps)
+# F.normalize(x, dim=-1) * scale * gamma (x-transformers): an L2 norm scaled, the scaled_l2_norm kernel
 rule RMSNorm
 forward:
     torch.nn.functional.normalize($h) -> $n; $n * $s -> $m
@@ -111,13 +113,28 @@ The rewrite passes the form as keyword arguments and reproduces its dtype semant
 OLMo-2's). Refused (``norm-variant``): eps outside the square root, ``x / sqrt(...)``, a bias
 added to the result, no float32 upcast, no weight, a ``mean`` not over the last dimension
 (``dim-not-last``), a forward that takes more inputs or computes more than the norm (gated,
-grouped norms), a helper it calls that a same-file subclass overrides, and x-transformers'
-``F.normalize(x, dim=-1) * self.scale * self.gamma``: ``F.normalize`` divides by
-``max(||x||_2, eps)``, not by ``sqrt(mean(x ** 2) + eps)`` — another eps, so a row near zero
-comes out differently — which the kernel does not compute. Not a match: a centered
+grouped norms), a helper it calls that a same-file subclass overrides.
+x-transformers' RMSNorm, a forward returning ``F.normalize(x, dim=-1) * self.scale * self.gamma``
+(``p=2``; the factors attributes, numbers or arithmetic of them such as ``(self.gamma + 1.0)``,
+none, one or several, in any order and grouping, either operand order; ``eps=`` given or not;
+``F.normalize(x.float(), ...)`` and a ``.type_as(x)`` of the product too), is rewritten to
+``scaled_l2_norm(x, self.scale, self.gamma[, eps=..., upcast=True, cast_back=True])``: a kernel
+computing what ``F.normalize`` computes — each row divided by ``max(||x||_2, eps)``, not by
+``sqrt(mean(x ** 2) + eps)`` — then the source's factors in the source's order, read at every
+call (the scale need not be ``sqrt(d)``). Refused (``norm-variant``): a cast between the products,
+a factor read from anything but the module and constants. Not a match: an ``F.normalize`` with
+``p`` other than 2 or over another dim than the last, a centered
 ``(x - mean)`` normalization (LayerNorm, also ConvNeXt's channels-first one written out over
 dim 1), an ``F.normalize`` inside a larger forward (cosine-similarity attention), a norm in a
-function that is not a ``forward``.
+function that is not a ``forward``. The scaled L2 kernel runs fused (the same ops as the source,
+multiplied in place, a backward from the input and one norm per row) where the CPU calibration
+measured it faster (``benchmarks/calibrate_kernels.py --kernels scaled_l2_norm``, 1 thread:
+training from ~100K elements, no-grad from ~800K; a half input normalized in its own dtype, whose
+float32 backward costs more, on a curve of its own: bfloat16 no-grad from ~4M, training never). Side by
+side with the source module (benchmarks/bench_scaled_l2_norm.py, results/scaled_l2_norm.md, 1
+thread): float32 forward+backward 0.41-0.70x the source's time at 0.8-1M elements (no-grad
+0.55-0.91x), 1.3-1.4x at 16K; bfloat16 normalized in bfloat16 1.23-1.28x in training. Elsewhere, and under torch.func, forward AD, jit.trace and fx, the source's own
+``F.normalize`` and products run.
 ``torch.nn.RMSNorm`` and ``F.rms_norm`` used directly are not rewritten: measured side by side in
 one run (benchmarks/bench_rms_norm_forms.py --builtin-only, results/rms_norm_forms.json: CPU, 1
 thread, 11 paired rounds, (8,128,768) and (2,128,4096), float32 and bfloat16; bitwise equal
@@ -192,8 +209,8 @@ class RMSNormCodemod(Codemod):
         body = list(forward.body)
         if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and len(body) > 1:
             body = body[1:]  # the docstring stays
-        spec, kernel = kernel_name(ctx, KERNEL)
-        args = [form.input, form.weight, form.eps] + [f"{k}={v}" for k, v in form.keywords]
+        spec, kernel = kernel_name(ctx, form.kernel)
+        args = form.arguments()
         statements = tuple(pos(ctx, s) for s in body)
         return Edit(
             rule=self.rule,

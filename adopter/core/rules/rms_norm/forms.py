@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from adopter.core.symbolic import Sym
 
 CODE = "norm-variant"
+RMS_KERNEL = "rms_norm"
+L2_KERNEL = "scaled_l2_norm"  # x-transformers' F.normalize(x, dim=-1) * scale * gamma
 
 
 class _NotRMS(Exception):
@@ -34,6 +36,16 @@ class Form:
     eps: str  # source text of eps
     keywords: tuple[tuple[str, str], ...] = ()  # the form (RMSNormForm fields that differ)
     inlined: tuple[str, ...] = ()  # same-class helpers the forward calls
+    kernel: str = RMS_KERNEL  # or L2_KERNEL: then ``factors`` (and ``weight``, ``eps`` unused)
+    factors: tuple[str, ...] = ()  # source text of what the L2 norm is multiplied by, in order
+
+    def arguments(self) -> list[str]:
+        """The kernel call's arguments: ``rms_norm(x, weight, eps, **form)`` or
+        ``scaled_l2_norm(x, *factors, **form)``."""
+        keywords = [f"{k}={v}" for k, v in self.keywords]
+        if self.kernel == L2_KERNEL:
+            return [self.input, *self.factors, *keywords]
+        return [self.input, self.weight, self.eps, *keywords]
 
 
 INPUT = Sym("input")
@@ -258,9 +270,9 @@ def classify(result: Sym) -> tuple[str, str, tuple[tuple[str, str], ...]]:
     if _contains_plain_norm(result):
         raise _Variant(f"the forward returns {_shown(result)}, which computes more than the RMSNorm of its input")
     if _scaled_l2_normalize(result):
-        raise _Variant("F.normalize(x) scaled (x-transformers' RMSNorm: F.normalize(x, dim=-1) * scale * gamma) "
-                       "divides by max(||x||_2, eps), not by sqrt(mean(x ** 2) + eps): another eps (a row near "
-                       "zero is not normalized alike), which the kernel does not compute")
+        raise _Variant("F.normalize(x, dim=-1) scaled, but not as F.normalize(x[.float()]) * f1 * f2 ... "
+                       "[.type_as(x)] (a cast between the products, a factor that is not an attribute or a "
+                       "number): the scaled L2 norm kernel casts once, last, and reads its factors from the module")
     raise _NotRMS("the forward does not return an RMSNorm of its input")
 
 
@@ -283,6 +295,79 @@ def _scaled_l2_normalize(sym: Sym) -> bool:
     others = {k for k, _ in sym.kw} - {"dim", "eps"}
     return len(dims) == 1 and dims[0].kind == "const" and dims[0].value == -1 and not others and len(sym.args) <= 3 \
         and (len(sym.args) < 2 or sym.args[1].kind == "const" and sym.args[1].value == 2)
+
+
+_FACTOR_OPS = ("*", "+", "-", "/")
+
+
+def _factor_text(sym: Sym) -> str | None:
+    """Source text of a factor the normalized value is multiplied by: ``self.<attr>``, a number,
+    a float32 cast of one, or arithmetic of them (``(self.gamma + 1)``); None for anything else (a
+    local value, the input). Built from the symbolic value, never from the source's own text, which
+    may name locals the rewrite deletes; read at every call, as the source reads it."""
+    if sym.kind == "attr":
+        return f"self.{sym.value}"
+    if sym.kind == "const" and not isinstance(sym.value, bool):
+        return sym.text or repr(sym.value)
+    inner = _is_cast(sym, "float32")
+    if inner is not None:
+        text = _factor_text(inner)
+        return None if text is None else f"{text}.float()"
+    if sym.kind == "op" and sym.value in _FACTOR_OPS and len(sym.args) == 2 and not sym.kw:
+        left, right = (_factor_text(a) for a in sym.args)
+        return None if left is None or right is None else f"({left} {sym.value} {right})"
+    return None
+
+
+def scaled_l2_norm_form(result: Sym) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None:
+    """``(factors, keywords)`` of ``F.normalize(x[.float()], dim=-1[, eps=e]) * f1 * f2 ...``
+    [``.type_as(x)``] (x-transformers' RMSNorm, either operand order of each product: each is
+    exact, the grouping is what rounds), the factors in the order the source applies them; None
+    for anything else (a ``p`` other than 2, a ``dim`` not -1, a cast between the products: the
+    refusal of :func:`_scaled_l2_normalize`)."""
+    keywords: list[tuple[str, str]] = []
+    inner = _is_cast(result, Sym("dtype_of", args=(INPUT,)))
+    if inner is not None:
+        result = inner
+        keywords.append(("cast_back", "True"))
+    factors: list[str] = []
+    while _op(result, "*") and len(result.args) == 2:
+        a, b = result.args
+        if _has_normalize(a) and not _has_normalize(b):
+            text, result = _factor_text(b), a
+        elif _has_normalize(b) and not _has_normalize(a):
+            text, result = _factor_text(a), b
+        else:
+            return None
+        if text is None:
+            return None
+        factors.insert(0, text)
+    if not _op(result, "normalize") or not result.args or len(result.args) > 4:
+        return None
+    args = dict(zip(("input", "p", "dim", "eps"), result.args))
+    for k, v in result.kw:
+        if k in args or k not in ("p", "dim", "eps"):
+            return None
+        args[k] = v
+    x, p, dim = args["input"], args.get("p"), args.get("dim")
+    if p is not None and not (p.kind == "const" and p.value == 2 and not isinstance(p.value, bool)):
+        return None
+    if dim is None or dim.kind != "const" or dim.value != -1:
+        return None  # (F.normalize's default dim is 1)
+    if _is_cast(x, "float32") == INPUT:
+        keywords.insert(0, ("upcast", "True"))
+    elif x != INPUT:
+        return None
+    if "eps" in args:
+        try:
+            keywords.insert(0, ("eps", _eps_text(args["eps"])))
+        except _Variant:
+            return None
+    return tuple(factors), tuple(keywords)
+
+
+def _has_normalize(sym: Sym) -> bool:
+    return isinstance(sym, Sym) and (_op(sym, "normalize") or any(_has_normalize(a) for a in sym.args))
 
 
 def _factor(sym: Sym) -> bool:

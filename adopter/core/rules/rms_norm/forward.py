@@ -20,7 +20,7 @@ import ast
 from dataclasses import dataclass, field, replace
 
 from adopter.core.match.source import parse_file, source_segment
-from adopter.core.rules.rms_norm.forms import INPUT, Form, _NotRMS, _Variant, classify
+from adopter.core.rules.rms_norm.forms import INPUT, L2_KERNEL, Form, _NotRMS, _Variant, classify, scaled_l2_norm_form
 from adopter.core.symbolic import Evaluator, Returned, Sym, Unknown
 from adopter.core.syntax import statements, walk
 
@@ -330,9 +330,14 @@ def analyze_forward(source: str, class_name: str) -> Form:
             raise _Variant("the forward has statements besides the norm's assignments and its return "
                            "(branches, loops, other calls)")
         raise _NotRMS("the forward is not a sequence of assignments and a return")
+    inlined = tuple(dict.fromkeys(evaluator.inlined))
+    l2 = scaled_l2_norm_form(result)
+    if l2 is not None:  # x-transformers: F.normalize(x, dim=-1) * self.scale * self.gamma
+        factors, keywords = l2
+        return Form(input=names[1], weight="", eps="", keywords=keywords, inlined=inlined, kernel=L2_KERNEL,
+                    factors=factors)
     weight, eps, keywords = classify(result)
-    return Form(input=names[1], weight=f"self.{weight}", eps=eps, keywords=keywords,
-                inlined=tuple(dict.fromkeys(evaluator.inlined)))
+    return Form(input=names[1], weight=f"self.{weight}", eps=eps, keywords=keywords, inlined=inlined)
 
 
 def _mentions_norm(fn: ast.FunctionDef) -> bool:
