@@ -6,8 +6,11 @@ The rewrite (rule ``sdpa_attention``) passes what the source wrote, evaluated wh
 the query, the key *as the source multiplies it* (``k.transpose(-2, -1)``; ``k`` itself for an
 einsum, with both equations in ``einsum=``), the value, one scale (``scale=`` multiplied,
 ``divisor=`` divided), one additive ``mask``, one boolean ``fill`` with its ``fill_value``
-(``masked_fill``; ``fill_first`` when the source fills before it adds), and the dropout: the
-user's module (``dropout=self.attn_drop``) or ``F.dropout``'s ``dropout_p``/``dropout_training``.
+(``masked_fill``; ``fill_first`` when the source fills before it adds), the softmax's dtype
+(``softmax_float32=True`` when the source computes it in float32 — ``softmax(s.float())``,
+``softmax(s, dtype=torch.float32)`` — and casts the probabilities back: ``probs_type_as=t`` for
+``.type_as(t)``, ``probs_to=x`` for ``.to(x)``), and the dropout: the user's module
+(``dropout=self.attn_drop``) or ``F.dropout``'s ``dropout_p``/``dropout_training``.
 
 The fused path runs only when it provably computes what the source computes:
 
@@ -19,6 +22,9 @@ The fused path runs only when it provably computes what the source computes:
   broadcasting likewise, whose value is ``-inf`` (a finite fill value is another softmax of a
   fully masked row: the source's ops run); a scale that is a Python number or a one-element tensor
   recording no gradient;
+* a softmax the source computes in float32 and casts back only where both casts are identities:
+  query/key/value float32 and the cast back to float32 on the query's device (in bfloat16 the
+  source rounds a float32 softmax, which SDPA does not compute bitwise: the source's ops run);
 * no random numbers drawn: SDPA's dropout does not draw the numbers ``nn.Dropout`` draws on the
   probabilities, so training with ``p > 0`` runs the source's ops with the user's dropout (the same
   numbers, seeded as the original); a dropout module runs fused only as a plain ``nn.Dropout``
@@ -57,7 +63,7 @@ KERNEL = "sdpa"
 
 
 def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dropout, dropout_p, dropout_training,
-              einsum):
+              einsum, softmax_float32, probs_to, probs_type_as):
     """What the source's statements compute, in its order."""
     s = torch.einsum(einsum[0], q, key) if einsum else torch.matmul(q, key)
     if scale is not None:
@@ -70,7 +76,11 @@ def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dro
         s = s + mask
     if fill is not None and not fill_first:
         s = s.masked_fill(fill, fill_value)
-    p = F.softmax(s, dim=-1)
+    if softmax_float32:  # the source's softmax in float32, cast back before the dropout
+        p = F.softmax(s, dim=-1, dtype=torch.float32)
+        p = p.type_as(probs_type_as) if probs_type_as is not None else p.to(probs_to)
+    else:
+        p = F.softmax(s, dim=-1)
     if dropout is not None:
         p = dropout(p)
     elif dropout_p is not None:
@@ -133,16 +143,36 @@ def _operands_reason(q, key, v, mask, fill, fill_value, einsum) -> str:
     return ""
 
 
+def _casts_reason(q, softmax_float32, probs_to, probs_type_as) -> str:
+    """The source's float32 softmax cast back is SDPA's softmax only where both casts are identities:
+    the scores float32 already (query/key/value float32: their dtype is checked one) and the cast
+    back to float32 on the query's device."""
+    if not softmax_float32:
+        return ""
+    if q.dtype != torch.float32:
+        return "the source computes the softmax in float32 and rounds it back: in another dtype SDPA differs"
+    target = probs_type_as if probs_type_as is not None else probs_to
+    if type(target) is torch.Tensor:
+        if target.dtype != torch.float32 or target.device != q.device:
+            return "the probabilities are cast to another dtype or device than the query's"
+        return ""
+    if target is not torch.float32:
+        return "the probabilities are cast to something other than torch.float32"
+    return ""
+
+
 def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, mask: Any = None,
                    fill: Any = None, fill_value: Any = None, fill_first: bool = False, dropout: Any = None,
-                   dropout_p: Any = None, dropout_training: Any = True, einsum: tuple[str, str] | None = None) -> Any:
+                   dropout_p: Any = None, dropout_training: Any = True, einsum: tuple[str, str] | None = None,
+                   softmax_float32: bool = False, probs_to: Any = None, probs_type_as: Any = None) -> Any:
     """The written-out attention the source computed (module doc), fused where provably equal."""
     args = (q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dropout, dropout_p, dropout_training,
-            einsum)
+            einsum, softmax_float32, probs_to, probs_type_as)
     if torch.compiler.is_compiling():  # (before anything dynamo would not trace)
         return _original(*args)
     reason = (context_reason(q, key, v, mask, fill) or mode_reason()  # (before any read of the data)
               or _operands_reason(q, key, v, mask, fill, fill_value, einsum)
+              or _casts_reason(q, softmax_float32, probs_to, probs_type_as)
               or _dropout_reason(dropout, dropout_p, dropout_training))
     factor = 1.0
     if not reason:

@@ -281,3 +281,61 @@ def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch):
             assert _paths(calls) == {expect}, calls.calls
     finally:
         torch.set_num_threads(threads)
+
+
+def _upcast_written(q, kt, v, mask, spelling, dropout=None):
+    """The softmax in float32 cast back, as Llama (``softmax(s.float()).type_as(q)``) and HF
+    (``softmax(s, dtype=torch.float32).to(q.dtype)``) spell it."""
+    s = q @ kt / math.sqrt(q.shape[-1]) + mask
+    if spelling == "type_as":
+        p = F.softmax(s.float(), dim=-1).type_as(q)
+    else:
+        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    if dropout is not None:
+        p = dropout(p)
+    return p @ v
+
+
+@pytest.mark.parametrize("spelling", ["type_as", "to"])
+@pytest.mark.parametrize("dtype,train", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False),
+                                         (torch.bfloat16, True)])
+def test_softmax_float32_cast_back(spelling, dtype, train):
+    """Fused only where both casts are identities (float32, no dropout drawn); in bfloat16 the
+    source rounds a float32 softmax, which SDPA does not compute bitwise: the source's ops, equal
+    bitwise, forward and backward, with the user's dropout drawing the same numbers in training."""
+    q, k, v = _qkv(q_len=6, k_len=6, dtype=dtype)
+    kt = k.transpose(-2, -1)
+    mask = torch.full((6, 6), float("-inf")).triu(1).to(dtype)
+    drop = nn.Dropout(0.3).train(train)
+    cast = {"probs_type_as": q} if spelling == "type_as" else {"probs_to": q.dtype}
+    torch.manual_seed(3)
+    expected = _upcast_written(q, kt, v, mask, spelling, drop)
+    expected.pow(2).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch.manual_seed(3)
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, divisor=math.sqrt(q.shape[-1]), mask=mask, softmax_float32=True, dropout=drop, **cast)
+    got.pow(2).sum().backward()
+    fused = dtype == torch.float32 and not train
+    assert _paths(calls) == {"fused" if fused else "original"}
+    if fused:
+        torch.testing.assert_close(got, expected)
+        for a, b in zip((t.grad for t in (q, k, v)), grads):
+            torch.testing.assert_close(a, b)
+    else:
+        assert torch.equal(got, expected)
+        assert all(torch.equal(a, b) for a, b in zip((t.grad for t in (q, k, v)), grads))
+
+
+@pytest.mark.parametrize("cast", [{"probs_to": torch.float64}, {"probs_type_as": torch.zeros(1, dtype=torch.float64)},
+                                  {"probs_to": torch.zeros(1, dtype=torch.float64)}])
+def test_softmax_float32_cast_elsewhere_runs_the_source(cast):
+    """A cast back to another dtype than the inputs' is no identity: the source's ops (odd shapes)."""
+    q, k, v = _qkv(b=1, h=2, q_len=3, k_len=5, d=6, grad=False)
+    with count_kernel_calls() as calls:
+        got = sdpa(q.double(), k.double().transpose(-2, -1), v.double(), softmax_float32=True, **cast)
+    assert _paths(calls) == {"original"}
+    expected = F.softmax((q.double() @ k.double().transpose(-2, -1)).float(), dim=-1).double() @ v.double()
+    assert torch.equal(got, expected)

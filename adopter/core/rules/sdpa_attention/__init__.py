@@ -24,7 +24,7 @@ from adopter.core.match.context import NotACandidate, Refusal
 from adopter.core.match.source import parse_file
 from adopter.core.rule import Rule
 from adopter.core.rules.sdpa_attention.codemod import SdpaAttentionCodemod, find_expr
-from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
+from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret, softmax_partials
 
 MATMULS = "torch.matmul|torch.Tensor.matmul"
 SOFTMAXES = "torch.nn.functional.softmax|torch.softmax|torch.Tensor.softmax|torch.special.softmax"
@@ -44,8 +44,10 @@ Replaces a written-out attention — the scores ``q @ k.transpose(-2, -1)`` (``t
 one scale (``* c`` or ``/ c``, ``c`` any expression: ``self.scale``, ``1 / math.sqrt(d)``,
 ``d ** -0.5``), at most one additive mask (``+ mask``, also ``if mask is not None: s = s + mask``)
 and one boolean fill (``s.masked_fill(b, float('-inf'))``: nanoGPT's causal
-``self.bias[:, :, :T, :T] == 0``, a padding ``~keep``), ``softmax(..., dim=-1)``, at most one
-dropout of the probabilities (an ``nn.Dropout`` bound in ``__init__``, or ``F.dropout``), and the
+``self.bias[:, :, :T, :T] == 0``, a padding ``~keep``), ``softmax(..., dim=-1)`` (also through
+an attribute bound as ``partial(F.softmax, dim=-1)``; also computed in float32 and cast back:
+Llama's ``softmax(s.float(), dim=-1).type_as(q)``, ``softmax(s, dim=-1,
+dtype=torch.float32).to(q.dtype)``), at most one dropout of the probabilities (an ``nn.Dropout`` bound in ``__init__``, or ``F.dropout``), and the
 output product with the values (``@``, ``torch.matmul``, the matching einsum) — in one expression
 or over statements, in any class or function outside the three HF namesake classes (ViT
 collections, nanoGPT's non-flash branch, x-former libraries; grouped-query attention whose keys
@@ -55,7 +57,7 @@ and the scale, mask, fill, fill value and dropout as expressions evaluated where
 (nothing of the analysed model is written into the source). Refused: the scores or
 probabilities read besides the output product (``probs-read``: returned as attention weights —
 transformers' ``eager_attention_forward`` —, stored, printed), a cast or ``dtype=`` around the
-softmax (``probs-dtype``: another math than SDPA's), a softmax not over ``dim=-1``
+softmax other than float32 cast back right after it (``probs-dtype``: another math than SDPA's), a softmax not over ``dim=-1``
 (``dim-not-last``). Not a match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, a second mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
@@ -64,7 +66,9 @@ inline (transformers' ``eager_attention_forward``) is reported and rewritten onc
 helper. The kernel runs SDPA only where it is provably the same computation —
 query/key/value plain floating tensors of rank 4 with equal batch and head sizes, a float mask
 of the query's dtype broadcasting to the scores, a bool fill, a fill value of ``-inf``, a scale
-that is a number (or a one-element tensor without gradient), no dropout drawn (eval mode or
+that is a number (or a one-element tensor without gradient), a float32 softmax cast back only
+where both casts are identities (query/key/value float32, the cast back to float32: in bfloat16
+the source rounds a float32 softmax), no dropout drawn (eval mode or
 ``p == 0``: training with dropout runs the source's ops with the user's dropout, so the random
 numbers are those the original draws), no fully-masked or NaN row (checked on the output) — and
 where it pays (the calibrated cost model: ``benchmarks/results/sdpa_cpu.json``);
@@ -113,7 +117,7 @@ def _written_out_attention(ctx: MatchContext) -> str | None:
         return "the attention's products are not found in the source"
     attrs = dropout_attrs(cls)
     try:
-        interpret(fn, first_expr, last_expr, attrs.__contains__)
+        interpret(fn, first_expr, last_expr, attrs.__contains__, softmax_partials(cls, tree))
     except NotCovered as e:
         if not e.candidate:
             return NotACandidate(e.reason)
