@@ -70,12 +70,15 @@ def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dro
         s = s * scale
     if divisor is not None:
         s = s / divisor
-    if fill is not None and fill_first:
-        s = s.masked_fill(fill, fill_value)
+    fills = _fills(fill, fill_value)
+    if fill_first:
+        for m, value in fills:
+            s = s.masked_fill(m, torch.finfo(s.dtype).min if value == LOWEST else value)
     if mask is not None:
         s = s + mask
-    if fill is not None and not fill_first:
-        s = s.masked_fill(fill, fill_value)
+    if not fill_first:
+        for m, value in fills:
+            s = s.masked_fill(m, torch.finfo(s.dtype).min if value == LOWEST else value)
     if softmax_float32:  # the source's softmax in float32, cast back before the dropout
         p = F.softmax(s, dim=-1, dtype=torch.float32)
         p = p.type_as(probs_type_as) if probs_type_as is not None else p.to(probs_to)
@@ -86,6 +89,20 @@ def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dro
     elif dropout_p is not None:
         p = F.dropout(p, dropout_p, dropout_training)
     return torch.einsum(einsum[1], p, v) if einsum else torch.matmul(p, v)
+
+
+# ``fill_value`` of a fill the source writes ``-torch.finfo(<scores>.dtype).max``: the most negative
+# finite number of the scores' dtype (the scores are not computed where the call is).
+LOWEST = "lowest"
+
+
+def _fills(fill, fill_value) -> list[tuple[Any, Any]]:
+    """The source's fills in order as (mask, value): ``fill``/``fill_value`` one each or tuples of
+    as many; a mask None is a fill whose ``if`` did not run (left out)."""
+    if isinstance(fill, tuple):
+        values = fill_value if isinstance(fill_value, tuple) else (fill_value,) * len(fill)
+        return [(m, value) for m, value in zip(fill, values, strict=True) if m is not None]
+    return [] if fill is None else [(fill, fill_value)]
 
 
 def _number(value: Any) -> float | None:
@@ -134,13 +151,31 @@ def _operands_reason(q, key, v, mask, fill, fill_value, einsum) -> str:
             return "a mask that is not a tensor broadcasting to the scores on the query's device"
         if mask.dtype != torch.bool and mask.dtype != q.dtype:
             return f"a {mask.dtype} mask added to {q.dtype} scores"
-    if fill is not None:
-        if type(fill) is not torch.Tensor or fill.dtype != torch.bool or fill.device != q.device \
-                or not _broadcasts(fill, scores):
+    lowest = torch.finfo(q.dtype).min
+    for m, value in _fills(fill, fill_value):
+        if type(m) is not torch.Tensor or m.dtype != torch.bool or m.device != q.device \
+                or not _broadcasts(m, scores):
             return "a fill mask that is not a bool tensor broadcasting to the scores"
-        if not (isinstance(fill_value, float) and fill_value == -math.inf):
-            return "a fill value other than -inf (a fully masked row's softmax differs)"
+        # -inf, or the scores' most negative finite number (-finfo.max): exp of it less a row's
+        # maximum is 0 wherever the row keeps a finite score; a fully masked row is checked apart
+        if not (value == LOWEST or isinstance(value, float) and value in (-math.inf, lowest)):
+            return "a fill value other than -inf or the scores' -finfo(dtype).max (a masked score's softmax differs)"
     return ""
+
+
+def _blocked_row(fills, mask, q_len: int, k_len: int) -> bool:
+    """Whether some query row has every key filled or masked with -inf: the source's softmax of a
+    row filled with -finfo.max is uniform over it, SDPA's is not (a -inf fill alone is caught by
+    the output check, the source giving NaN). Read on the masks, broadcast over (…, q_len, k_len)."""
+    blocked = None
+    for m, _ in fills:
+        blocked = m if blocked is None else blocked | m
+    if mask is not None and mask.dtype != torch.bool:
+        inf = mask == -math.inf
+        blocked = inf if blocked is None else blocked | inf
+    if blocked is None:
+        return False
+    return bool(blocked.expand(*blocked.shape[:-2], q_len, k_len).all(-1).any())
 
 
 def _casts_reason(q, softmax_float32, probs_to, probs_type_as) -> str:
@@ -170,7 +205,8 @@ def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, ma
             einsum, softmax_float32, probs_to, probs_type_as)
     if torch.compiler.is_compiling():  # (before anything dynamo would not trace)
         return _original(*args)
-    reason = (context_reason(q, key, v, mask, fill) or mode_reason()  # (before any read of the data)
+    reason = (context_reason(q, key, v, mask, *(fill if isinstance(fill, tuple) else (fill,)))
+              or mode_reason()  # (before any read of the data)
               or _operands_reason(q, key, v, mask, fill, fill_value, einsum)
               or _casts_reason(q, softmax_float32, probs_to, probs_type_as)
               or _dropout_reason(dropout, dropout_p, dropout_training))
@@ -196,8 +232,15 @@ def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, ma
     k = key if einsum else key.transpose(-2, -1)
     if mask is not None and mask.dtype == torch.bool:
         mask = mask.to(q.dtype)  # (``s + m`` adds 1.0 where True: a summand, never a keep-mask)
-    if fill is not None:  # one mask: -inf where filled, the additive mask elsewhere (bool keep-mask alone)
-        attn_mask = ~fill if mask is None else torch.where(fill, -math.inf, mask)
+    fills = _fills(fill, fill_value)
+    if any(value != -math.inf for _, value in fills) and _blocked_row(fills, mask, q.shape[2], k.shape[2]):
+        record_fallback(KERNEL, "a query row has every key filled with -finfo.max (the source's softmax is uniform)")
+        return _original(*args)
+    filled = None
+    for m, _ in fills:
+        filled = m if filled is None else filled | m
+    if filled is not None:  # one mask: -inf where filled, the additive mask elsewhere (bool keep-mask alone)
+        attn_mask = ~filled if mask is None else torch.where(filled, -math.inf, mask)
     else:
         attn_mask = mask
     if q.dtype in _HALF and mask is not None and _finitely_masked_row(q, k, mask, None):

@@ -339,3 +339,80 @@ def test_softmax_float32_cast_elsewhere_runs_the_source(cast):
     assert _paths(calls) == {"original"}
     expected = F.softmax((q.double() @ k.double().transpose(-2, -1)).float(), dim=-1).double() @ v.double()
     assert torch.equal(got, expected)
+
+
+def _filled_written(q, kt, v, fills, bias=None, fill_first=False):
+    """Several fills in order, each value -inf or -torch.finfo(s.dtype).max, around an optional bias."""
+    s = q @ kt
+    if bias is not None and not fill_first:
+        s = s + bias
+    for m, value in fills:
+        if m is not None:
+            s = s.masked_fill(m, -torch.finfo(s.dtype).max if value == "lowest" else value)
+    if bias is not None and fill_first:
+        s = s + bias
+    return s.softmax(dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fill_first", [False, True])
+@pytest.mark.parametrize("values", [("lowest", "lowest"), (float("-inf"), "lowest"), (float("-inf"),) * 2])
+def test_several_fills(values, fill_first, dtype):
+    """Fills in order (one None: its `if` did not run), -inf or the scores' -finfo.max, a bias added
+    before or after: fused where no row is fully filled, against the written-out ops, odd shapes."""
+    q, k, v = _qkv(b=2, h=3, q_len=5, k_len=6, d=5, dtype=dtype)
+    kt = k.transpose(-2, -1)
+    pad = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
+    pad[1, ..., 4:] = True
+    future = torch.ones(5, 6, dtype=torch.bool).triu(2)
+    bias = torch.randn(3, 5, 6).to(dtype)
+    for fills in (((pad, values[0]), (future, values[1])), ((None, values[0]), (future, values[1]))):
+        for t in (q, k, v):
+            t.grad = None
+        expected = _filled_written(q, kt, v, fills, bias, fill_first)
+        expected.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        with count_kernel_calls() as calls:
+            got = sdpa(q, kt, v, mask=bias, fill=tuple(m for m, _ in fills), fill_value=tuple(x for _, x in fills),
+                       fill_first=fill_first)
+        got.sum().backward()
+        assert _paths(calls) == {"fused"}, calls.calls
+        tol = {} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+        torch.testing.assert_close(got, expected, **tol)
+        for a, b in zip((t.grad for t in (q, k, v)), grads):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_a_row_fully_filled_with_finfo_max_runs_the_source():
+    """A row whose every key is filled with -finfo.max is uniform in the source (SDPA's is not):
+    read on the masks before SDPA runs; the source's ops, bitwise, forward and backward."""
+    q, k, v = _qkv(b=2, h=2, q_len=4, k_len=5, d=3)
+    kt = k.transpose(-2, -1)
+    pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    pad[1] = True
+    fills = ((pad, "lowest"), (None, "lowest"))
+    expected = _filled_written(q, kt, v, fills)
+    expected.pow(2).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, fill=(pad, None), fill_value=("lowest", "lowest"))
+    got.pow(2).sum().backward()
+    assert [c.reason for c in calls.calls if c.kernel == "sdpa"] == [
+        "a query row has every key filled with -finfo.max (the source's softmax is uniform)"]
+    assert not got.isnan().any() and torch.equal(got, expected)
+    assert all(torch.equal(a, b) for a, b in zip((t.grad for t in (q, k, v)), grads))
+
+
+@pytest.mark.parametrize("value", [-1e9, -torch.finfo(torch.bfloat16).max])
+def test_another_finite_fill_value_runs_the_source(value):
+    """-1e9 (or another dtype's -finfo.max) is not the scores' lowest number: the source's ops."""
+    q, k, v = _qkv(grad=False)
+    fill = _padding_fill()
+    with count_kernel_calls() as calls:
+        got = sdpa(q, k.transpose(-2, -1), v, fill=fill, fill_value=value)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(got, (q @ k.transpose(-2, -1)).masked_fill(fill, value).softmax(-1) @ v)

@@ -45,8 +45,14 @@ CASTS = {
     "PartialSoftmax": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32),)),
     "PartialUpcast": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
 }
+_KEEP = torch.arange(7)[None] < torch.tensor([[7], [4]])  # (padding: batch 1 keeps its first 4 keys)
+MASKS = {
+    "PaddingAndCausal": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32), _KEEP)),
+    "CosineCausal": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    "FillsThenBias": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), ~_KEEP)),
+}
 ALL = {**{("positive", n): c for n, c in CASES.items()}, **{("positive_spellings", n): c for n, c in SPELLINGS.items()},
-       **{("positive_casts", n): c for n, c in CASTS.items()}}
+       **{("positive_casts", n): c for n, c in CASTS.items()}, **{("positive_masks", n): c for n, c in MASKS.items()}}
 
 
 @pytest.mark.parametrize("case", sorted(ALL), ids=lambda c: f"{c[0]}:{c[1]}")
@@ -148,3 +154,35 @@ def test_casts_and_partials_equal_exactly(name, dtype):
         else:  # the source's own ops: bitwise
             assert torch.equal(out_b, out_a)
             assert all(torch.equal(b, a) for a, b in zip(grads_a, grads_b))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("keep", ["some", "none", "absent"])
+def test_fills_under_branches(causal, keep):
+    """Two fills of -finfo.max, each under its own `if`: the kernel gets None for a branch that did
+    not run; a row with every key filled (no key kept, and causal or not) is uniform in the source:
+    the kernel runs the source's ops, bitwise; otherwise it fuses (float32, eval)."""
+    before = _load(FIXTURES / "positive_masks.py", "sdpa_masks_before")
+    after = _load(SNAPSHOTS / "positive_masks.rewritten.py", "sdpa_masks_after")
+    torch.manual_seed(0)
+    original = before.PaddingAndCausal(32, 4, causal=causal).eval()
+    rewritten = after.PaddingAndCausal(32, 4, causal=causal).eval()
+    rewritten.load_state_dict(original.state_dict())
+    x = torch.randn(2, 7, 32, requires_grad=True)
+    mask = {"some": _KEEP, "none": torch.zeros(2, 7, dtype=torch.bool), "absent": None}[keep]
+    results = []
+    for model in (original, rewritten):
+        with count_kernel_calls() as calls:
+            out = model(x, mask)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), x.grad.clone(), calls))
+        x.grad = None
+    (out_a, grad_a, _), (out_b, grad_b, calls) = results
+    paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
+    if keep == "none":  # every row fully filled: uniform rows in the source, not SDPA's
+        assert paths == {False}, calls.calls
+        assert torch.equal(out_b, out_a) and torch.equal(grad_b, grad_a)
+    else:
+        assert paths == {True}, calls.calls
+        torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(grad_b, grad_a, atol=1e-5, rtol=1e-4)

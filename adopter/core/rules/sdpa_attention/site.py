@@ -7,7 +7,9 @@ product, in one block of one function. Each statement is interpreted over a smal
     s = q @ k.transpose(-2, -1)  |  torch.matmul(q, kᵀ)  |  torch.einsum('bhid,bhjd->bhij', q, k)
     s = s * c  |  s / c  |  s *= c                                 one scale (before any mask)
     s = s + m  |  s += m  |  if <test>: s = s + m                  one additive mask
-    s = s.masked_fill(b, float('-inf'))  |  torch.masked_fill(...)  one boolean fill
+    s = s.masked_fill(b, float('-inf'))  |  torch.masked_fill(...)  boolean fills, each optionally
+        under its own `if <test>:`; the value -inf or -torch.finfo(s.dtype).max (also through a
+        name bound to it in the region): all before or all after the additive mask
     p = softmax(s, dim=-1)  (F./torch./tensor method)              the softmax, over the last dim
     p = self.drop(p)  |  F.dropout(p, p=P, training=T)             dropout of the probabilities
     o = p @ v  |  torch.matmul(p, v)  |  torch.einsum('bhij,bhjd->bhid', p, v)   (inside any expression)
@@ -52,10 +54,20 @@ class Scores:
     scale: tuple[str, ast.expr] | None = None  # ("mul" | "div", factor)
     mask: ast.expr | None = None
     mask_test: ast.expr | None = None
-    fill: ast.expr | None = None
-    fill_value: ast.expr | None = None
-    fill_test: ast.expr | None = None
-    fill_first: bool = False
+    # the boolean fills in order: (mask, value, test); value LOWEST for -torch.finfo(<scores>.dtype).max
+    fills: list[tuple[ast.expr, ast.expr | str, ast.expr | None]] = field(default_factory=list)
+    fill_first: bool = False  # the fills come before the additive mask
+
+
+# A fill value that is the most negative finite number of the scores' own dtype, as the source
+# writes it (``-torch.finfo(s.dtype).max``, ``torch.finfo(s.dtype).min``): passed to the kernel as
+# this string, since the scores are not computed where the call is.
+LOWEST = "lowest"
+
+
+@dataclass
+class _Lowest:
+    """A name bound to ``-torch.finfo(<scores>.dtype).max`` inside the region."""
 
 
 @dataclass
@@ -319,7 +331,7 @@ class _Interpreter:
     def _scale(self, s: Scores, kind: str, factor: ast.expr, *, line: int = 0) -> Scores:
         if s.scale is not None:
             raise NotCovered(f"line {factor.lineno}: the scores are scaled twice")
-        if s.mask is not None or s.fill is not None:
+        if s.mask is not None or s.fills:
             raise NotCovered(f"line {factor.lineno}: the scores are scaled after the mask")
         s.scale = (kind, self._plain(factor, "scale"))
         return s
@@ -328,16 +340,35 @@ class _Interpreter:
         if s.mask is not None:
             raise NotCovered(f"line {term.lineno}: a second additive term on the scores")
         s.mask, s.mask_test = self._plain(term, "mask"), test
+        s.fill_first = bool(s.fills)
         if test is not None:
             self.moved.append(test)
             self.read_at.append((test, self.at))
         return s
 
+    def _lowest(self, node: ast.expr) -> bool:
+        """``node`` is ``-torch.finfo(<scores>.dtype).max`` / ``torch.finfo(<scores>.dtype).min``, or
+        a name bound to it in the region."""
+        if isinstance(node, ast.Name):
+            return isinstance(self.env.get(node.id), _Lowest)
+        negated = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+        inner = node.operand if negated else node
+        if not (isinstance(inner, ast.Attribute) and inner.attr == ("max" if negated else "min")):
+            return False
+        call = inner.value
+        if not (isinstance(call, ast.Call) and _func_name(call.func) == "finfo" and len(call.args) == 1
+                and not call.keywords and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name) and call.func.value.id == "torch"):
+            return False
+        arg = call.args[0]
+        return (isinstance(arg, ast.Attribute) and arg.attr == "dtype" and isinstance(arg.value, ast.Name)
+                and isinstance(self.env.get(arg.value.id), Scores))
+
     def _fill(self, s: Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> Scores:
-        if s.fill is not None:
-            raise NotCovered(f"line {mask.lineno}: a second masked_fill of the scores")
-        s.fill, s.fill_value, s.fill_test = self._plain(mask, "fill mask"), self._plain(value, "fill value"), test
-        s.fill_first = s.mask is None
+        if s.mask is not None and s.fill_first:
+            raise NotCovered(f"line {mask.lineno}: masked_fill on both sides of the additive mask")
+        value = LOWEST if self._lowest(value) else self._plain(value, "fill value")
+        s.fills.append((self._plain(mask, "fill mask"), value, test))
         if test is not None:
             self.moved.append(test)
             self.read_at.append((test, self.at))
@@ -470,6 +501,9 @@ class _Interpreter:
         if not _holds(stmt, self.first) and not self.tracked(stmt):
             return False
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            if self._lowest(stmt.value) and not isinstance(stmt.value, ast.Name):  # mask_value = -finfo(s.dtype).max
+                self.env[stmt.targets[0].id] = _Lowest()
+                return True
             value = self.value(stmt.value)
             if isinstance(value, _Upcast):
                 raise NotCovered(f"line {stmt.lineno}: the scores cast to float32 are kept", "probs-dtype")
@@ -505,7 +539,8 @@ class _Interpreter:
                         return True
             if (isinstance(s, Scores) and isinstance(v, ast.Call) and _func_name(v.func) == "masked_fill"
                     and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name)
-                    and v.func.value.id == name and len(v.args) == 2 and not v.keywords):
+                    and v.func.value.id == name and len(v.args) == 2 and not v.keywords
+                    and not self.tracked(v.args[0]) and (self._lowest(v.args[1]) or not self.tracked(v.args[1]))):
                 self._fill(s, v.args[0], v.args[1], stmt.test)
                 return True
         raise NotCovered(f"line {stmt.lineno}: a conditional update of the scores that is not `+ mask` or "
