@@ -5,8 +5,10 @@ ops otherwise.
 The rewrite (rule ``sdpa_attention``) passes what the source wrote, evaluated where the call is:
 the query, the key *as the source multiplies it* (``k.transpose(-2, -1)``; ``k`` itself for an
 einsum, with both equations in ``einsum=``), the value, one scale (``scale=`` multiplied,
-``divisor=`` divided), one additive ``mask``, one boolean ``fill`` with its ``fill_value``
-(``masked_fill``; ``fill_first`` when the source fills before it adds), the softmax's dtype
+``divisor=`` divided), one additive ``mask``, the boolean fills (``masked_fill``):
+``fill`` with its ``fill_value``, or tuples of them in the source's order (a fill ``None``: its
+``if`` did not run; the value ``"lowest"``: the source's ``-torch.finfo(scores.dtype).max``),
+``fill_first`` when the source fills before it adds, the softmax's dtype
 (``softmax_float32=True`` when the source computes it in float32 — ``softmax(s.float())``,
 ``softmax(s, dtype=torch.float32)`` — and casts the probabilities back: ``probs_type_as=t`` for
 ``.type_as(t)``, ``probs_to=x`` for ``.to(x)``), and the dropout: the user's module
@@ -19,8 +21,9 @@ The fused path runs only when it provably computes what the source computes:
   (grouped-query attention: the source repeats the keys itself, so they are equal);
 * a mask that is a tensor of the query's dtype (or bool, added as 1.0 where True as ``s + m``
   adds it) of rank 2-4 broadcasting to the scores without changing their shape; a bool fill
-  broadcasting likewise, whose value is ``-inf`` (a finite fill value is another softmax of a
-  fully masked row: the source's ops run); a scale that is a Python number or a one-element tensor
+  broadcasting likewise, whose value is ``-inf`` or the scores' ``-finfo.max`` (another
+  finite value: the source's ops run); with ``-finfo.max`` no query row may have every key filled
+  or masked with ``-inf`` (the source's softmax of it is uniform: read on the masks, source ops); a scale that is a Python number or a one-element tensor
   recording no gradient;
 * a softmax the source computes in float32 and casts back only where both casts are identities:
   query/key/value float32 and the cast back to float32 on the query's device (in bfloat16 the
