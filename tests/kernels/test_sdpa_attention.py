@@ -416,3 +416,25 @@ def test_another_finite_fill_value_runs_the_source(value):
         got = sdpa(q, k.transpose(-2, -1), v, fill=fill, fill_value=value)
     assert _paths(calls) == {"original"}
     assert torch.equal(got, (q @ k.transpose(-2, -1)).masked_fill(fill, value).softmax(-1) @ v)
+
+
+class _FilledUpcast(nn.Module):
+    """The new arguments together: two fills (one None), the scores' -finfo.max, a float32
+    softmax cast back to the query's dtype, a dropout module."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.drop = nn.Dropout(p)
+        self.register_buffer("future", torch.ones(6, 6, dtype=torch.bool).triu(1))
+
+    def forward(self, q, k, v):
+        return sdpa(q, k.transpose(-2, -1), v, scale=0.5, fill=(None, self.future), fill_value=("lowest", "lowest"),
+                    softmax_float32=True, probs_to=q.dtype, dropout=self.drop)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_compile_fills_and_casts(train):
+    """torch.compile traces the source's ops (fills with the scores' lowest number, the casts) in
+    one graph, equal to eager."""
+    q, k, v = _qkv(q_len=6, k_len=6)
+    check_compiles(_FilledUpcast(p=0.0 if train else 0.1), q, k, v, train=train)
