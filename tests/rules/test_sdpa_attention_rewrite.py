@@ -186,3 +186,27 @@ def test_fills_under_branches(causal, keep):
         assert paths == {True}, calls.calls
         torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(grad_b, grad_a, atol=1e-5, rtol=1e-4)
+
+
+def test_softmax_partials_only_attributes_bound_to_the_softmax_alone():
+    """An attribute the class binds to the softmax partial and to anything else is not read as the
+    softmax (extraction may still see one binding); positional bound arguments are not read."""
+    import ast
+
+    from adopter.core.rules.sdpa_attention.site import softmax_partials
+
+    tree = ast.parse(
+        "import functools\nfrom functools import partial as P\nimport torch.nn.functional as F\nimport torch\n"
+        "class A:\n"
+        "    def __init__(self, sparse):\n"
+        "        self.a = P(F.softmax, dim=-1)\n"
+        "        self.b = functools.partial(torch.softmax, dim=-1, dtype=torch.float32)\n"
+        "        self.c = P(F.softmax, dim=-1)\n"
+        "        if sparse:\n"
+        "            self.c = torch.sigmoid\n"
+        "        self.d = P(F.softmax, -1)\n"
+        "        self.e = P(F.softmax, dim=-1)\n"
+        "        self.e = P(F.softmax, dim=1)\n"
+        "        self.f = P(F.relu, inplace=False)\n")
+    found = softmax_partials(tree.body[-1], tree)
+    assert {a: sorted(kw) for a, kw in found.items()} == {"a": ["dim"], "b": ["dim", "dtype"]}

@@ -123,7 +123,8 @@ def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
 def softmax_partials(cls: ast.ClassDef | None, module: ast.AST | None) -> dict[str, dict[str, ast.expr]]:
     """Attributes ``self.<a> = partial(F.softmax, dim=-1)`` of the class (any method; ``partial``
     from ``functools`` however imported), with the keywords bound: a call ``self.<a>(x)`` is
-    ``softmax(x, **keywords)``. Positional or unpacked bound arguments are left out (not read)."""
+    ``softmax(x, **keywords)``. An attribute also bound to anything else in the class, or bound
+    with positional or unpacked arguments, is left out (not read)."""
     if cls is None:
         return {}
     local = {}  # local name -> dotted name it imports
@@ -139,18 +140,28 @@ def softmax_partials(cls: ast.ClassDef | None, module: ast.AST | None) -> dict[s
         head, _, rest = dotted.partition(".")
         return f"{local[head]}.{rest}".rstrip(".") if head in local else None
 
-    out = {}
+    out: dict[str, dict[str, ast.expr]] = {}
+    other = set()  # attributes also bound to something else (or to another softmax partial)
     for node in walk(cls):
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
-            continue
-        attr = _self_attr(node.targets[0])
-        bound = unwrap(node.value, fqn) if attr is not None else None
-        if bound is None or bound.args or _func_name(bound.func) not in SOFTMAX_FUNCS:
-            continue
-        root = bound.func.value if isinstance(bound.func, ast.Attribute) else None
-        if _func_name(root) in ("F", "functional", "torch", "special") if root is not None else False:
-            out[attr] = dict(bound.keywords)
-    return out
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            attr = _self_attr(target)
+            if attr is None:
+                continue
+            bound = unwrap(node.value, fqn) if isinstance(node, ast.Assign) and len(targets) == 1 and isinstance(
+                node.value, ast.Call) else None
+            root = bound.func.value if bound is not None and isinstance(bound.func, ast.Attribute) else None
+            if (bound is None or bound.args or _func_name(bound.func) not in SOFTMAX_FUNCS or root is None
+                    or _func_name(root) not in ("F", "functional", "torch", "special")):
+                other.add(attr)
+                continue
+            keywords = dict(bound.keywords)
+            if attr in out and {k: ast.dump(v) for k, v in out[attr].items()} != {
+                    k: ast.dump(v) for k, v in keywords.items()}:
+                other.add(attr)
+            out[attr] = keywords
+    return {attr: kw for attr, kw in out.items() if attr not in other}
 
 
 def _is_float32(node: ast.expr | None) -> bool:
