@@ -5,9 +5,14 @@ ops otherwise.
 The rewrite (rule ``sdpa_attention``) passes what the source wrote, evaluated where the call is:
 the query, the key *as the source multiplies it* (``k.transpose(-2, -1)``; ``k`` itself for an
 einsum, with both equations in ``einsum=``), the value, one scale (``scale=`` multiplied,
-``divisor=`` divided), one additive ``mask``, one boolean ``fill`` with its ``fill_value``
-(``masked_fill``; ``fill_first`` when the source fills before it adds), and the dropout: the
-user's module (``dropout=self.attn_drop``) or ``F.dropout``'s ``dropout_p``/``dropout_training``.
+``divisor=`` divided), one additive ``mask``, the boolean fills (``masked_fill``):
+``fill`` with its ``fill_value``, or tuples of them in the source's order (a fill ``None``: its
+``if`` did not run; the value ``"lowest"``: the source's ``-torch.finfo(scores.dtype).max``),
+``fill_first`` when the source fills before it adds, the softmax's dtype
+(``softmax_float32=True`` when the source computes it in float32 — ``softmax(s.float())``,
+``softmax(s, dtype=torch.float32)`` — and casts the probabilities back: ``probs_type_as=t`` for
+``.type_as(t)``, ``probs_to=x`` for ``.to(x)``), and the dropout: the user's module
+(``dropout=self.attn_drop``) or ``F.dropout``'s ``dropout_p``/``dropout_training``.
 
 The fused path runs only when it provably computes what the source computes:
 
@@ -16,9 +21,13 @@ The fused path runs only when it provably computes what the source computes:
   (grouped-query attention: the source repeats the keys itself, so they are equal);
 * a mask that is a tensor of the query's dtype (or bool, added as 1.0 where True as ``s + m``
   adds it) of rank 2-4 broadcasting to the scores without changing their shape; a bool fill
-  broadcasting likewise, whose value is ``-inf`` (a finite fill value is another softmax of a
-  fully masked row: the source's ops run); a scale that is a Python number or a one-element tensor
+  broadcasting likewise, whose value is ``-inf`` or the scores' ``-finfo.max`` (another
+  finite value: the source's ops run); with ``-finfo.max`` no query row may have every key filled
+  or masked with ``-inf`` (the source's softmax of it is uniform: read on the masks, source ops); a scale that is a Python number or a one-element tensor
   recording no gradient;
+* a softmax the source computes in float32 and casts back only where both casts are identities:
+  query/key/value float32 and the cast back to float32 on the query's device (in bfloat16 the
+  source rounds a float32 softmax, which SDPA does not compute bitwise: the source's ops run);
 * no random numbers drawn: SDPA's dropout does not draw the numbers ``nn.Dropout`` draws on the
   probabilities, so training with ``p > 0`` runs the source's ops with the user's dropout (the same
   numbers, seeded as the original); a dropout module runs fused only as a plain ``nn.Dropout``
@@ -57,25 +66,46 @@ KERNEL = "sdpa"
 
 
 def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dropout, dropout_p, dropout_training,
-              einsum):
+              einsum, softmax_float32, probs_to, probs_type_as):
     """What the source's statements compute, in its order."""
     s = torch.einsum(einsum[0], q, key) if einsum else torch.matmul(q, key)
     if scale is not None:
         s = s * scale
     if divisor is not None:
         s = s / divisor
-    if fill is not None and fill_first:
-        s = s.masked_fill(fill, fill_value)
+    fills = _fills(fill, fill_value)
+    if fill_first:
+        for m, value in fills:
+            s = s.masked_fill(m, torch.finfo(s.dtype).min if value == LOWEST else value)
     if mask is not None:
         s = s + mask
-    if fill is not None and not fill_first:
-        s = s.masked_fill(fill, fill_value)
-    p = F.softmax(s, dim=-1)
+    if not fill_first:
+        for m, value in fills:
+            s = s.masked_fill(m, torch.finfo(s.dtype).min if value == LOWEST else value)
+    if softmax_float32:  # the source's softmax in float32, cast back before the dropout
+        p = F.softmax(s, dim=-1, dtype=torch.float32)
+        p = p.type_as(probs_type_as) if probs_type_as is not None else p.to(probs_to)
+    else:
+        p = F.softmax(s, dim=-1)
     if dropout is not None:
         p = dropout(p)
     elif dropout_p is not None:
         p = F.dropout(p, dropout_p, dropout_training)
     return torch.einsum(einsum[1], p, v) if einsum else torch.matmul(p, v)
+
+
+# ``fill_value`` of a fill the source writes ``-torch.finfo(<scores>.dtype).max``: the most negative
+# finite number of the scores' dtype (the scores are not computed where the call is).
+LOWEST = "lowest"
+
+
+def _fills(fill, fill_value) -> list[tuple[Any, Any]]:
+    """The source's fills in order as (mask, value): ``fill``/``fill_value`` one each or tuples of
+    as many; a mask None is a fill whose ``if`` did not run (left out)."""
+    if isinstance(fill, tuple):
+        values = fill_value if isinstance(fill_value, tuple) else (fill_value,) * len(fill)
+        return [(m, value) for m, value in zip(fill, values, strict=True) if m is not None]
+    return [] if fill is None else [(fill, fill_value)]
 
 
 def _number(value: Any) -> float | None:
@@ -124,25 +154,64 @@ def _operands_reason(q, key, v, mask, fill, fill_value, einsum) -> str:
             return "a mask that is not a tensor broadcasting to the scores on the query's device"
         if mask.dtype != torch.bool and mask.dtype != q.dtype:
             return f"a {mask.dtype} mask added to {q.dtype} scores"
-    if fill is not None:
-        if type(fill) is not torch.Tensor or fill.dtype != torch.bool or fill.device != q.device \
-                or not _broadcasts(fill, scores):
+    lowest = torch.finfo(q.dtype).min
+    for m, value in _fills(fill, fill_value):
+        if type(m) is not torch.Tensor or m.dtype != torch.bool or m.device != q.device \
+                or not _broadcasts(m, scores):
             return "a fill mask that is not a bool tensor broadcasting to the scores"
-        if not (isinstance(fill_value, float) and fill_value == -math.inf):
-            return "a fill value other than -inf (a fully masked row's softmax differs)"
+        # -inf, or the scores' most negative finite number (-finfo.max): exp of it less a row's
+        # maximum is 0 wherever the row keeps a finite score; a fully masked row is checked apart
+        if not (value == LOWEST or isinstance(value, float) and value in (-math.inf, lowest)):
+            return "a fill value other than -inf or the scores' -finfo(dtype).max (a masked score's softmax differs)"
+    return ""
+
+
+def _blocked_row(fills, mask, q_len: int, k_len: int) -> bool:
+    """Whether some query row has every key filled or masked with -inf: the source's softmax of a
+    row filled with -finfo.max is uniform over it, SDPA's is not (a -inf fill alone is caught by
+    the output check, the source giving NaN). Read on the masks, broadcast over (…, q_len, k_len)."""
+    blocked = None
+    for m, _ in fills:
+        blocked = m if blocked is None else blocked | m
+    if mask is not None and mask.dtype != torch.bool:
+        inf = mask == -math.inf
+        blocked = inf if blocked is None else blocked | inf
+    if blocked is None:
+        return False
+    return bool(blocked.expand(*blocked.shape[:-2], q_len, k_len).all(-1).any())
+
+
+def _casts_reason(q, softmax_float32, probs_to, probs_type_as) -> str:
+    """The source's float32 softmax cast back is SDPA's softmax only where both casts are identities:
+    the scores float32 already (query/key/value float32: their dtype is checked one) and the cast
+    back to float32 on the query's device."""
+    if not softmax_float32:
+        return ""
+    if q.dtype != torch.float32:
+        return "the source computes the softmax in float32 and rounds it back: in another dtype SDPA differs"
+    target = probs_type_as if probs_type_as is not None else probs_to
+    if type(target) is torch.Tensor:
+        if target.dtype != torch.float32 or target.device != q.device:
+            return "the probabilities are cast to another dtype or device than the query's"
+        return ""
+    if target is not torch.float32:
+        return "the probabilities are cast to something other than torch.float32"
     return ""
 
 
 def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, mask: Any = None,
                    fill: Any = None, fill_value: Any = None, fill_first: bool = False, dropout: Any = None,
-                   dropout_p: Any = None, dropout_training: Any = True, einsum: tuple[str, str] | None = None) -> Any:
+                   dropout_p: Any = None, dropout_training: Any = True, einsum: tuple[str, str] | None = None,
+                   softmax_float32: bool = False, probs_to: Any = None, probs_type_as: Any = None) -> Any:
     """The written-out attention the source computed (module doc), fused where provably equal."""
     args = (q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dropout, dropout_p, dropout_training,
-            einsum)
+            einsum, softmax_float32, probs_to, probs_type_as)
     if torch.compiler.is_compiling():  # (before anything dynamo would not trace)
         return _original(*args)
-    reason = (context_reason(q, key, v, mask, fill) or mode_reason()  # (before any read of the data)
+    reason = (context_reason(q, key, v, mask, *(fill if isinstance(fill, tuple) else (fill,)))
+              or mode_reason()  # (before any read of the data)
               or _operands_reason(q, key, v, mask, fill, fill_value, einsum)
+              or _casts_reason(q, softmax_float32, probs_to, probs_type_as)
               or _dropout_reason(dropout, dropout_p, dropout_training))
     factor = 1.0
     if not reason:
@@ -166,8 +235,15 @@ def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, ma
     k = key if einsum else key.transpose(-2, -1)
     if mask is not None and mask.dtype == torch.bool:
         mask = mask.to(q.dtype)  # (``s + m`` adds 1.0 where True: a summand, never a keep-mask)
-    if fill is not None:  # one mask: -inf where filled, the additive mask elsewhere (bool keep-mask alone)
-        attn_mask = ~fill if mask is None else torch.where(fill, -math.inf, mask)
+    fills = _fills(fill, fill_value)
+    if any(value != -math.inf for _, value in fills) and _blocked_row(fills, mask, q.shape[2], k.shape[2]):
+        record_fallback(KERNEL, "a query row has every key filled with -finfo.max (the source's softmax is uniform)")
+        return _original(*args)
+    filled = None
+    for m, _ in fills:
+        filled = m if filled is None else filled | m
+    if filled is not None:  # one mask: -inf where filled, the additive mask elsewhere (bool keep-mask alone)
+        attn_mask = ~filled if mask is None else torch.where(filled, -math.inf, mask)
     else:
         attn_mask = mask
     if q.dtype in _HALF and mask is not None and _finitely_masked_row(q, k, mask, None):

@@ -281,3 +281,160 @@ def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch):
             assert _paths(calls) == {expect}, calls.calls
     finally:
         torch.set_num_threads(threads)
+
+
+def _upcast_written(q, kt, v, mask, spelling, dropout=None):
+    """The softmax in float32 cast back, as Llama (``softmax(s.float()).type_as(q)``) and HF
+    (``softmax(s, dtype=torch.float32).to(q.dtype)``) spell it."""
+    s = q @ kt / math.sqrt(q.shape[-1]) + mask
+    if spelling == "type_as":
+        p = F.softmax(s.float(), dim=-1).type_as(q)
+    else:
+        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    if dropout is not None:
+        p = dropout(p)
+    return p @ v
+
+
+@pytest.mark.parametrize("spelling", ["type_as", "to"])
+@pytest.mark.parametrize("dtype,train", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False),
+                                         (torch.bfloat16, True)])
+def test_softmax_float32_cast_back(spelling, dtype, train):
+    """Fused only where both casts are identities (float32, no dropout drawn); in bfloat16 the
+    source rounds a float32 softmax, which SDPA does not compute bitwise: the source's ops, equal
+    bitwise, forward and backward, with the user's dropout drawing the same numbers in training."""
+    q, k, v = _qkv(q_len=6, k_len=6, dtype=dtype)
+    kt = k.transpose(-2, -1)
+    mask = torch.full((6, 6), float("-inf")).triu(1).to(dtype)
+    drop = nn.Dropout(0.3).train(train)
+    cast = {"probs_type_as": q} if spelling == "type_as" else {"probs_to": q.dtype}
+    torch.manual_seed(3)
+    expected = _upcast_written(q, kt, v, mask, spelling, drop)
+    expected.pow(2).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch.manual_seed(3)
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, divisor=math.sqrt(q.shape[-1]), mask=mask, softmax_float32=True, dropout=drop, **cast)
+    got.pow(2).sum().backward()
+    fused = dtype == torch.float32 and not train
+    assert _paths(calls) == {"fused" if fused else "original"}
+    if fused:
+        torch.testing.assert_close(got, expected)
+        for a, b in zip((t.grad for t in (q, k, v)), grads):
+            torch.testing.assert_close(a, b)
+    else:
+        assert torch.equal(got, expected)
+        assert all(torch.equal(a, b) for a, b in zip((t.grad for t in (q, k, v)), grads))
+
+
+@pytest.mark.parametrize("cast", [{"probs_to": torch.float64}, {"probs_type_as": torch.zeros(1, dtype=torch.float64)},
+                                  {"probs_to": torch.zeros(1, dtype=torch.float64)}])
+def test_softmax_float32_cast_elsewhere_runs_the_source(cast):
+    """A cast back to another dtype than the inputs' is no identity: the source's ops (odd shapes)."""
+    q, k, v = _qkv(b=1, h=2, q_len=3, k_len=5, d=6, grad=False)
+    with count_kernel_calls() as calls:
+        got = sdpa(q.double(), k.double().transpose(-2, -1), v.double(), softmax_float32=True, **cast)
+    assert _paths(calls) == {"original"}
+    expected = F.softmax((q.double() @ k.double().transpose(-2, -1)).float(), dim=-1).double() @ v.double()
+    assert torch.equal(got, expected)
+
+
+def _filled_written(q, kt, v, fills, bias=None, fill_first=False):
+    """Several fills in order, each value -inf or -torch.finfo(s.dtype).max, around an optional bias."""
+    s = q @ kt
+    if bias is not None and not fill_first:
+        s = s + bias
+    for m, value in fills:
+        if m is not None:
+            s = s.masked_fill(m, -torch.finfo(s.dtype).max if value == "lowest" else value)
+    if bias is not None and fill_first:
+        s = s + bias
+    return s.softmax(dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fill_first", [False, True])
+@pytest.mark.parametrize("values", [("lowest", "lowest"), (float("-inf"), "lowest"), (float("-inf"),) * 2])
+def test_several_fills(values, fill_first, dtype):
+    """Fills in order (one None: its `if` did not run), -inf or the scores' -finfo.max, a bias added
+    before or after: fused where no row is fully filled, against the written-out ops, odd shapes."""
+    q, k, v = _qkv(b=2, h=3, q_len=5, k_len=6, d=5, dtype=dtype)
+    kt = k.transpose(-2, -1)
+    pad = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
+    pad[1, ..., 4:] = True
+    future = torch.ones(5, 6, dtype=torch.bool).triu(2)
+    bias = torch.randn(3, 5, 6).to(dtype)
+    for fills in (((pad, values[0]), (future, values[1])), ((None, values[0]), (future, values[1]))):
+        for t in (q, k, v):
+            t.grad = None
+        expected = _filled_written(q, kt, v, fills, bias, fill_first)
+        expected.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        with count_kernel_calls() as calls:
+            got = sdpa(q, kt, v, mask=bias, fill=tuple(m for m, _ in fills), fill_value=tuple(x for _, x in fills),
+                       fill_first=fill_first)
+        got.sum().backward()
+        assert _paths(calls) == {"fused"}, calls.calls
+        tol = {} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+        torch.testing.assert_close(got, expected, **tol)
+        for a, b in zip((t.grad for t in (q, k, v)), grads):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_a_row_fully_filled_with_finfo_max_runs_the_source():
+    """A row whose every key is filled with -finfo.max is uniform in the source (SDPA's is not):
+    read on the masks before SDPA runs; the source's ops, bitwise, forward and backward."""
+    q, k, v = _qkv(b=2, h=2, q_len=4, k_len=5, d=3)
+    kt = k.transpose(-2, -1)
+    pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    pad[1] = True
+    fills = ((pad, "lowest"), (None, "lowest"))
+    expected = _filled_written(q, kt, v, fills)
+    expected.pow(2).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, fill=(pad, None), fill_value=("lowest", "lowest"))
+    got.pow(2).sum().backward()
+    assert [c.reason for c in calls.calls if c.kernel == "sdpa"] == [
+        "a query row has every key filled with -finfo.max (the source's softmax is uniform)"]
+    assert not got.isnan().any() and torch.equal(got, expected)
+    assert all(torch.equal(a, b) for a, b in zip((t.grad for t in (q, k, v)), grads))
+
+
+@pytest.mark.parametrize("value", [-1e9, -torch.finfo(torch.bfloat16).max])
+def test_another_finite_fill_value_runs_the_source(value):
+    """-1e9 (or another dtype's -finfo.max) is not the scores' lowest number: the source's ops."""
+    q, k, v = _qkv(grad=False)
+    fill = _padding_fill()
+    with count_kernel_calls() as calls:
+        got = sdpa(q, k.transpose(-2, -1), v, fill=fill, fill_value=value)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(got, (q @ k.transpose(-2, -1)).masked_fill(fill, value).softmax(-1) @ v)
+
+
+class _FilledUpcast(nn.Module):
+    """The new arguments together: two fills (one None), the scores' -finfo.max, a float32
+    softmax cast back to the query's dtype, a dropout module."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.drop = nn.Dropout(p)
+        self.register_buffer("future", torch.ones(6, 6, dtype=torch.bool).triu(1))
+
+    def forward(self, q, k, v):
+        return sdpa(q, k.transpose(-2, -1), v, scale=0.5, fill=(None, self.future), fill_value=("lowest", "lowest"),
+                    softmax_float32=True, probs_to=q.dtype, dropout=self.drop)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_compile_fills_and_casts(train):
+    """torch.compile traces the source's ops (fills with the scores' lowest number, the casts) in
+    one graph, equal to eager."""
+    q, k, v = _qkv(q_len=6, k_len=6)
+    check_compiles(_FilledUpcast(p=0.0 if train else 0.1), q, k, v, train=train)

@@ -39,7 +39,20 @@ SPELLINGS = {
     "ConditionalFill": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.arange(7)[None, None, None] < 5)),
     "BoolAdded": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.rand(2, 1, 1, 7) > 0.5)),
 }
-ALL = {**{("positive", n): c for n, c in CASES.items()}, **{("positive_spellings", n): c for n, c in SPELLINGS.items()}}
+CASTS = {
+    "UpcastTypeAs": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32),)),
+    "SoftmaxDtypeTo": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32), torch.randn(2, 1, 1, 7))),
+    "PartialSoftmax": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32),)),
+    "PartialUpcast": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+}
+_KEEP = torch.arange(7)[None] < torch.tensor([[7], [4]])  # (padding: batch 1 keeps its first 4 keys)
+MASKS = {
+    "PaddingAndCausal": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32), _KEEP)),
+    "CosineCausal": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    "FillsThenBias": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), ~_KEEP)),
+}
+ALL = {**{("positive", n): c for n, c in CASES.items()}, **{("positive_spellings", n): c for n, c in SPELLINGS.items()},
+       **{("positive_casts", n): c for n, c in CASTS.items()}, **{("positive_masks", n): c for n, c in MASKS.items()}}
 
 
 @pytest.mark.parametrize("case", sorted(ALL), ids=lambda c: f"{c[0]}:{c[1]}")
@@ -103,3 +116,97 @@ def test_torchscript_compiles_the_source_statements(tmp_path):
         with torch.no_grad():
             torch.testing.assert_close(scripted(*xs), original(*xs), atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(rewritten(*xs), original(*xs), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(CASTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_casts_and_partials_equal_exactly(name, dtype):
+    """The float32-softmax-cast-back and partial-softmax forms: in training with dropout drawn
+    (seeded alike) and in bfloat16 (where the source rounds a float32 softmax: no SDPA) the rewrite
+    runs the source's ops and equals it bitwise, forward and backward; in float32 eval it fuses."""
+    before = _load(FIXTURES / "positive_casts.py", "sdpa_casts_before")
+    after = _load(SNAPSHOTS / "positive_casts.rewritten.py", "sdpa_casts_after")
+    args, kwargs, inputs = CASTS[name]
+    for train in (False, True):
+        torch.manual_seed(0)
+        original = getattr(before, name)(*args, **kwargs).to(dtype).train(train)
+        rewritten = getattr(after, name)(*args, **kwargs).to(dtype).train(train)
+        rewritten.load_state_dict(original.state_dict())
+        torch.manual_seed(1)
+        xs = [x.to(dtype).requires_grad_() if x.is_floating_point() else x for x in inputs()]
+        results = []
+        for model in (original, rewritten):
+            torch.manual_seed(2)
+            with count_kernel_calls() as calls:
+                out = model(*xs)
+            out.float().pow(2).sum().backward()
+            grads = [p.grad.clone() for p in model.parameters()] + [xs[0].grad.clone()]
+            xs[0].grad = None
+            results.append((out.detach(), grads, calls))
+        (out_a, grads_a, _), (out_b, grads_b, calls) = results
+        paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
+        draws = train and kwargs.get("p", 0) > 0
+        fused = not draws and (dtype == torch.float32 or name == "PartialSoftmax")  # (no casts: bf16 SDPA)
+        assert paths == {fused}, calls.calls
+        if fused:
+            tol = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+            torch.testing.assert_close(out_b, out_a, **tol)
+        else:  # the source's own ops: bitwise
+            assert torch.equal(out_b, out_a)
+            assert all(torch.equal(b, a) for a, b in zip(grads_a, grads_b))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("keep", ["some", "none", "absent"])
+def test_fills_under_branches(causal, keep):
+    """Two fills of -finfo.max, each under its own `if`: the kernel gets None for a branch that did
+    not run; a row with every key filled (no key kept, and causal or not) is uniform in the source:
+    the kernel runs the source's ops, bitwise; otherwise it fuses (float32, eval)."""
+    before = _load(FIXTURES / "positive_masks.py", "sdpa_masks_before")
+    after = _load(SNAPSHOTS / "positive_masks.rewritten.py", "sdpa_masks_after")
+    torch.manual_seed(0)
+    original = before.PaddingAndCausal(32, 4, causal=causal).eval()
+    rewritten = after.PaddingAndCausal(32, 4, causal=causal).eval()
+    rewritten.load_state_dict(original.state_dict())
+    x = torch.randn(2, 7, 32, requires_grad=True)
+    mask = {"some": _KEEP, "none": torch.zeros(2, 7, dtype=torch.bool), "absent": None}[keep]
+    results = []
+    for model in (original, rewritten):
+        with count_kernel_calls() as calls:
+            out = model(x, mask)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), x.grad.clone(), calls))
+        x.grad = None
+    (out_a, grad_a, _), (out_b, grad_b, calls) = results
+    paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
+    if keep == "none":  # every row fully filled: uniform rows in the source, not SDPA's
+        assert paths == {False}, calls.calls
+        assert torch.equal(out_b, out_a) and torch.equal(grad_b, grad_a)
+    else:
+        assert paths == {True}, calls.calls
+        torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(grad_b, grad_a, atol=1e-5, rtol=1e-4)
+
+
+def test_softmax_partials_only_attributes_bound_to_the_softmax_alone():
+    """An attribute the class binds to the softmax partial and to anything else is not read as the
+    softmax (extraction may still see one binding); positional bound arguments are not read."""
+    import ast
+
+    from adopter.core.rules.sdpa_attention.site import softmax_partials
+
+    tree = ast.parse(
+        "import functools\nfrom functools import partial as P\nimport torch.nn.functional as F\nimport torch\n"
+        "class A:\n"
+        "    def __init__(self, sparse):\n"
+        "        self.a = P(F.softmax, dim=-1)\n"
+        "        self.b = functools.partial(torch.softmax, dim=-1, dtype=torch.float32)\n"
+        "        self.c = P(F.softmax, dim=-1)\n"
+        "        if sparse:\n"
+        "            self.c = torch.sigmoid\n"
+        "        self.d = P(F.softmax, -1)\n"
+        "        self.e = P(F.softmax, dim=-1)\n"
+        "        self.e = P(F.softmax, dim=1)\n"
+        "        self.f = P(F.relu, inplace=False)\n")
+    found = softmax_partials(tree.body[-1], tree)
+    assert {a: sorted(kw) for a, kw in found.items()} == {"a": ["dim"], "b": ["dim", "dtype"]}

@@ -20,6 +20,7 @@ class Attention(nn.Module):
         self.attn_fn = partial(partial(softmax, dim=-1), dtype=torch.float32)
 
 # expect: softmax Attention.forward
+# expect: sdpa_attention Attention.forward refused:probs-dtype
     def forward(self, x):
         sim = self.proj(x) @ x.transpose(-1, -2)
         return self.attn_fn(sim).type(sim.dtype) @ x

@@ -24,7 +24,7 @@ from adopter.core.match.context import NotACandidate, Refusal
 from adopter.core.match.source import parse_file
 from adopter.core.rule import Rule
 from adopter.core.rules.sdpa_attention.codemod import SdpaAttentionCodemod, find_expr
-from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
+from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret, softmax_partials
 from adopter.core.syntax import per_node
 
 MATMULS = "torch.matmul|torch.Tensor.matmul"
@@ -44,9 +44,14 @@ Replaces a written-out attention — the scores ``q @ k.transpose(-2, -1)`` (``t
 ``@``, ``x.matmul``, ``k.mT``, or ``torch.einsum('b h i d, b h j d -> b h i j', q, k)``), at most
 one scale (``* c`` or ``/ c``, ``c`` any expression: ``self.scale``, ``1 / math.sqrt(d)``,
 ``d ** -0.5``), at most one additive mask (``+ mask``, also ``if mask is not None: s = s + mask``)
-and one boolean fill (``s.masked_fill(b, float('-inf'))``: nanoGPT's causal
-``self.bias[:, :, :T, :T] == 0``, a padding ``~keep``), ``softmax(..., dim=-1)``, at most one
-dropout of the probabilities (an ``nn.Dropout`` bound in ``__init__``, or ``F.dropout``), and the
+and boolean fills in order, all before or all after it, each optionally under its own
+one-statement ``if`` (``s.masked_fill(b, float('-inf'))``: nanoGPT's causal
+``self.bias[:, :, :T, :T] == 0``, a padding ``~keep``; the value ``-inf`` or the scores'
+``-torch.finfo(s.dtype).max``, inline or bound to a name in the region: x-transformers'
+``mask_value``), ``softmax(..., dim=-1)`` (also through
+an attribute bound as ``partial(F.softmax, dim=-1)``; also computed in float32 and cast back:
+Llama's ``softmax(s.float(), dim=-1).type_as(q)``, ``softmax(s, dim=-1,
+dtype=torch.float32).to(q.dtype)``), at most one dropout of the probabilities (an ``nn.Dropout`` bound in ``__init__``, or ``F.dropout``), and the
 output product with the values (``@``, ``torch.matmul``, the matching einsum) — in one expression
 or over statements, in any class or function outside the three HF namesake classes (ViT
 collections, nanoGPT's non-flash branch, x-former libraries; grouped-query attention whose keys
@@ -56,16 +61,21 @@ and the scale, mask, fill, fill value and dropout as expressions evaluated where
 (nothing of the analysed model is written into the source). Refused: the scores or
 probabilities read besides the output product (``probs-read``: returned as attention weights —
 transformers' ``eager_attention_forward`` —, stored, printed), a cast or ``dtype=`` around the
-softmax (``probs-dtype``: another math than SDPA's), a softmax not over ``dim=-1``
-(``dim-not-last``). Not a match: anything else inside the region (a head mask, a
-talking-heads projection, a relative-position gather, a second mask, a scale after the mask), an
+softmax other than float32 cast back right after it (``probs-dtype``: another math than
+SDPA's), a softmax not over ``dim=-1`` (``dim-not-last``), a branch whose body does more than
+one fill or one added mask (``branch-straddle``: a causal mask built there from the scores'
+shape). Not a match: anything else inside the region (a head mask, a
+talking-heads projection, a relative-position gather, fills on both sides of the additive mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
 directly (they feed another product first) is no candidate. A helper function that callers
 inline (transformers' ``eager_attention_forward``) is reported and rewritten once, under the
 helper. The kernel runs SDPA only where it is provably the same computation —
 query/key/value plain floating tensors of rank 4 with equal batch and head sizes, a float mask
-of the query's dtype broadcasting to the scores, a bool fill, a fill value of ``-inf``, a scale
-that is a number (or a one-element tensor without gradient), no dropout drawn (eval mode or
+of the query's dtype broadcasting to the scores, bool fills, fill values of ``-inf`` or the scores' ``-finfo.max`` (the latter only where no query
+row has every key filled or masked: the source's softmax of it is uniform), a scale
+that is a number (or a one-element tensor without gradient), a float32 softmax cast back only
+where both casts are identities (query/key/value float32, the cast back to float32: in bfloat16
+the source rounds a float32 softmax), no dropout drawn (eval mode or
 ``p == 0``: training with dropout runs the source's ops with the user's dropout, so the random
 numbers are those the original draws), no fully-masked or NaN row (checked on the output) — and
 where it pays (the calibrated cost model: ``benchmarks/results/sdpa_cpu.json``);
@@ -129,7 +139,7 @@ def _written_out_attention(ctx: MatchContext) -> str | None:
         return "the attention's products are not found in the source"
     attrs = dropout_attrs(cls)
     try:
-        interpret(fn, first_expr, last_expr, attrs.__contains__)
+        interpret(fn, first_expr, last_expr, attrs.__contains__, softmax_partials(cls, tree))
     except NotCovered as e:
         if not e.candidate:
             return NotACandidate(e.reason)

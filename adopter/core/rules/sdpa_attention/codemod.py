@@ -13,7 +13,7 @@ import ast
 from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_exprs, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
-from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret
+from adopter.core.rules.sdpa_attention.site import LOWEST, NotCovered, dropout_attrs, interpret, softmax_partials
 from adopter.core.structures import Match
 from adopter.core.syntax import walk
 
@@ -50,7 +50,7 @@ class SdpaAttentionCodemod(Codemod):
         owner = ctx.enclosing_class_name(fn)
         cls = ctx.classes.get(owner) if owner else None
         try:
-            site = interpret(fn, first, last, dropout_attrs(cls).__contains__)
+            site = interpret(fn, first, last, dropout_attrs(cls).__contains__, softmax_partials(cls, ctx.tree))
         except NotCovered as e:
             raise Skip(e.reason) from None
         s = site.scores
@@ -60,11 +60,19 @@ class SdpaAttentionCodemod(Codemod):
             args.append(f"{'scale' if kind == 'mul' else 'divisor'}={arg_text(ctx, factor)}")
         if s.mask is not None:
             args.append(f"mask={_conditional(ctx, s.mask, s.mask_test)}")
-        if s.fill is not None:
-            args.append(f"fill={_conditional(ctx, s.fill, s.fill_test)}")
-            args.append(f"fill_value={arg_text(ctx, s.fill_value)}")
+        if s.fills:  # (one fill as itself, several as tuples in the source's order)
+            masks = [_conditional(ctx, mask, test) for mask, _, test in s.fills]
+            values = [f'"{LOWEST}"' if value == LOWEST else arg_text(ctx, value) for _, value, _ in s.fills]
+            if len(s.fills) == 1:
+                args += [f"fill={masks[0]}", f"fill_value={values[0]}"]
+            else:
+                args += [f"fill=({', '.join(masks)})", f"fill_value=({', '.join(values)})"]
             if s.mask is not None and s.fill_first:
                 args.append("fill_first=True")
+        if site.upcast:  # softmax in float32, cast back (the kernel fuses only where both casts are identities)
+            args.append("softmax_float32=True")
+            method, target = site.cast_back
+            args.append(f"{'probs_to' if method == 'to' else 'probs_type_as'}={arg_text(ctx, target)}")
         if site.dropout is not None:
             if site.dropout[0] == "module":
                 args.append(f"dropout={arg_text(ctx, site.dropout[1])}")

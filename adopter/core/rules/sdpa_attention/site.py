@@ -7,7 +7,9 @@ product, in one block of one function. Each statement is interpreted over a smal
     s = q @ k.transpose(-2, -1)  |  torch.matmul(q, kᵀ)  |  torch.einsum('bhid,bhjd->bhij', q, k)
     s = s * c  |  s / c  |  s *= c                                 one scale (before any mask)
     s = s + m  |  s += m  |  if <test>: s = s + m                  one additive mask
-    s = s.masked_fill(b, float('-inf'))  |  torch.masked_fill(...)  one boolean fill
+    s = s.masked_fill(b, float('-inf'))  |  torch.masked_fill(...)  boolean fills, each optionally
+        under its own `if <test>:`; the value -inf or -torch.finfo(s.dtype).max (also through a
+        name bound to it in the region): all before or all after the additive mask
     p = softmax(s, dim=-1)  (F./torch./tensor method)              the softmax, over the last dim
     p = self.drop(p)  |  F.dropout(p, p=P, training=T)             dropout of the probabilities
     o = p @ v  |  torch.matmul(p, v)  |  torch.einsum('bhij,bhjd->bhid', p, v)   (inside any expression)
@@ -26,6 +28,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from adopter.core.extract.partials import unwrap
 from adopter.core.syntax import per_node, walk
 
 MATMUL_FUNCS = ("matmul",)
@@ -51,10 +54,20 @@ class Scores:
     scale: tuple[str, ast.expr] | None = None  # ("mul" | "div", factor)
     mask: ast.expr | None = None
     mask_test: ast.expr | None = None
-    fill: ast.expr | None = None
-    fill_value: ast.expr | None = None
-    fill_test: ast.expr | None = None
-    fill_first: bool = False
+    # the boolean fills in order: (mask, value, test); value LOWEST for -torch.finfo(<scores>.dtype).max
+    fills: list[tuple[ast.expr, ast.expr | str, ast.expr | None]] = field(default_factory=list)
+    fill_first: bool = False  # the fills come before the additive mask
+
+
+# A fill value that is the most negative finite number of the scores' own dtype, as the source
+# writes it (``-torch.finfo(s.dtype).max``, ``torch.finfo(s.dtype).min``): passed to the kernel as
+# this string, since the scores are not computed where the call is.
+LOWEST = "lowest"
+
+
+@dataclass
+class _Lowest:
+    """A name bound to ``-torch.finfo(<scores>.dtype).max`` inside the region."""
 
 
 @dataclass
@@ -63,6 +76,17 @@ class Probs:
 
     scores: Scores
     dropout: tuple | None = None  # ("module", expr) | ("functional", p, training)
+    # the softmax computed in float32 (``softmax(s.float())``, ``softmax(s, dtype=torch.float32)``),
+    # then cast back: ("to", expr) for ``.to(expr)``, ("type_as", expr) for ``.type_as(expr)``
+    upcast: bool = False
+    cast_back: tuple[str, ast.expr] | None = None
+
+
+@dataclass
+class _Upcast:
+    """``s.float()`` / ``s.to(torch.float32)`` of :class:`Scores`: only a softmax may read it."""
+
+    scores: Scores
 
 
 @dataclass
@@ -75,6 +99,8 @@ class Attention:
     out_einsum: str
     output: ast.expr  # the output product (replaced by the kernel call)
     last: ast.stmt  # the statement holding it
+    upcast: bool  # the softmax computed in float32 ...
+    cast_back: tuple[str, ast.expr] | None  # ... and cast back (see Probs)
     consumed: list[ast.stmt] = field(default_factory=list)  # statements deleted (before ``last``)
     names: list[str] = field(default_factory=list)  # names holding scores/probabilities
     moved: list[ast.expr] = field(default_factory=list)  # expressions evaluated at the call instead
@@ -93,6 +119,56 @@ def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         out.add(t.attr)
     return frozenset(out)
+
+
+def softmax_partials(cls: ast.ClassDef | None, module: ast.AST | None) -> dict[str, dict[str, ast.expr]]:
+    """Attributes ``self.<a> = partial(F.softmax, dim=-1)`` of the class (any method; ``partial``
+    from ``functools`` however imported), with the keywords bound: a call ``self.<a>(x)`` is
+    ``softmax(x, **keywords)``. An attribute also bound to anything else in the class, or bound
+    with positional or unpacked arguments, is left out (not read)."""
+    if cls is None:
+        return {}
+    local = {}  # local name -> dotted name it imports
+    for node in walk(module) if module is not None else ():
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                local[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                local[a.asname or a.name.partition(".")[0]] = a.asname and a.name or a.name.partition(".")[0]
+
+    def fqn(dotted: str) -> str | None:
+        head, _, rest = dotted.partition(".")
+        return f"{local[head]}.{rest}".rstrip(".") if head in local else None
+
+    out: dict[str, dict[str, ast.expr]] = {}
+    other = set()  # attributes also bound to something else (or to another softmax partial)
+    for node in walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            attr = _self_attr(target)
+            if attr is None:
+                continue
+            bound = unwrap(node.value, fqn) if isinstance(node, ast.Assign) and len(targets) == 1 and isinstance(
+                node.value, ast.Call) else None
+            root = bound.func.value if bound is not None and isinstance(bound.func, ast.Attribute) else None
+            if (bound is None or bound.args or _func_name(bound.func) not in SOFTMAX_FUNCS or root is None
+                    or _func_name(root) not in ("F", "functional", "torch", "special")):
+                other.add(attr)
+                continue
+            keywords = dict(bound.keywords)
+            if attr in out and {k: ast.dump(v) for k, v in out[attr].items()} != {
+                    k: ast.dump(v) for k, v in keywords.items()}:
+                other.add(attr)
+            out[attr] = keywords
+    return {attr: kw for attr, kw in out.items() if attr not in other}
+
+
+def _is_float32(node: ast.expr | None) -> bool:
+    """``torch.float32`` / ``torch.float``."""
+    return (isinstance(node, ast.Attribute) and node.attr in ("float32", "float")
+            and isinstance(node.value, ast.Name) and node.value.id == "torch")
 
 
 def _func_name(func: ast.expr) -> str:
@@ -158,10 +234,11 @@ def einsum_roles(equation: str) -> tuple[str, str] | None:
 
 
 class _Interpreter:
-    def __init__(self, first: ast.expr, last: ast.expr, is_dropout_module):
+    def __init__(self, first: ast.expr, last: ast.expr, is_dropout_module, softmax_attrs=None):
         self.first = first
         self.last_node = last
         self.is_dropout_module = is_dropout_module  # (attr name) -> bool
+        self.softmax_attrs = softmax_attrs or {}  # attr -> keywords bound by partial(F.softmax, ...)
         self.env: dict[str, Scores | Probs] = {}
         self.moved: list[ast.expr] = []
         self.read_at: list[tuple[ast.expr, int]] = []  # (moved expression, index in the region where read)
@@ -234,6 +311,9 @@ class _Interpreter:
         if not isinstance(p, Probs):
             raise NotCovered(f"line {node.lineno}: the output product does not read the softmax's probabilities",
                              candidate=False)
+        if p.upcast and p.cast_back is None:
+            raise NotCovered(f"line {node.lineno}: the softmax computed in float32 is not cast back before the "
+                             "output product", "probs-dtype")
         if p.scores.einsum and not out_eq or out_eq and not p.scores.einsum:
             raise NotCovered(f"line {node.lineno}: one product is an einsum, the other a matmul")
         if out_eq and einsum_roles(out_eq)[1] != einsum_roles(p.scores.einsum)[1]:
@@ -247,6 +327,8 @@ class _Interpreter:
         left, right = self.value(node.left), self.value(node.right)
         if left is None and right is None:
             return None
+        if isinstance(left, _Upcast) or isinstance(right, _Upcast):
+            raise NotCovered(f"line {node.lineno}: an operation on the scores cast to float32", "probs-dtype")
         if isinstance(left, Probs) or isinstance(right, Probs):
             raise NotCovered(f"line {node.lineno}: an operation on the probabilities (a head mask?) is not covered")
         if isinstance(node.op, (ast.Mult, ast.Div)) and isinstance(left, Scores) and right is None:
@@ -261,7 +343,7 @@ class _Interpreter:
     def _scale(self, s: Scores, kind: str, factor: ast.expr, *, line: int = 0) -> Scores:
         if s.scale is not None:
             raise NotCovered(f"line {factor.lineno}: the scores are scaled twice")
-        if s.mask is not None or s.fill is not None:
+        if s.mask is not None or s.fills:
             raise NotCovered(f"line {factor.lineno}: the scores are scaled after the mask")
         s.scale = (kind, self._plain(factor, "scale"))
         return s
@@ -270,16 +352,35 @@ class _Interpreter:
         if s.mask is not None:
             raise NotCovered(f"line {term.lineno}: a second additive term on the scores")
         s.mask, s.mask_test = self._plain(term, "mask"), test
+        s.fill_first = bool(s.fills)
         if test is not None:
             self.moved.append(test)
             self.read_at.append((test, self.at))
         return s
 
+    def _lowest(self, node: ast.expr) -> bool:
+        """``node`` is ``-torch.finfo(<scores>.dtype).max`` / ``torch.finfo(<scores>.dtype).min``, or
+        a name bound to it in the region."""
+        if isinstance(node, ast.Name):
+            return isinstance(self.env.get(node.id), _Lowest)
+        negated = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+        inner = node.operand if negated else node
+        if not (isinstance(inner, ast.Attribute) and inner.attr == ("max" if negated else "min")):
+            return False
+        call = inner.value
+        if not (isinstance(call, ast.Call) and _func_name(call.func) == "finfo" and len(call.args) == 1
+                and not call.keywords and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name) and call.func.value.id == "torch"):
+            return False
+        arg = call.args[0]
+        return (isinstance(arg, ast.Attribute) and arg.attr == "dtype" and isinstance(arg.value, ast.Name)
+                and isinstance(self.env.get(arg.value.id), Scores))
+
     def _fill(self, s: Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> Scores:
-        if s.fill is not None:
-            raise NotCovered(f"line {mask.lineno}: a second masked_fill of the scores")
-        s.fill, s.fill_value, s.fill_test = self._plain(mask, "fill mask"), self._plain(value, "fill value"), test
-        s.fill_first = s.mask is None
+        if s.mask is not None and s.fill_first:
+            raise NotCovered(f"line {mask.lineno}: masked_fill on both sides of the additive mask")
+        value = LOWEST if self._lowest(value) else self._plain(value, "fill value")
+        s.fills.append((self._plain(mask, "fill mask"), value, test))
         if test is not None:
             self.moved.append(test)
             self.read_at.append((test, self.at))
@@ -304,26 +405,35 @@ class _Interpreter:
         rest = args if receiver_value is not None else args[1:]
         if name in ("matmul", "bmm", "einsum", "mm"):
             raise _another_product(node)
+        attr = _self_attr(node.func)
         if name in CASTS:
-            raise NotCovered(f"line {node.lineno}: a cast of the attention scores or probabilities (the source's "
-                             "softmax dtype is another math than SDPA's)", "probs-dtype")
-        if name in SOFTMAX_FUNCS and isinstance(subject, Scores):
+            return self._cast(node, name, subject, rest, kw, receiver_value is not None)
+        bound = self.softmax_attrs.get(attr) if attr is not None and receiver_value is None else None
+        if bound is not None and isinstance(subject, (Scores, _Upcast)):  # self.attn_fn = partial(F.softmax, ...)
+            kw = {**bound, **kw}
+            name = "softmax"
+        elif name in SOFTMAX_FUNCS and isinstance(subject, (Scores, _Upcast)):
             if receiver is not None and receiver_value is None and _func_name(receiver) not in ("F", "functional",
                                                                                                  "torch", "special"):
                 raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)} is not torch's softmax")
+        if name in SOFTMAX_FUNCS and isinstance(subject, (Scores, _Upcast)):
             dim = kw.get("dim", rest[0] if rest else None)
-            if "dtype" in kw or len(rest) > 1:
+            upcast = isinstance(subject, _Upcast)
+            if len(rest) > 1 or kw.keys() - {"dim", "dtype"}:
                 raise NotCovered(f"line {node.lineno}: the softmax is computed in another dtype", "probs-dtype")
+            if "dtype" in kw:
+                if not _is_float32(kw["dtype"]):
+                    raise NotCovered(f"line {node.lineno}: the softmax is computed in another dtype", "probs-dtype")
+                upcast = True
             if dim is None or _literal(dim) != -1:
                 raise NotCovered(f"line {node.lineno}: the softmax is not over dim=-1", "dim-not-last")
-            return Probs(subject)
+            return Probs(subject.scores if isinstance(subject, _Upcast) else subject, upcast=upcast)
         if name in ("masked_fill", "masked_fill_") and isinstance(subject, Scores):
             mask = kw.get("mask", rest[0] if rest else None)
             value = kw.get("value", rest[1] if len(rest) > 1 else None)
             if mask is None or value is None or len(rest) > 2:
                 raise NotCovered(f"line {node.lineno}: masked_fill without mask and value")
             return self._fill(subject, mask, value, None)
-        attr = _self_attr(node.func)
         if attr is not None and isinstance(subject, Probs) and len(args) == 1 and not kw:
             if not self.is_dropout_module(attr):
                 raise NotCovered(f"line {node.lineno}: self.{attr}(...) on the probabilities is not an nn.Dropout")
@@ -333,6 +443,9 @@ class _Interpreter:
             self.moved.append(node.func)
             self.read_at.append((node.func, self.at))
             return subject
+        if isinstance(subject, _Upcast):
+            raise NotCovered(f"line {node.lineno}: the scores cast to float32 feed another op than the softmax",
+                             "probs-dtype")
         if name == "dropout" and isinstance(subject, Probs) and receiver_value is None:
             if _func_name(receiver) not in ("F", "functional") if receiver is not None else True:
                 raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)} is not F.dropout")
@@ -349,6 +462,26 @@ class _Interpreter:
             subject.dropout = ("functional", p, training)
             return subject
         raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)}(...) on the attention scores is not covered")
+
+    def _cast(self, node: ast.Call, name: str, subject, rest: list, kw: dict, method: bool):
+        """The one cast pattern covered: the scores cast up to float32 right into the softmax
+        (``softmax(s.float())``, or the softmax's ``dtype=torch.float32``) and its probabilities
+        cast back right after it (``.type_as(t)``, ``.to(x)``), before any dropout. Any other cast
+        is another math than SDPA's (``probs-dtype``)."""
+        refuse = NotCovered(f"line {node.lineno}: a cast of the attention scores or probabilities other than the "
+                            "softmax in float32 cast back (the source's softmax dtype is another math than SDPA's)",
+                            "probs-dtype")
+        if not method or kw:  # (``s.float()``, not ``torch.Tensor.float(s)``)
+            raise refuse
+        if isinstance(subject, Scores):
+            if (name == "float" and not rest) or (name in ("to", "type") and len(rest) == 1 and _is_float32(rest[0])):
+                return _Upcast(subject)
+            raise refuse
+        if (isinstance(subject, Probs) and subject.upcast and subject.cast_back is None and subject.dropout is None
+                and name in ("to", "type_as") and len(rest) == 1):
+            subject.cast_back = (name, self._plain(rest[0], "cast"))
+            return subject
+        raise refuse
 
     # ------------------------------------------------------------ statements
 
@@ -380,7 +513,12 @@ class _Interpreter:
         if not _holds(stmt, self.first) and not self.tracked(stmt):
             return False
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            if self._lowest(stmt.value) and not isinstance(stmt.value, ast.Name):  # mask_value = -finfo(s.dtype).max
+                self.env[stmt.targets[0].id] = _Lowest()
+                return True
             value = self.value(stmt.value)
+            if isinstance(value, _Upcast):
+                raise NotCovered(f"line {stmt.lineno}: the scores cast to float32 are kept", "probs-dtype")
             if isinstance(value, (Scores, Probs)):
                 self.env[stmt.targets[0].id] = value
                 return True
@@ -413,7 +551,8 @@ class _Interpreter:
                         return True
             if (isinstance(s, Scores) and isinstance(v, ast.Call) and _func_name(v.func) == "masked_fill"
                     and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name)
-                    and v.func.value.id == name and len(v.args) == 2 and not v.keywords):
+                    and v.func.value.id == name and len(v.args) == 2 and not v.keywords
+                    and not self.tracked(v.args[0]) and (self._lowest(v.args[1]) or not self.tracked(v.args[1]))):
                 self._fill(s, v.args[0], v.args[1], stmt.test)
                 return True
         raise NotCovered(f"line {stmt.lineno}: a conditional update of the scores that is not `+ mask` or "
@@ -463,6 +602,10 @@ def _in_loop(fn: ast.AST, block: list[ast.stmt]) -> bool:
     return False
 
 
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match,
+             ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
 def _holds(stmt: ast.stmt, node: ast.AST) -> bool:
     return id(node) in _node_ids(stmt)
 
@@ -491,7 +634,7 @@ def _node_ids(stmt: ast.AST) -> frozenset[int]:
     return frozenset(map(id, walk(stmt)))
 
 
-def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -> Attention:
+def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module, softmax_attrs=None) -> Attention:
     """The :class:`Attention` from the scores product ``first`` to the output product ``last``
     (nodes of ``fn``), or :class:`NotCovered`."""
     first_stmt = last_stmt = block = None
@@ -510,7 +653,7 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -
     if first_stmt is None or last_stmt is None or last_stmt not in block:
         raise NotCovered("the two products of the attention are not in one block", "branch-straddle")
     region = block[block.index(first_stmt): block.index(last_stmt) + 1]
-    it = _Interpreter(first, last, is_dropout_module)
+    it = _Interpreter(first, last, is_dropout_module, softmax_attrs)
     consumed = []
     for index, stmt in enumerate(region):
         it.at = index
@@ -536,12 +679,12 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module) -
             if name in _loads(st):
                 raise NotCovered(f"line {st.lineno}: {name!r} (attention scores or probabilities) is read after "
                                  "the output product", "probs-read")
-            if name in _stores(st):
-                break
+            if name in _stores(st) and not isinstance(st, _COMPOUND):
+                break  # (rebound on every path: a rebinding under `if`/a loop leaves the old value on another)
         for node in walk(fn):  # reads outside the block: after it, or earlier in an enclosing loop
             if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load) and not any(
                     _holds(st, node) for st in block):
                 raise NotCovered(f"line {node.lineno}: {name!r} (attention scores or probabilities) is read "
                                  "outside the attention", "probs-read")
-    return Attention(probs.scores, probs.dropout, v, out_eq, last, last_stmt,
+    return Attention(probs.scores, probs.dropout, v, out_eq, last, last_stmt, probs.upcast, probs.cast_back,
                      [st for st in consumed if st is not last_stmt], names, it.moved)
