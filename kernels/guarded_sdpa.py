@@ -144,6 +144,8 @@ def _operands_reason(q, key, v, mask, fill, fill_value, einsum) -> str:
         return "query/key/value differ in rank or dtype, or are not (batch, heads, seq, head_dim)"
     if not q.device == key.device == v.device:
         return "query/key/value on different devices"
+    if q.device.type == "meta":  # (no data: the output check below reads it)
+        return "meta tensors"
     b, h, q_len, d = q.shape
     k_shape = key.shape if einsum else (*key.shape[:2], key.shape[3], key.shape[2])
     if tuple(k_shape[:2]) != (b, h) or k_shape[3] != d or tuple(v.shape[:3]) != (b, h, k_shape[2]):
