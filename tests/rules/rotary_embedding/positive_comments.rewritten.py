@@ -19,7 +19,7 @@ class Attention(nn.Module):
 
 # expect: rotary_embedding Attention.forward
 # expect: rotary_embedding Attention.forward
-# expect: softmax Attention.forward
+# expect: sdpa_attention Attention.forward
     def forward(self, x, cos, sin):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         if self.use_rotary:
