@@ -121,6 +121,21 @@ def dropout_attrs(cls: ast.ClassDef | None) -> frozenset[str]:
     return frozenset(out)
 
 
+@per_node(8)
+def _imported_names(module: ast.AST) -> dict[str, str]:
+    """Local name -> the dotted name it imports, over the whole file (read once per file: every
+    candidate of the file asks)."""
+    local = {}
+    for node in walk(module):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                local[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                local[a.asname or a.name.partition(".")[0]] = a.asname and a.name or a.name.partition(".")[0]
+    return local
+
+
 def softmax_partials(cls: ast.ClassDef | None, module: ast.AST | None) -> dict[str, dict[str, ast.expr]]:
     """Attributes ``self.<a> = partial(F.softmax, dim=-1)`` of the class (any method; ``partial``
     from ``functools`` however imported), with the keywords bound: a call ``self.<a>(x)`` is
@@ -128,14 +143,7 @@ def softmax_partials(cls: ast.ClassDef | None, module: ast.AST | None) -> dict[s
     with positional or unpacked arguments, is left out (not read)."""
     if cls is None:
         return {}
-    local = {}  # local name -> dotted name it imports
-    for node in walk(module) if module is not None else ():
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                local[a.asname or a.name] = f"{node.module}.{a.name}"
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                local[a.asname or a.name.partition(".")[0]] = a.asname and a.name or a.name.partition(".")[0]
+    local = _imported_names(module) if module is not None else {}
 
     def fqn(dotted: str) -> str | None:
         head, _, rest = dotted.partition(".")
