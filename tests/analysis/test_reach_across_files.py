@@ -598,3 +598,26 @@ def test_constant_arguments_reach_the_layers_the_subclass_builds(installed, tmp_
                    for m in scan_source(path.read_text(), str(path), all_rules()))
     assert [f for f in found if f[3] == "self.b[0]"] == [("biased_GeLU", "static", "", "self.b[0]")]
     assert not [f for f in found if f[3] == "self.a[0]" and f[1] == "static"], found
+
+
+def test_unparse_cache_holds_only_what_each_text_unparses_to(installed):
+    """Reading other files' factories must not slice their nodes' positions out of the scanned
+    file's text: the (type, text) -> unparse cache then held wrong entries (a later file's ``s``
+    unparsed as ``x``)."""
+    import ast
+
+    from adopter.core.extract import values
+    from adopter.core.extract.symbols import _PACKAGE_TREES
+
+    _PACKAGE_TREES.clear()
+    values._UNPARSED_BY_TEXT.clear()
+    _scan()
+    _scan(NET.with_name("ops_net.py"))
+    assert values._UNPARSED_BY_TEXT
+    for (kind, text), unparsed in values._UNPARSED_BY_TEXT.items():
+        try:
+            node = ast.parse(text.strip(), mode="eval").body
+        except SyntaxError:  # (a multi-line slice, a starred or slice node: not an expression alone)
+            continue
+        if type(node) is kind:
+            assert ast.unparse(node) == unparsed, (kind.__name__, text)

@@ -455,6 +455,11 @@ def _package_module_tree(path: str) -> ast.Module | None:
             tree: ast.Module | None = ast.parse(fh.read(), filename=path)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         tree = None
+    if tree is not None:
+        # (another file's nodes: their positions are not in the text being extracted, so the
+        # unparse shortcut that slices that text must not read them: values._unparse_by_source)
+        for node in ast.walk(tree):
+            node.other_file = True
     if len(_PACKAGE_TREES) >= _PACKAGE_TREES_KEPT:
         _PACKAGE_TREES.pop(next(iter(_PACKAGE_TREES)))
     _PACKAGE_TREES[path] = (stamp, tree)

@@ -91,7 +91,9 @@ _POSITION_NOT_OWN = (ast.JoinedStr, ast.FormattedValue, ast.Constant)
 
 
 def _unparse_by_source(node) -> str:
-    if isinstance(node, _POSITION_NOT_OWN):
+    # (a node of another module read for its factories: its positions index that module's text,
+    # not SOURCE_LINES; sliced from here it cached a wrong text for every later file)
+    if isinstance(node, _POSITION_NOT_OWN) or getattr(node, "other_file", False):
         return ast.unparse(node)
     line, end_line = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
     lines = SOURCE_LINES
