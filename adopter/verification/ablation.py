@@ -6,8 +6,10 @@ kernel stays fused), alternating, each variant's process CPU time and wall time 
 main benchmark). A kernel's *speed contribution* is (step time without it) / (step time with all):
 above 1 it makes the step faster. Its *memory contribution* is (peak without it) / (peak with all):
 above 1 it saves memory. A kernel pays its way when it makes the step measurably faster, or saves
-memory at a small cost in speed (under 3%); it *costs more than it saves* when it makes the step measurably
-slower, or takes more memory, without either gain.
+memory at a small cost in speed (not measurably over 3%: the upper end of the ratio's 95% interval
+decides, never the median alone, so a kernel whose cost sits at the 3% line is judged the same
+in every run instead of flipping with the machine's noise); it *costs more than it saves* when it
+makes the step measurably slower, or takes more memory, without either gain.
 
 Only kernels that ran fused in the measured step are ablated (a kernel that already takes the
 original path here, by its run-time guard or the backend policy, has nothing to switch off).
@@ -75,7 +77,10 @@ def _effect(speed: float, low: float, high: float, memory: float, verdict: str) 
     if faster and not costs_memory:
         return PAYS, f"makes the step {100 * (speed - 1):.1f}% faster" + (
             f" and saves {100 * (1 - 1 / memory):.0f}% of peak memory" if saves else "")
-    if saves and (not slower or speed > 1 - SMALL_SPEED_COST):
+    # a memory saving is given up only for a speed cost *measurably* above the small one: at
+    # llama-tiny's RMSNorm (x0.96-0.99 over runs, 7% memory) the median crossed 0.97 by noise
+    costs_too_much_speed = high < 1 - SMALL_SPEED_COST
+    if saves and not costs_too_much_speed:
         return PAYS, f"saves {100 * (1 - 1 / memory):.0f}% of peak memory" + (
             f" at {100 * (1 - speed):.1f}% of speed" if slower else ", no measurable speed cost")
     if slower or costs_memory:

@@ -203,6 +203,25 @@ def test_ablation_measures_what_switching_a_kernel_off_costs(tmp_path):
     assert out["helps"].to_json()["pays"] is True
 
 
+@pytest.mark.parametrize("speed, low, high, memory, effect", [
+    # llama-tiny's RMSNorm in two runs of the same gate: 7% of memory saved, speed cost within noise
+    # of the 3% allowed. The interval decides, so both runs keep the kernel.
+    (0.962, 0.922, 0.998, 1.07, "PAYS"),
+    (0.988, 0.954, 0.999, 1.07, "PAYS"),
+    # measurably more than 3% slower for the memory: not worth it
+    (0.930, 0.900, 0.960, 1.07, "COSTS"),
+    # measurably slower and no memory saved
+    (0.980, 0.970, 0.985, 1.00, "COSTS"),
+    (1.050, 1.020, 1.080, 1.00, "PAYS"),
+    (1.000, 0.990, 1.010, 1.00, "NEUTRAL"),
+])
+def test_ablation_gives_up_a_memory_saving_only_for_a_measurably_larger_speed_cost(speed, low, high, memory, effect):
+    from adopter.verification import ablation
+
+    got, _ = ablation._effect(speed, low, high, memory, "the kernel makes the step slower")
+    assert got == getattr(ablation, effect)
+
+
 # ---------------------------------------------------------------- inference gate
 
 
