@@ -101,10 +101,14 @@ class Calibration:
     points: dict[int, dict[str, dict[str, tuple[Point, ...]]]]
 
     def curve(self, kernel: str, mode: str, threads: int) -> tuple[Point, ...]:
-        if not self.points:
+        # the nearest thread count *that measured this kernel in this mode*: a section calibrating
+        # only some kernels (a 2-thread run of two new kernels) must not leave every other kernel
+        # with no curve at that count, which reads as "pays" and runs it fused everywhere
+        measured = [n for n, kernels in self.points.items() if kernels.get(kernel, {}).get(mode)]
+        if not measured:
             return ()
-        nearest = min(self.points, key=lambda n: (abs(math.log(n) - math.log(max(threads, 1))), n))
-        return self.points[nearest].get(kernel, {}).get(mode, ())
+        nearest = min(measured, key=lambda n: (abs(math.log(n) - math.log(max(threads, 1))), n))
+        return self.points[nearest][kernel][mode]
 
 
 def parse(data: dict, source: str) -> Calibration:

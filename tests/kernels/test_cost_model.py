@@ -79,6 +79,27 @@ def test_the_nearest_thread_count_is_read():
     assert cal.curve("other", "infer", 1) == ()
 
 
+def test_a_thread_count_that_did_not_measure_a_kernel_leaves_it_to_the_nearest_that_did():
+    # the shipped CPU calibration's 2-thread section holds only the kernels calibrated there; the
+    # others (RMSNorm...) read their 1-thread curves at 2 threads, not "nothing known, fused"
+    data = {"format": cost.FORMAT, "device": "cpu", "threads": {
+        "1": {"k": {"infer": [_pt(10, 0.5, 0.4, 0.6)], "train": [_pt(10, 0.7, 0.6, 0.8)]}},
+        "2": {"new": {"infer": [_pt(10, 3.0, 2.9, 3.1)]}, "k": {"train": [_pt(10, 1.5, 1.4, 1.6)]}}}}
+    cal = parse(data, "t")
+    assert cal.curve("k", "infer", 2)[0].ratio == 0.5
+    assert cal.curve("k", "train", 2)[0].ratio == 1.5
+    assert cal.curve("new", "infer", 1)[0].ratio == 3.0
+    assert cal.curve("new", "train", 2) == ()
+
+
+def test_every_kernel_of_the_shipped_cpu_calibration_has_a_curve_at_every_thread_count():
+    with open(os.path.join(os.path.dirname(cost.__file__), "calibration", "cpu.json")) as f:
+        cal = parse(json.load(f), "shipped")
+    kernels = {(k, m) for per in cal.points.values() for k, modes in per.items() for m in modes}
+    for threads in (1, 2, 4, 16):
+        assert all(cal.curve(k, m, threads) for k, m in kernels), threads
+
+
 def test_a_malformed_calibration_is_refused():
     with pytest.raises(ValueError, match="not an adopter-calibration"):
         parse({"format": "something else"}, "x.json")
