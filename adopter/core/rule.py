@@ -128,6 +128,11 @@ class Rule:
     # A precondition violated on one path through the matched statements vetoes the
     # match on every path (the fused code would run on all of them).
     veto_across_paths: bool = True
+    # The match is a chain: its first node's layer feeds its last through the rule's glue only
+    # (conv -> BN, dropout -> add -> LayerNorm). Another method of the class keeps the rewrite out
+    # (``method-divergence``) only when it computes that same chain; for other rules (parallel
+    # projections), whenever it runs all the matched layers.
+    chain: bool = False
     # The codemod joins matched statements that lie in different blocks by hoisting (paper
     # Fig. 4: statements before an ``if`` copied into every branch, those after it to the end of
     # every branch): a match it cannot join is refused (``branch-straddle``). False for a codemod

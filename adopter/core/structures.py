@@ -133,8 +133,9 @@ PRECISION_CODES = {
     "branch-straddle": "the matched statements lie under different branches (or a loop) and the rewrite "
                        "cannot bring them into one block",
     "torchscript": "the code is compiled by torch.jit.script, which cannot call the Python kernel",
-    "method-divergence": "another method of the class runs the same layers without the rewrite (it reads the "
-                         "value between them, say): rewriting one method alone would make the class answer two ways",
+    "method-divergence": "another method of the class computes the same chain of layers without the rewrite (it "
+                         "reads the value between them, say): rewriting one method alone would make the class "
+                         "answer two ways",
     "norm-variant": "the code normalizes like the kernel but computes a variant it does not (eps outside the "
                     "square root, a bias, no float32 upcast, other casts, more than the norm)",
     "probs-read": "the attention scores or probabilities are read besides the output product (returned as "

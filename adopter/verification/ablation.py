@@ -78,7 +78,7 @@ def _effect(speed: float, low: float, high: float, memory: float, verdict: str) 
         return PAYS, f"makes the step {100 * (speed - 1):.1f}% faster" + (
             f" and saves {100 * (1 - 1 / memory):.0f}% of peak memory" if saves else "")
     # a memory saving is given up only for a speed cost *measurably* above the small one: at
-    # llama-tiny's RMSNorm (x0.96-0.99 over runs, 7% memory) the median crossed 0.97 by noise
+    # llama-tiny's norm kernel (x0.96-0.99 over runs, 7% memory) the median crossed 0.97 by noise
     costs_too_much_speed = high < 1 - SMALL_SPEED_COST
     if saves and not costs_too_much_speed:
         return PAYS, f"saves {100 * (1 - 1 / memory):.0f}% of peak memory" + (

@@ -637,3 +637,74 @@ def test_a_pair_another_method_runs_unfused_is_refused_and_one_both_fuse_is_not(
     body = [m for m in found if m is not stem]
     assert len(body) == 2 and all(m.status == "static" for m in body)  # both methods take that rewrite
     assert {m.function.split(".")[-1] for m in body} == {"forward_features", "forward_intermediates"}
+
+
+PRE_AND_POST_NORM = """
+import torch
+from torch import nn
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d, normalize_before=False):
+        super().__init__()
+        self.ff = nn.Linear(d, d)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.LayerNorm(d)
+        self.dropout1 = nn.Dropout(0.1)
+        self.dropout2 = nn.Dropout(0.1)
+        self.normalize_before = normalize_before
+
+    def forward_post(self, src):
+        src = src + self.dropout1(self.ff(src))
+        src = self.norm1(src)
+        src = src + self.dropout2(self.ff(src))
+        src = self.norm2(src)
+        return src
+
+    def forward_pre(self, src):
+        hidden = self.norm1(src)
+        src = src + self.dropout1(self.ff(hidden))
+        hidden = self.norm2(src)
+        src = src + self.dropout2(self.ff(hidden))
+        return src
+
+    def forward(self, src):
+        if self.normalize_before:
+            return self.forward_pre(src)
+        return self.forward_post(src)
+
+
+class Tapped(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ff = nn.Linear(d, d)
+        self.drop = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(x + self.drop(self.ff(x)))
+
+    def forward_with_taps(self, x):
+        taps = []
+        y = x + self.drop(self.ff(x))
+        taps.append(y)  # the sum before the norm is read: this method cannot fuse the two
+        y = self.norm(y)
+        return y, taps
+"""
+
+
+def test_methods_running_the_same_layers_in_another_composition_do_not_diverge():
+    # DETR-style pre-norm and post-norm methods run dropout1/norm1 (and dropout1/norm2) in different
+    # orders: neither computes the other's dropout+add+norm chain, so rewriting one cannot make the
+    # two answer a same quantity two ways. A method that does compute the chain (with the sum read
+    # in between) still keeps the fusion out.
+    rejected: list = []
+    found = [m for m in scan_source(PRE_AND_POST_NORM, "layer.py", all_rules(), rejected=rejected)
+             if m.rule == "Dropout_LayerNorm"]
+    refused = [m for m in rejected if m.rule == "Dropout_LayerNorm" and m.status == "refused"]
+    by_class = {(m.class_name, m.function.split(".")[-1], m.nodes[-1].node.module.name): m for m in found}
+    assert set(by_class) >= {("EncoderLayer", "forward_post", "self.norm1"), ("EncoderLayer", "forward_post", "self.norm2"),
+                             ("EncoderLayer", "forward_pre", "self.norm2")}, sorted(by_class)
+    assert all(m.status == "static" for m in by_class.values())
+    assert [(m.class_name, m.code) for m in refused] == [("Tapped", "method-divergence")]
+    assert "Tapped.forward_with_taps also runs self.drop, self.norm" in refused[0].reason

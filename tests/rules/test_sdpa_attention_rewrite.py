@@ -80,9 +80,14 @@ def test_rewritten_equals_original(case, train):
         xs[0].grad = None
         results.append((out.detach(), grads, calls))
     (out_a, grads_a, _), (out_b, grads_b, calls) = results
-    torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
+    # float32 rounding of a different order of operations, relative to each tensor's scale (a
+    # weight gradient of magnitude 37 differs by 3e-5 at one element on some CPUs)
+    def close(b, a):
+        torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
+
+    close(out_b, out_a)
     for a, b in zip(grads_a, grads_b):
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        close(b, a)
     paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
     draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules()) or (
         train and name == "EinsumAttention")

@@ -353,7 +353,7 @@ def match_structures(
             accepted[i][key] = replace(m, status="conditional", code=verdict[0], condition=verdict[1])
     for i, rule in enumerate(rules):
         found = list(accepted[i].items())
-        for index, verdict in method_divergence([m for _, m in found], source).items():
+        for index, verdict in method_divergence([m for _, m in found], source, getattr(rule, "chain", False)).items():
             key, m = found[index]
             del accepted[i][key]
             rejected_by_rule[i][key] = replace(m, status="refused", code=verdict.code, reason=str(verdict))

@@ -614,18 +614,91 @@ def _self_calls(fn: ast.AST) -> set[str]:
 
 @per_file
 @lru_cache(maxsize=8)
-def _class_methods(source: str) -> dict[str, dict[str, set[str]]]:
-    """class name -> method name -> the ``self.<attr>(...)`` calls of that method (once per file:
-    the tree extraction parsed). Shared: callers must not change it."""
+def _class_methods(source: str) -> dict[str, dict[str, tuple[set[str], ast.AST]]]:
+    """class name -> method name -> (the ``self.<attr>(...)`` calls of that method, its tree) (once
+    per file: the tree extraction parsed). Shared: callers must not change it."""
     tree = parse_file(source)
     if tree is None:
         return {}
-    out: dict[str, dict[str, set[str]]] = {}
+    out: dict[str, dict[str, tuple[set[str], ast.AST]]] = {}
     for node in statements(tree):
         if isinstance(node, ast.ClassDef):
-            out[node.name] = {f.name: _self_calls(f) for f in node.body
+            out[node.name] = {f.name: (_self_calls(f), f) for f in node.body
                               if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name != "__init__"}
     return out
+
+
+def _self_call_of(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+        return node.func.attr
+    return None
+
+
+def _computes_chain(method: ast.AST, first: str, last: str) -> bool:
+    """Whether ``method`` calls ``self.<last>`` on a value that is ``self.<first>(...)``'s output,
+    through names and ``+`` only (the value may also be read elsewhere: timm's taps). A name keeps
+    its latest binding in the method's own statements; a binding under a branch or loop is added
+    to the ones it may have (so what is unsure counts as reaching: the refusal stays)."""
+    Env = dict  # name -> tuple of (value, the bindings its names read)
+
+    def reaches(expr: ast.AST, env: Env, depth: int = 0) -> bool:
+        if depth > 64:
+            return True
+        if _self_call_of(expr) == first:
+            return True
+        if isinstance(expr, ast.Name):
+            return any(reaches(v, at, depth + 1) for v, at in env.get(expr.id, ()))
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            return reaches(expr.left, env, depth + 1) or reaches(expr.right, env, depth + 1)
+        return False
+
+    def calls_last(node: ast.AST, env: Env) -> bool:
+        return any(_self_call_of(c) == last and c.args and reaches(c.args[0], env) for c in ast.walk(node))
+
+    def run(body: list, env: Env, nested: bool) -> bool:
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                if run(getattr(stmt, "body", []), env, True):
+                    return True
+                continue
+            blocks = [v for f, v in ast.iter_fields(stmt) if f in ("body", "orelse", "finalbody", "handlers")]
+            head = [v for f, v in ast.iter_fields(stmt) if f not in ("body", "orelse", "finalbody", "handlers")]
+            if any(calls_last(v, env) for h in head for v in (h if isinstance(h, list) else [h])
+                   if isinstance(v, ast.AST)):
+                return True
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
+                value = stmt.value if not isinstance(stmt, ast.AugAssign) else ast.BinOp(stmt.target, stmt.op, stmt.value)
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                before = dict(env)
+                for target in targets:
+                    # an unpacked name's value is not followed (no chain through it: conservative
+                    # only where it would reach, which a tuple's element cannot by `+` alone)
+                    one = value if isinstance(target, ast.Name) else ast.Constant(None)
+                    for name in (n for n in ast.walk(target) if isinstance(n, ast.Name)):
+                        env[name.id] = (env.get(name.id, ()) if nested else ()) + ((one, before),)
+            for block in blocks:
+                for item in block if isinstance(block, list) else ():
+                    inner = item.body if isinstance(item, ast.ExceptHandler) else [item]
+                    if run(inner, env, True):
+                        return True
+        return False
+
+    return run(getattr(method, "body", []), {}, False)
+
+
+def _chain_ends(match: Match) -> tuple[str, str] | None:
+    """``(first, last)`` attributes of a chain rule's match whose two ends are ``self.<attr>`` layers.
+    Another method computes the *same* chain when its last layer reads the first one's output
+    through names and adds; one that runs the same layers in another order or with other layers
+    between (DETR's pre-norm and post-norm methods) computes something else, and a rewrite of one
+    cannot make the two disagree."""
+    if len(match.nodes) < 2:
+        return None
+    names = [getattr(getattr(mn.node, "module", None), "name", "") or "" for mn in (match.nodes[0], match.nodes[-1])]
+    if not all(n.startswith("self.") and n.count(".") == 1 for n in names):
+        return None
+    return names[0][len("self."):], names[1][len("self."):]
 
 
 def _own_method(match: Match) -> str:
@@ -646,7 +719,7 @@ def _module_attrs(match: Match) -> frozenset[str]:
     return frozenset(names)
 
 
-def method_divergence(matches: list[Match], source: str | None) -> dict[int, Refusal]:
+def method_divergence(matches: list[Match], source: str | None, chain: bool = False) -> dict[int, Refusal]:
     """``method-divergence`` refusals (by index in ``matches``): a match over layers ``self.a``,
     ``self.b`` of a class whose other method calls both and holds no match of the same rule over
     them (timm's ``forward_intermediates`` reads the conv output before the BatchNorm that
@@ -663,8 +736,10 @@ def method_divergence(matches: list[Match], source: str | None) -> dict[int, Ref
         if methods is None:
             methods = _class_methods(source)
         own = _own_method(m)
-        for name, calls in methods.get(m.class_name, {}).items():
-            if name != own and attrs <= calls and (m.rule, m.class_name, name, attrs) not in covered:
+        ends = _chain_ends(m) if chain else None
+        for name, (calls, method) in methods.get(m.class_name, {}).items():
+            if name != own and attrs <= calls and (m.rule, m.class_name, name, attrs) not in covered \
+                    and (ends is None or _computes_chain(method, *ends)):
                 layers = ", ".join(f"self.{a}" for a in sorted(attrs))
                 out[index] = Refusal("method-divergence", f"{m.class_name}.{name} also runs {layers} and cannot "
                                      "take the same rewrite: fusing them here alone would make the two methods "

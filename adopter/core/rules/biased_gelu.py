@@ -345,6 +345,7 @@ RUNTIME = Runtime(
 
 RULE = Rule(
     name="biased_GeLU",
+    chain=True,
     kernel="adopter.kernels.linear_gelu",
     doc=DOC,
     dsl=DSL,

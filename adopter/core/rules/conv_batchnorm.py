@@ -45,6 +45,7 @@ RUNTIME = layer_pair_runtime(CONV2D, BATCH_NORM_2D, "out_channels")
 
 RULE = Rule(
     name="Conv_BatchNorm",
+    chain=True,
     kernel="adopter.kernels.conv_bn",
     doc=DOC,
     dsl=DSL,

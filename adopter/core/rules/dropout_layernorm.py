@@ -595,6 +595,7 @@ RUNTIME = Runtime(
 
 RULE = Rule(
     name="Dropout_LayerNorm",
+    chain=True,
     kernel="adopter.kernels.dropout_add_layer_norm",
     doc=DOC,
     dsl=DSL,

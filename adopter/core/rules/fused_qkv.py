@@ -70,7 +70,8 @@ in the class — another call in the same function (LongT5's side keys ``self.k(
 the other branch of ``if is_cross_attention`` (k/v of ``encoder_hidden_states``: BROS,
 ConvBERT), another method, a subclass in the same file (kept out although the guarded kernel
 would leave those uses intact: a projection with other uses is rarely a plain attention
-projection). A use that only (re)initialises a projection's parameters does not count
+projection) — unless that method calls the three projections once each on one input, another
+attention over the same projections (a subclass's SDPA forward): that is a QKV site too. A use that only (re)initialises a projection's parameters does not count
 (``nn.init.f(self.wq.weight)``, ``self.wq.bias.data.zero_()``, ``self.wq.reset_parameters()``, or
 ``for lin in (self.wq, self.wk, self.wv): nn.init.f(lin.weight)``): the kernel reads the current
 weights at every call. Grouped-query projections (k/v narrower than q) match: the kernel splits
@@ -183,10 +184,13 @@ def _modules_used_only_here(ctx: MatchContext) -> str | None:
     if ctx.cls is None or ctx.source is None:
         return None
     matched = {(mn.node.span.line, mn.node.span.col) for mn in ctx.match.nodes if mn.node.span is not None}
+    others: dict[str, list[tuple[str, int, int]]] = {}  # Class.method -> (attr, line, col) of its uses
+    attrs = []
     for name in ("$a", "$b", "$c"):
         v = ctx.binding(name)
         if not isinstance(v, Var) or not v.name.startswith("self."):
             continue
+        attrs.append(v.name[len("self."):])
         owner = _binding_owner(ctx, v.name)
         if not _may_have_other_uses(ctx, v.name, owner):
             continue
@@ -195,8 +199,41 @@ def _modules_used_only_here(ctx: MatchContext) -> str | None:
             return f"cannot read the uses of {v.name} in class {owner}"
         for line, col, where in uses:
             if (line, col) not in matched and not _initialisation_use(ctx.source, line, col):
-                return f"{v.name} is also used at line {line} ({where}): fusing would remove the module"
+                others.setdefault(where, []).append((v.name, line, col))
+    for where, uses in sorted(others.items(), key=lambda kv: kv[1][0][1:]):
+        if not _projects_all_three(ctx.source, attrs, uses):
+            name, line, _col = min(uses, key=lambda u: u[1:])
+            return f"{name} is also used at line {line} ({where}): fusing would remove the module"
     return None
+
+
+def _projects_all_three(source: str, attrs: list[str], uses: list[tuple[str, int, int]]) -> bool:
+    """Whether a method's uses of the projections are the three called once each on one input
+    (``self.query(h)``, ``self.key(h)``, ``self.value(h)``): another attention over the same
+    projections (a subclass's SDPA forward), itself a QKV site, not a projection put to another use."""
+    if len(attrs) != 3 or len(uses) != 3 or {u[0] for u in uses} != {f"self.{a}" for a in attrs}:
+        return False
+    calls = _self_calls_at(source)
+    inputs = set()
+    for _name, line, col in uses:
+        call = calls.get((line, col))
+        if call is None or len(call.args) != 1 or call.keywords or isinstance(call.args[0], ast.Starred):
+            return False
+        inputs.add(ast.dump(call.args[0]))
+    return len(inputs) == 1
+
+
+@per_file
+@lru_cache(maxsize=8)
+def _self_calls_at(source: str) -> dict[tuple[int, int], ast.Call]:
+    """(line, col) of ``self.<attr>`` -> the call ``self.<attr>(...)`` it is the callee of."""
+    tree = parse_file(source)
+    out: dict[tuple[int, int], ast.Call] = {}
+    for node in walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+            out[(node.func.lineno, node.func.col_offset)] = node
+    return out
 
 
 # ``torch.nn.init`` functions and in-place tensor methods that (re)initialise a parameter

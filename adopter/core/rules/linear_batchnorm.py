@@ -55,6 +55,7 @@ RUNTIME = layer_pair_runtime(LINEAR, BATCH_NORM_1D, "out_features")
 
 RULE = Rule(
     name="Linear_BatchNorm",
+    chain=True,
     kernel="adopter.kernels.linear_bn",
     doc=DOC,
     dsl=DSL,
