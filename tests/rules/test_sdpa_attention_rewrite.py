@@ -288,3 +288,24 @@ def test_offset_causal_mask_is_the_sources_not_sdpas_top_left():
     assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {True}
     torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(top_left.transpose(1, 2).reshape(2, 5, 32), out_a, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["LengthsMask", "FlagCausal"])
+def test_branch_masks_that_block_a_whole_row_run_the_sources_ops(name):
+    """A mask built in a branch that leaves a query row no key (a sequence of length 0; a padding
+    that keeps no key): the source's softmax of that row is NaN (-inf fills) or uniform (-finfo.max
+    fills), not SDPA's; the kernel's guards see the mask the branch built and run the source's ops,
+    bitwise equal, NaN where the source is NaN."""
+    before = _load(FIXTURES / "positive_branch_masks.py", "sdpa_blocked_before")
+    after = _load(SNAPSHOTS / "positive_branch_masks.rewritten.py", "sdpa_blocked_after")
+    torch.manual_seed(0)
+    original = getattr(before, name)(32, 4).eval()
+    rewritten = getattr(after, name)(32, 4).eval()
+    rewritten.load_state_dict(original.state_dict())
+    x = torch.randn(2, 7, 32)
+    blocking = torch.tensor([7, 0]) if name == "LengthsMask" else torch.zeros(2, 7, dtype=torch.bool)
+    with torch.no_grad(), count_kernel_calls() as calls:
+        out_a, out_b = original(x, blocking), rewritten(x, blocking)
+    assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {False}, calls.calls
+    assert torch.equal(out_b.isnan(), out_a.isnan()) and out_a.isnan().any() == (name == "LengthsMask")
+    torch.testing.assert_close(out_b, out_a, rtol=0, atol=0, equal_nan=True)
