@@ -72,7 +72,9 @@ softmax other than float32 cast back right after it (``probs-dtype``: another ma
 SDPA's), a softmax not over ``dim=-1`` (``dim-not-last``), a branch inside the attention that is
 none of the above (``branch-straddle``: a mask built from the scores' values — top-k —, a branch
 that keeps something of the scores, binds a name its condition reads, has a condition calling a
-function — it is evaluated again at the call — or an ``else``). Not a match: anything else inside the region (a head mask, a
+function — it is evaluated again at the call —, an ``else``, or a query or key written in the product
+as more than a name, an attribute or its transpose: reading their sizes would run it again). Not a
+match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, fills on both sides of the additive mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
 directly (they feed another product first) is no candidate. A helper function that callers

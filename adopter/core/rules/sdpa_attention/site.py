@@ -560,8 +560,7 @@ class _Interpreter:
         if self.tracked(stmt.test) or stmt.orelse or not stmt.body:
             raise NotCovered(f"line {stmt.lineno}: a branch inside the attention", "branch-straddle")
         *building, update = stmt.body
-        if building:
-            reads = self._built_mask(stmt, building)
+        reads = self._built_mask(stmt, building) if building else []
         if not self._conditional_update(update, stmt.test):
             if building:
                 raise NotCovered(f"line {stmt.lineno}: a branch inside the attention whose last statement is not "
@@ -632,8 +631,9 @@ class _Interpreter:
         name is one of the scores' last two sizes (``s.shape[-1]``, ``s.shape[-2]``,
         ``s.shape[-2:]``, ``s.size(-1)``, ``s.size(-2)``) or their device, and the query and key as
         written can be evaluated again where the statement is (names, attributes, a transpose of
-        one); None otherwise."""
-        if not _assigns_names(stmt) or _holds(stmt, self.first) or _holds(stmt, self.last_node):
+        one), and it binds no name holding the scores or probabilities; None otherwise."""
+        if (not _assigns_names(stmt) or _holds(stmt, self.first) or _holds(stmt, self.last_node)
+                or _stores(stmt) & set(self.env)):
             return None
         forms = {}
         for node in walk(stmt):
