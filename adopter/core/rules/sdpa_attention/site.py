@@ -60,6 +60,8 @@ class Scores:
     # the boolean fills in order: (mask, value, test); value LOWEST for -torch.finfo(<scores>.dtype).max
     fills: list[tuple[ast.expr, ast.expr | str, ast.expr | None]] = field(default_factory=list)
     fill_first: bool = False  # the fills come before the additive mask
+    # the softmax has read them: a later scale, mask or fill of the same name is not the softmax's
+    read: bool = False
 
 
 # A fill value that is the most negative finite number of the scores' own dtype, as the source
@@ -360,6 +362,7 @@ class _Interpreter:
         raise NotCovered(f"line {node.lineno}: {ast.unparse(node)[:60]!r} on the scores is not covered")
 
     def _scale(self, s: Scores, kind: str, factor: ast.expr, *, line: int = 0) -> Scores:
+        _not_after_softmax(s, factor)
         if s.scale is not None:
             raise NotCovered(f"line {factor.lineno}: the scores are scaled twice")
         if s.mask is not None or s.fills:
@@ -368,6 +371,7 @@ class _Interpreter:
         return s
 
     def _add(self, s: Scores, term: ast.expr, test: ast.expr | None) -> Scores:
+        _not_after_softmax(s, term)
         if s.mask is not None:
             raise NotCovered(f"line {term.lineno}: a second additive term on the scores")
         s.mask, s.mask_test = self._plain(term, "mask"), test
@@ -396,6 +400,7 @@ class _Interpreter:
                 and isinstance(self.env.get(arg.value.id), Scores))
 
     def _fill(self, s: Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> Scores:
+        _not_after_softmax(s, mask)
         if s.mask is not None and s.fill_first:
             raise NotCovered(f"line {mask.lineno}: masked_fill on both sides of the additive mask")
         value = LOWEST if self._lowest(value) else self._plain(value, "fill value")
@@ -446,7 +451,9 @@ class _Interpreter:
                 upcast = True
             if dim is None or _literal(dim) != -1:
                 raise NotCovered(f"line {node.lineno}: the softmax is not over dim=-1", "dim-not-last")
-            return Probs(subject.scores if isinstance(subject, _Upcast) else subject, upcast=upcast)
+            scores = subject.scores if isinstance(subject, _Upcast) else subject
+            scores.read = True
+            return Probs(scores, upcast=upcast)
         if name in ("masked_fill", "masked_fill_") and isinstance(subject, Scores):
             mask = kw.get("mask", rest[0] if rest else None)
             value = kw.get("value", rest[1] if len(rest) > 1 else None)
@@ -649,6 +656,13 @@ class _Interpreter:
                     return None
                 reads.append(forms[id(node)])
         return reads
+
+def _not_after_softmax(s: Scores, node: ast.expr) -> None:
+    """A scale, mask or fill of scores the softmax has already read changes nothing the attention
+    computes: it is not the kernel's to take."""
+    if s.read:
+        raise NotCovered(f"line {node.lineno}: the scores are updated after the softmax read them")
+
 
 def _another_product(node: ast.expr) -> NotCovered:
     """The scores or probabilities feed a product other than the matched output product: the
