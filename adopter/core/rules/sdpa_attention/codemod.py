@@ -52,9 +52,10 @@ def shape_text(ctx: FileContext, scores: Scores, kind: str, bare: bool = False) 
     """What ``<scores>.shape[-2]`` ("rows"), ``.shape[-1]`` ("cols"), ``.shape[-2:]`` ("last2") or
     ``.device`` is, from the query and the key as the source wrote them: ``q @ kᵀ`` has the query's
     rows and the transposed key's columns; the einsum ``P i d, P j d -> P i j`` the query's and
-    the key's second-last sizes. (A scale or mask applied before the read that broadcast the scores
-    to more rows or columns — a one-row query against a many-row mask — would make the source's
-    sizes larger; attention never does that: its output would have more rows than its query.)"""
+    the key's second-last sizes. Assumed, not proven: no scale, mask or fill applied before the read
+    broadcasts the scores to more rows or columns than the product's (a one-row query against a
+    many-row mask would; the source's output would then have more rows than its query, which the
+    reshape after an attention rejects; the kernel sees those terms, not this read).)"""
     q, key = arg_text(ctx, scores.q), scores.key
     if scores.einsum or _last_two_swapped(key):  # (the key itself: its second-last size)
         if not scores.einsum:
