@@ -5,7 +5,7 @@ guidelines in tests/corpus/README.md): no false positive, recall >= 0.97; tests/
 targets, xfail (measured, not tuned); tests/corpus/llm_styles/ (self-written LLM files, labelled
 blind to the scanner, scanned with the LLM rule pack too): the same targets, asserted (issue 24);
 tests/corpus/wild/ (issue 35's styles, labelled blind to the scanner, scanned with every rule): the
-same targets, xfail for now.
+same targets, asserted.
 
 Scans only the labelled files (static, a few seconds). The labels are tied to the exact text of
 each file (sha256); files that changed since labelling are left out, and the tests skip when none
@@ -264,8 +264,6 @@ def test_wild_scan_reads_every_file(wild_score):
     assert report.errors == [], [e.to_json() for e in report.errors]
 
 
-@pytest.mark.xfail(strict=False, reason="wild corpus (issue 35): measured; the lead sets the marking after the "
-                                        "rule work lands")
 def test_wild_no_false_positive_and_recall_per_rule(wild_score):
     # The bar of issue 35: per-rule precision >= 0.98 and recall >= 0.95 on this corpus. With a
     # few labels per rule a single false positive already breaks 0.98: asserted as none.

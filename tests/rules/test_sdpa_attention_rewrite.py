@@ -215,3 +215,102 @@ def test_softmax_partials_only_attributes_bound_to_the_softmax_alone():
         "        self.f = P(F.relu, inplace=False)\n")
     found = softmax_partials(tree.body[-1], tree)
     assert {a: sorted(kw) for a, kw in found.items()} == {"a": ["dim"], "b": ["dim", "dtype"]}
+
+
+# (class, constructor arguments, inputs) with the mask's branch taken / not taken: the flags, the
+# lengths, the remembered tokens (more keys than queries: the causal mask aligned to the last key)
+_LENGTHS = torch.tensor([7, 4])
+BRANCH_MASKS = {
+    ("FlagCausal", True): ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32), _KEEP)),
+    ("FlagCausal", False): ((32, 4), {"p": 0.2, "causal": False}, lambda: (torch.randn(2, 7, 32),)),
+    ("CausalWithMemory", True): ((32, 4), {}, lambda: (torch.randn(2, 5, 32), torch.randn(2, 3, 32))),
+    ("CausalWithMemory", False): ((32, 4), {"causal": False}, lambda: (torch.randn(2, 5, 32), torch.randn(2, 3, 32))),
+    ("LengthsMask", True): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), _LENGTHS)),
+    ("LengthsMask", False): ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    ("AlibiThenCausal", True): ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    ("AlibiThenCausal", False): ((32, 4), {"alibi": False, "causal": False}, lambda: (torch.randn(2, 7, 32),)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BRANCH_MASKS), ids=lambda c: f"{c[0]}:{'taken' if c[1] else 'not-taken'}")
+@pytest.mark.parametrize("train", [False, True])
+def test_masks_built_in_branches(case, train):
+    """A mask built under an `if` from the scores' shape (positive_branch_masks): the rewrite keeps
+    the building statements (the sizes read from the query and key) and passes the mask only where
+    the branch ran; eval and train, forward and backward, equal the source's, the branch taken and
+    not. The fused path runs where no dropout is drawn; with dropout drawn the source's ops run,
+    bitwise equal."""
+    name, taken = case
+    before = _load(FIXTURES / "positive_branch_masks.py", "sdpa_branch_before")
+    after = _load(SNAPSHOTS / "positive_branch_masks.rewritten.py", "sdpa_branch_after")
+    args, kwargs, inputs = BRANCH_MASKS[case]
+    torch.manual_seed(0)
+    original = getattr(before, name)(*args, **kwargs).train(train)
+    rewritten = getattr(after, name)(*args, **kwargs).train(train)
+    rewritten.load_state_dict(original.state_dict())
+    torch.manual_seed(1)
+    xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs()]
+    results = []
+    for model in (original, rewritten):
+        torch.manual_seed(2)  # (the same dropout draws)
+        with count_kernel_calls() as calls:
+            out = model(*xs)
+        out.pow(2).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone() for x in xs if x.requires_grad]
+        for x in xs:
+            x.grad = None
+        results.append((out.detach(), grads, calls))
+    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
+    draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules())
+    assert paths == ({False} if draws else {True}), calls.calls
+    if draws:  # the source's ops with the user's dropout
+        assert torch.equal(out_b, out_a) and all(torch.equal(b, a) for a, b in zip(grads_a, grads_b))
+    else:
+        torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
+        for a, b in zip(grads_a, grads_b):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    assert not math.isnan(out_b.sum().item())
+
+
+def test_offset_causal_mask_is_the_sources_not_sdpas_top_left():
+    """More keys than queries: the source's `triu(j - i + 1)` lets query row r see keys up to
+    r + (j - i) (aligned to the last key); SDPA's `is_causal` would align to the first key. The
+    rewrite passes the source's mask, and the output equals the source's, not the top-left one."""
+    before = _load(FIXTURES / "positive_branch_masks.py", "sdpa_offset_before")
+    after = _load(SNAPSHOTS / "positive_branch_masks.rewritten.py", "sdpa_offset_after")
+    torch.manual_seed(0)
+    original = before.CausalWithMemory(32, 4).eval()
+    rewritten = after.CausalWithMemory(32, 4).eval()
+    rewritten.load_state_dict(original.state_dict())
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 3, 32)
+    with torch.no_grad(), count_kernel_calls() as calls:
+        out_a, out_b = original(x, memory), rewritten(x, memory)
+        context = torch.cat((memory, x), dim=1)
+        q = original.q(x).view(2, 5, 4, -1).transpose(1, 2)
+        k, v = original.kv(context).view(2, 8, 2, 4, -1).permute(2, 0, 3, 1, 4)
+        top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {True}
+    torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(top_left.transpose(1, 2).reshape(2, 5, 32), out_a, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["LengthsMask", "FlagCausal"])
+def test_branch_masks_that_block_a_whole_row_run_the_sources_ops(name):
+    """A mask built in a branch that leaves a query row no key (a sequence of length 0; a padding
+    that keeps no key): the source's softmax of that row is NaN (-inf fills) or uniform (-finfo.max
+    fills), not SDPA's; the kernel's guards see the mask the branch built and run the source's ops,
+    bitwise equal, NaN where the source is NaN."""
+    before = _load(FIXTURES / "positive_branch_masks.py", "sdpa_blocked_before")
+    after = _load(SNAPSHOTS / "positive_branch_masks.rewritten.py", "sdpa_blocked_after")
+    torch.manual_seed(0)
+    original = getattr(before, name)(32, 4).eval()
+    rewritten = getattr(after, name)(32, 4).eval()
+    rewritten.load_state_dict(original.state_dict())
+    x = torch.randn(2, 7, 32)
+    blocking = torch.tensor([7, 0]) if name == "LengthsMask" else torch.zeros(2, 7, dtype=torch.bool)
+    with torch.no_grad(), count_kernel_calls() as calls:
+        out_a, out_b = original(x, blocking), rewritten(x, blocking)
+    assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {False}, calls.calls
+    assert torch.equal(out_b.isnan(), out_a.isnan()) and out_a.isnan().any() == (name == "LengthsMask")
+    torch.testing.assert_close(out_b, out_a, rtol=0, atol=0, equal_nan=True)

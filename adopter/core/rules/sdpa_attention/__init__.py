@@ -48,7 +48,14 @@ and boolean fills in order, all before or all after it, each optionally under it
 one-statement ``if`` (``s.masked_fill(b, float('-inf'))``: nanoGPT's causal
 ``self.bias[:, :, :T, :T] == 0``, a padding ``~keep``; the value ``-inf`` or the scores'
 ``-torch.finfo(s.dtype).max``, inline or bound to a name in the region: x-transformers'
-``mask_value``), ``softmax(..., dim=-1)`` (also through
+``mask_value``); the fill or added mask may come last in an ``if`` (no ``else``) whose statements
+before it build the mask as assignments to names reading the scores only through their last two
+sizes or their device (x-transformers' ``if self.causal: i, j = sim.shape[-2:]; causal_mask =
+torch.ones((i, j), dtype=torch.bool, device=...).triu(j - i + 1)``, an ``arange`` comparison,
+``if lengths is not None:`` a padding mask from the keys' count): those statements stay, the sizes
+read from the query and key, and the mask goes to the call as ``(m if <test> else None)``, the
+source's own mask (a key length above the query length keeps the source's alignment, never SDPA's
+top-left ``is_causal``); ``softmax(..., dim=-1)`` (also through
 an attribute bound as ``partial(F.softmax, dim=-1)``; also computed in float32 and cast back:
 Llama's ``softmax(s.float(), dim=-1).type_as(q)``, ``softmax(s, dim=-1,
 dtype=torch.float32).to(q.dtype)``), at most one dropout of the probabilities (an ``nn.Dropout`` bound in ``__init__``, or ``F.dropout``), and the
@@ -62,9 +69,12 @@ and the scale, mask, fill, fill value and dropout as expressions evaluated where
 probabilities read besides the output product (``probs-read``: returned as attention weights —
 transformers' ``eager_attention_forward`` —, stored, printed), a cast or ``dtype=`` around the
 softmax other than float32 cast back right after it (``probs-dtype``: another math than
-SDPA's), a softmax not over ``dim=-1`` (``dim-not-last``), a branch whose body does more than
-one fill or one added mask (``branch-straddle``: a causal mask built there from the scores'
-shape). Not a match: anything else inside the region (a head mask, a
+SDPA's), a softmax not over ``dim=-1`` (``dim-not-last``), a branch inside the attention that is
+none of the above (``branch-straddle``: a mask built from the scores' values — top-k —, a branch
+that keeps something of the scores, binds a name its condition reads, has a condition calling a
+function — it is evaluated again at the call —, an ``else``, or a query or key written in the product
+as more than a name, an attribute or its transpose: reading their sizes would run it again). Not a
+match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, fills on both sides of the additive mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
 directly (they feed another product first) is no candidate. A helper function that callers

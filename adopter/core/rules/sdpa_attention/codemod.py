@@ -3,7 +3,10 @@
 The statements before the output product that only computed the scores and probabilities are
 deleted; the output product (``attn @ v``, wherever it sits in its statement) becomes
 ``sdpa(q, <key as written>, v, scale=..., mask=..., fill=..., dropout=...)``; a mask or
-fill added under ``if <test>:`` is passed as ``(m if <test> else None)``.
+fill added under ``if <test>:`` is passed as ``(m if <test> else None)``. Statements that build a
+mask from the scores' shape (in that ``if`` or before it) stay where they are, their reads of the
+scores' last two sizes and device taken from the query and key (:func:`shape_text`); only the
+update of the scores leaves the ``if``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ import ast
 from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_exprs, pos
 from adopter.core.codemod.context import FileContext, Skip
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
-from adopter.core.rules.sdpa_attention.site import LOWEST, NotCovered, dropout_attrs, interpret, softmax_partials
+from adopter.core.rules.sdpa_attention.site import (
+    LOWEST,
+    NotCovered,
+    Scores,
+    dropout_attrs,
+    interpret,
+    softmax_partials,
+)
 from adopter.core.structures import Match
 from adopter.core.syntax import walk
 
@@ -36,6 +46,38 @@ def _conditional(ctx: FileContext, term: ast.expr, test: ast.expr | None) -> str
             and ast.dump(test.left) == ast.dump(term)):
         return text  # ``if m is not None: s = s + m``: the kernel takes None as no mask
     return f"({text} if {arg_text(ctx, test)} else None)" if test is not None else text
+
+
+def shape_text(ctx: FileContext, scores: Scores, kind: str, bare: bool = False) -> str:
+    """What ``<scores>.shape[-2]`` ("rows"), ``.shape[-1]`` ("cols"), ``.shape[-2:]`` ("last2") or
+    ``.device`` is, from the query and the key as the source wrote them: ``q @ kᵀ`` has the query's
+    rows and the transposed key's columns; the einsum ``P i d, P j d -> P i j`` the query's and
+    the key's second-last sizes. Assumed, not proven: no scale, mask or fill applied before the read
+    broadcasts the scores to more rows or columns than the product's (a one-row query against a
+    many-row mask would; the source's output would then have more rows than its query, which the
+    reshape after an attention rejects; the kernel sees those terms, not this read).)"""
+    q, key = arg_text(ctx, scores.q), scores.key
+    if scores.einsum or _last_two_swapped(key):  # (the key itself: its second-last size)
+        if not scores.einsum:
+            key = key.func.value if isinstance(key, ast.Call) else key.value
+        key_text, cols, last = arg_text(ctx, key), "[-2]", "[-2:-1]"
+    else:  # (``k.transpose(2, 3)``: its last size, whatever the key's rank)
+        key_text, cols, last = arg_text(ctx, key), "[-1]", "[-1:]"
+    pair = f"{q}.shape[-2:-1] + {key_text}.shape{last}"
+    return {
+        "rows": f"{q}.shape[-2]",
+        "cols": f"{key_text}.shape{cols}",
+        "last2": pair if bare else f"({pair})",
+        "device": f"{q}.device",
+    }[kind]
+
+
+def _last_two_swapped(key: ast.expr) -> bool:
+    """``k.mT``, ``k.transpose(-2, -1)`` or ``k.transpose(-1, -2)`` (the region's key is one of these or
+    ``k.transpose(2, 3)``): the key's last two dims swapped whatever its rank."""
+    if isinstance(key, ast.Attribute):
+        return key.attr == "mT"
+    return isinstance(key, ast.Call) and {ast.unparse(a) for a in key.args} == {"-1", "-2"}
 
 
 class SdpaAttentionCodemod(Codemod):
@@ -84,10 +126,18 @@ class SdpaAttentionCodemod(Codemod):
             args.append(f"einsum=({s.einsum!r}, {site.out_einsum!r})")
         spec, local = kernel_name(ctx, KERNEL)
         text = f"{local}({', '.join(args)})"
+        whole = {id(st.value) for st in site.kept if isinstance(st, ast.Assign)} | {
+            id(inner.value) for st in site.kept if isinstance(st, ast.If) for inner in st.body
+            if isinstance(inner, ast.Assign)}  # (``i, j = <read>``: no parentheses needed)
+        shape_edits = tuple(
+            ExprEdit(ctx.char_span(read), shape_text(ctx, s, kind, bare=id(read) in whole))
+            for read, kind in site.shape_reads)
+        # (the kept statements are in the region's block: listed, so the shape reads are found in them)
+        region = sorted((*site.consumed, *site.kept, site.last), key=lambda st: (st.lineno, st.col_offset))
         forward = ForwardEdit(
-            statements=tuple(pos(ctx, st) for st in (*site.consumed, site.last)),
+            statements=tuple(pos(ctx, st) for st in region),
             anchor=pos(ctx, site.last),
-            expr_edits=(ExprEdit(ctx.char_span(site.output), text),),
-            delete=tuple(pos(ctx, st) for st in site.consumed),
+            expr_edits=(*shape_edits, ExprEdit(ctx.char_span(site.output), text)),
+            delete=tuple(pos(ctx, st) for st in (*site.consumed, *site.inner_deleted)),
         )
         return Edit(rule=self.rule, forward=forward, imports=(spec,))

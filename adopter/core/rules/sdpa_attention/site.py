@@ -10,6 +10,9 @@ product, in one block of one function. Each statement is interpreted over a smal
     s = s.masked_fill(b, float('-inf'))  |  torch.masked_fill(...)  boolean fills, each optionally
         under its own `if <test>:`; the value -inf or -torch.finfo(s.dtype).max (also through a
         name bound to it in the region): all before or all after the additive mask
+    if <test>: <names> = ...; s = s.masked_fill(b, v)  |  s = s + m   a mask built in the branch, reading
+        the scores only as their last two sizes or device (``i, j = s.shape[-2:]``); also such
+        assignments outside a branch: kept in place, those reads taken from the query and key
     p = softmax(s, dim=-1)  (F./torch./tensor method)              the softmax, over the last dim
     p = self.drop(p)  |  F.dropout(p, p=P, training=T)             dropout of the probabilities
     o = p @ v  |  torch.matmul(p, v)  |  torch.einsum('bhij,bhjd->bhid', p, v)   (inside any expression)
@@ -57,6 +60,8 @@ class Scores:
     # the boolean fills in order: (mask, value, test); value LOWEST for -torch.finfo(<scores>.dtype).max
     fills: list[tuple[ast.expr, ast.expr | str, ast.expr | None]] = field(default_factory=list)
     fill_first: bool = False  # the fills come before the additive mask
+    # the softmax has read them: a later scale, mask or fill of the same name is not the softmax's
+    read: bool = False
 
 
 # A fill value that is the most negative finite number of the scores' own dtype, as the source
@@ -104,6 +109,11 @@ class Attention:
     consumed: list[ast.stmt] = field(default_factory=list)  # statements deleted (before ``last``)
     names: list[str] = field(default_factory=list)  # names holding scores/probabilities
     moved: list[ast.expr] = field(default_factory=list)  # expressions evaluated at the call instead
+    # statements of the region kept in place (a mask built under an ``if`` from the scores' shape,
+    # the ``if`` itself), their reads of the scores' shape rewritten: see :meth:`_Interpreter._built_mask`
+    kept: list[ast.stmt] = field(default_factory=list)
+    inner_deleted: list[ast.stmt] = field(default_factory=list)  # the scores' update inside a kept ``if``
+    shape_reads: list[tuple[ast.expr, str]] = field(default_factory=list)  # (read, "rows" | "cols" | "last2" | "device")
 
 
 @per_node(64)
@@ -252,6 +262,9 @@ class _Interpreter:
         self.read_at: list[tuple[ast.expr, int]] = []  # (moved expression, index in the region where read)
         self.at = 0
         self.result: tuple | None = None
+        self.kept: list[ast.stmt] = []
+        self.inner_deleted: list[ast.stmt] = []
+        self.shape_reads: list[tuple[ast.expr, str]] = []
 
     # ------------------------------------------------------------ expressions
 
@@ -349,6 +362,7 @@ class _Interpreter:
         raise NotCovered(f"line {node.lineno}: {ast.unparse(node)[:60]!r} on the scores is not covered")
 
     def _scale(self, s: Scores, kind: str, factor: ast.expr, *, line: int = 0) -> Scores:
+        _not_after_softmax(s, factor)
         if s.scale is not None:
             raise NotCovered(f"line {factor.lineno}: the scores are scaled twice")
         if s.mask is not None or s.fills:
@@ -357,6 +371,7 @@ class _Interpreter:
         return s
 
     def _add(self, s: Scores, term: ast.expr, test: ast.expr | None) -> Scores:
+        _not_after_softmax(s, term)
         if s.mask is not None:
             raise NotCovered(f"line {term.lineno}: a second additive term on the scores")
         s.mask, s.mask_test = self._plain(term, "mask"), test
@@ -385,6 +400,7 @@ class _Interpreter:
                 and isinstance(self.env.get(arg.value.id), Scores))
 
     def _fill(self, s: Scores, mask: ast.expr, value: ast.expr, test: ast.expr | None) -> Scores:
+        _not_after_softmax(s, mask)
         if s.mask is not None and s.fill_first:
             raise NotCovered(f"line {mask.lineno}: masked_fill on both sides of the additive mask")
         value = LOWEST if self._lowest(value) else self._plain(value, "fill value")
@@ -435,7 +451,9 @@ class _Interpreter:
                 upcast = True
             if dim is None or _literal(dim) != -1:
                 raise NotCovered(f"line {node.lineno}: the softmax is not over dim=-1", "dim-not-last")
-            return Probs(subject.scores if isinstance(subject, _Upcast) else subject, upcast=upcast)
+            scores = subject.scores if isinstance(subject, _Upcast) else subject
+            scores.read = True
+            return Probs(scores, upcast=upcast)
         if name in ("masked_fill", "masked_fill_") and isinstance(subject, Scores):
             mask = kw.get("mask", rest[0] if rest else None)
             value = kw.get("value", rest[1] if len(rest) > 1 else None)
@@ -520,6 +538,11 @@ class _Interpreter:
             return True
         if not _holds(stmt, self.first) and not self.tracked(stmt):
             return False
+        reads = self._shape_only(stmt)
+        if reads is not None:  # ``i, j = s.shape[-2:]``: kept, read from the query and key instead
+            self.kept.append(stmt)
+            self.shape_reads += reads
+            return False
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             if self._lowest(stmt.value) and not isinstance(stmt.value, ast.Name):  # mask_value = -finfo(s.dtype).max
                 self.env[stmt.targets[0].id] = _Lowest()
@@ -535,18 +558,36 @@ class _Interpreter:
 
     def _conditional(self, stmt: ast.If) -> bool:
         """``if <test>: s = s + m`` / ``s = s.masked_fill(b, v)`` (no else): the term is passed as
-        ``(m if <test> else None)``."""
+        ``(m if <test> else None)``. Statements before the update in the branch that build the mask
+        (:meth:`_built_mask`) stay where they are; the branch then stays, less the update."""
         if not self.tracked(stmt):
             if any(n is self.first or n is self.last_node for n in walk(stmt)):
                 raise NotCovered(f"line {stmt.lineno}: a product of the attention under a branch")
             return False
-        inner = stmt.body[0] if len(stmt.body) == 1 and not stmt.orelse else None
-        if self.tracked(stmt.test) or inner is None:
+        if self.tracked(stmt.test) or stmt.orelse or not stmt.body:
             raise NotCovered(f"line {stmt.lineno}: a branch inside the attention", "branch-straddle")
+        *building, update = stmt.body
+        reads = self._built_mask(stmt, building) if building else []
+        if not self._conditional_update(update, stmt.test):
+            if building:
+                raise NotCovered(f"line {stmt.lineno}: a branch inside the attention whose last statement is not "
+                                 "`+ mask` or `masked_fill` of the scores", "branch-straddle")
+            raise NotCovered(f"line {stmt.lineno}: a conditional update of the scores that is not `+ mask` or "
+                             "`masked_fill` under a test")
+        if not building:
+            return True
+        self.kept.append(stmt)
+        self.inner_deleted.append(update)
+        self.shape_reads += reads
+        return False
+
+    def _conditional_update(self, inner: ast.stmt, test: ast.expr) -> bool:
+        """Whether ``inner`` is ``s += m``, ``s = s + m`` or ``s = s.masked_fill(b, v)`` of the scores
+        (then taken as the term under ``test``)."""
         if isinstance(inner, ast.AugAssign) and isinstance(inner.op, ast.Add) and isinstance(inner.target, ast.Name):
             s = self.env.get(inner.target.id)
             if isinstance(s, Scores) and not self.tracked(inner.value):
-                self._add(s, inner.value, stmt.test)
+                self._add(s, inner.value, test)
                 return True
         if isinstance(inner, ast.Assign) and len(inner.targets) == 1 and isinstance(inner.targets[0], ast.Name):
             name = inner.targets[0].id
@@ -555,16 +596,72 @@ class _Interpreter:
             if isinstance(s, Scores) and s.mask is None and isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add):
                 for mine, other in ((v.left, v.right), (v.right, v.left)):
                     if isinstance(mine, ast.Name) and mine.id == name and not self.tracked(other):
-                        self._add(s, other, stmt.test)
+                        self._add(s, other, test)
                         return True
             if (isinstance(s, Scores) and isinstance(v, ast.Call) and _func_name(v.func) == "masked_fill"
                     and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name)
                     and v.func.value.id == name and len(v.args) == 2 and not v.keywords
                     and not self.tracked(v.args[0]) and (self._lowest(v.args[1]) or not self.tracked(v.args[1]))):
-                self._fill(s, v.args[0], v.args[1], stmt.test)
+                self._fill(s, v.args[0], v.args[1], test)
                 return True
-        raise NotCovered(f"line {stmt.lineno}: a conditional update of the scores that is not `+ mask` or "
-                         "`masked_fill` under a test")
+        return False
+
+    def _built_mask(self, branch: ast.If, building: list[ast.stmt]) -> list[tuple[ast.expr, str]]:
+        """The statements of ``branch`` before its update of the scores, which build the mask
+        (x-transformers' ``i, j = sim.shape[-2:]``, ``causal_mask = torch.ones((i, j), ...).triu(j - i
+        + 1)``): assignments to names that read the scores only through the last two sizes of their
+        shape or their device (:meth:`_shape_only`). They stay in the branch, those reads taken from
+        the query and key (the scores are not computed); the mask is passed as
+        ``(m if <test> else None)``, so ``<test>`` is evaluated again at the call: it must call
+        nothing and read no name the branch binds. Returns the shape reads."""
+        straddle = "branch-straddle"
+        if any(isinstance(n, ast.Call) for n in walk(branch.test)):
+            raise NotCovered(f"line {branch.lineno}: the condition of a branch building a mask calls a function "
+                             "(it would be evaluated again at the kernel call)", straddle)
+        reads: list[tuple[ast.expr, str]] = []
+        stored: set[str] = set()
+        for st in building:
+            found = self._shape_only(st) if self.tracked(st) else []
+            if found is None or not _assigns_names(st) or any(
+                    n is self.first or n is self.last_node for n in walk(st)):
+                raise NotCovered(f"line {st.lineno}: a branch inside the attention that reads the scores "
+                                 "other than their shape or device, or binds other than names", straddle)
+            reads += found
+            stored |= _stores(st)
+        if stored & set(self.env) or stored & _loads(branch.test):
+            raise NotCovered(f"line {branch.lineno}: a branch inside the attention binds "
+                             f"{', '.join(sorted(stored & (set(self.env) | _loads(branch.test))))}", straddle)
+        return reads
+
+    def _shape_only(self, stmt: ast.stmt) -> list[tuple[ast.expr, str]] | None:
+        """The reads of the scores in ``stmt``, an assignment to names, when every read of a tracked
+        name is one of the scores' last two sizes (``s.shape[-1]``, ``s.shape[-2]``,
+        ``s.shape[-2:]``, ``s.size(-1)``, ``s.size(-2)``) or their device, and the query and key as
+        written can be evaluated again where the statement is (names, attributes, a transpose of
+        one), and it binds no name holding the scores or probabilities; None otherwise."""
+        if (not _assigns_names(stmt) or _holds(stmt, self.first) or _holds(stmt, self.last_node)
+                or _stores(stmt) & set(self.env)):
+            return None
+        forms = {}
+        for node in walk(stmt):
+            found = _shape_form(node)
+            if found is not None:
+                forms[id(found[0])] = (node, found[1])
+        reads = []
+        for node in walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in self.env:
+                s = self.env[node.id]
+                if id(node) not in forms or not isinstance(s, Scores) or not (
+                        _reevaluable(s.q) and _reevaluable(s.key)):
+                    return None
+                reads.append(forms[id(node)])
+        return reads
+
+def _not_after_softmax(s: Scores, node: ast.expr) -> None:
+    """A scale, mask or fill of scores the softmax has already read changes nothing the attention
+    computes: it is not the kernel's to take."""
+    if s.read:
+        raise NotCovered(f"line {node.lineno}: the scores are updated after the softmax read them")
 
 
 def _another_product(node: ast.expr) -> NotCovered:
@@ -573,6 +670,53 @@ def _another_product(node: ast.expr) -> NotCovered:
     product; the one reading the probabilities is matched on its own)."""
     return NotCovered(f"line {node.lineno}: the scores or probabilities feed another product first",
                       candidate=False)
+
+
+def _assigns_names(stmt: ast.stmt) -> bool:
+    """``stmt`` is an assignment whose targets are names (or tuples/lists of names)."""
+    if isinstance(stmt, ast.AnnAssign):
+        return stmt.value is not None and isinstance(stmt.target, ast.Name)
+    if not isinstance(stmt, ast.Assign):
+        return False
+
+    def names(target: ast.expr) -> bool:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return all(names(e) for e in target.elts)
+        return isinstance(target, ast.Name)
+
+    return all(names(t) for t in stmt.targets)
+
+
+def _shape_form(node: ast.AST) -> tuple[ast.Name, str] | None:
+    """(the name, "rows" | "cols" | "last2" | "device") when ``node`` is ``<name>.shape[-2]``,
+    ``.shape[-1]``, ``.shape[-2:]``, ``.size(-2)``, ``.size(-1)`` or ``.device``."""
+    if isinstance(node, ast.Attribute) and node.attr == "device" and isinstance(node.value, ast.Name):
+        return node.value, "device"
+    if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
+            and isinstance(node.value.value, ast.Name)):
+        index = node.slice
+        if isinstance(index, ast.Slice):
+            if index.upper is None and index.step is None and index.lower is not None and _literal(index.lower) == -2:
+                return node.value.value, "last2"
+            return None
+        kind = {-1: "cols", -2: "rows"}.get(_literal(index))
+        return (node.value.value, kind) if kind else None
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size"
+            and isinstance(node.func.value, ast.Name) and len(node.args) == 1 and not node.keywords):
+        kind = {-1: "cols", -2: "rows"}.get(_literal(node.args[0]))
+        return (node.func.value, kind) if kind else None
+    return None
+
+
+def _reevaluable(node: ast.expr) -> bool:
+    """A name, an attribute of one, or its transpose over the last two dims (``k.transpose(-2, -1)``,
+    ``k.mT``): evaluated a second time (for the scores' shape) it is the same tensor and runs no
+    module or random draw."""
+    if isinstance(node, ast.Call) and _is_transposed_key(node):
+        node = node.func.value
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
 
 
 def _self_attr(func: ast.expr) -> str | None:
@@ -695,4 +839,5 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module, s
                 raise NotCovered(f"line {node.lineno}: {name!r} (attention scores or probabilities) is read "
                                  "outside the attention", "probs-read")
     return Attention(probs.scores, probs.dropout, v, out_eq, last, last_stmt, probs.upcast, probs.cast_back,
-                     [st for st in consumed if st is not last_stmt], names, it.moved)
+                     [st for st in consumed if st is not last_stmt], names, it.moved, it.kept, it.inner_deleted,
+                     it.shape_reads)
