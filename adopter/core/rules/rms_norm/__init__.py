@@ -17,8 +17,9 @@ self.weight.float())`` => ``offset=1.0, weight_before_cast=True, weight_fp32=Tru
 T5LayerNorm's cast to a half weight => ``cast_to_half_weight=True``. x-transformers'
 ``F.normalize(x, dim=-1) * self.scale * self.gamma`` => ``scaled_l2_norm(x, self.scale, self.gamma)``
 (another kernel: the L2 norm clamped by eps, see ``adopter.kernels.guarded_l2_norm``). The others are refused
-(``norm-variant``) with what differs: eps outside the square root, a bias, no float32 upcast,
-a division by ``sqrt``, no weight, a forward that computes more than the norm.
+(``norm-variant``) with what differs: eps outside the square root, a bias, a float32 norm never
+cast back, a division by ``sqrt``, no weight, a forward that computes more than the norm (the form
+without any upcast or cast is rewritten with ``upcast=False``).
 
 ``adopter.kernels.rms_norm`` decides at run time (tensor weight of the row size, numeric eps,
 float32/half input, not traced) and otherwise runs the form's eager formula.
@@ -110,8 +111,10 @@ Gemma ``(1.0 + self.weight.float())`` before the cast, and T5LayerNorm's ``x * r
 with ``if self.weight.dtype in [torch.float16, torch.bfloat16]: h = h.to(self.weight.dtype)``.
 The rewrite passes the form as keyword arguments and reproduces its dtype semantics exactly
 (bf16 input with a float32 weight gives a float32 result in Llama's form, a bf16 one in
-OLMo-2's). Refused (``norm-variant``): eps outside the square root, ``x / sqrt(...)``, a bias
-added to the result, no float32 upcast, no weight, a ``mean`` not over the last dimension
+OLMo-2's). The form with no float32 upcast and no cast, all in the input's dtype (mamba-style
+``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight``), is rewritten with
+``upcast=False``. Refused (``norm-variant``): eps outside the square root, ``x / sqrt(...)``, a bias
+added to the result, a float32 norm scaled and never cast back, no weight, a ``mean`` not over the last dimension
 (``dim-not-last``), a forward that takes more inputs or computes more than the norm (gated,
 grouped norms), a helper it calls that a same-file subclass overrides.
 x-transformers' RMSNorm, a forward returning ``F.normalize(x, dim=-1) * self.scale * self.gamma``
