@@ -339,11 +339,18 @@ def _conv_prepacked(conv: nn.Module, bn: nn.Module, x: torch.Tensor, tensors: tu
     return _conv_ops.conv_prepacked(x, hit[1], bias, padding, stride, dilation, groups, layout, attr)
 
 
+# the ReLU as functions and tensor methods, in place or not (``F.relu_`` is ``torch.relu_``)
+_RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_, torch.Tensor.relu, torch.Tensor.relu_)
+# those that write the ReLU into their input
+IN_PLACE_RELUS = (torch.relu_, torch.Tensor.relu_)
+
+
 def epilogue_activation(activation: Any) -> str:
     """``"relu"`` when ``activation(h)`` is ``torch.relu(h)`` (``nn.ReLU`` itself without hooks or a
-    ``forward`` of the instance's own, ``F.relu``, ``torch.relu``: the conv can apply it in its
+    ``forward`` of the instance's own, ``F.relu``, ``torch.relu``, their in-place and tensor-method
+    spellings: on a fresh output the in-place ones compute the same; the conv can apply it in its
     epilogue), else ``""`` (it is called)."""
-    if activation is F.relu or activation is torch.relu:
+    if activation in _RELU_FUNCTIONS:
         return "relu"
     if type(activation) is nn.ReLU and not plain_reason(activation, nn.ReLU):
         return "relu"  # (``inplace`` or not: it acts on the fresh conv output either way)

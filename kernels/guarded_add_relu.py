@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .guard_checks import context_reason, record_fallback
-from .guarded import epilogue_activation
+from .guarded import IN_PLACE_RELUS, epilogue_activation
 from .ops import finite
 from .policy import policy_reason
 from .telemetry import record
@@ -67,7 +67,9 @@ def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> 
     relu = "" if reason else epilogue_activation(activation)
     if not reason and not relu:
         reason = f"activation is {type(activation).__name__}, not a ReLU"
-    writes_new = not (isinstance(activation, nn.ReLU) and activation.inplace)
+    # an in-place ReLU writes into the sum, as the fused in-place add does: nothing else to guard
+    writes_new = not ((isinstance(activation, nn.ReLU) and activation.inplace)
+                      or any(activation is f for f in IN_PLACE_RELUS))
     if not reason and in_place and writes_new and not (unshared and _storage_unshared(x)):
         reason = "the sum is read elsewhere (x is referenced or viewed)"
     if not reason and not (finite.known(x) and finite.known(residual)):
@@ -100,8 +102,18 @@ def add_relu(activation: Any, x: Any, residual: Any, in_place: bool = False) -> 
 def _original(activation: Any, x: Any, residual: Any, in_place: bool) -> Any:
     if in_place:
         x += residual
-        return activation(x)
-    return activation(x + residual)
+        return _apply(activation, x)
+    return _apply(activation, x + residual)
+
+
+def _apply(activation: Any, t: Any) -> Any:
+    """``activation(t)``; a tensor method handed as ``torch.Tensor.relu`` is called as the method
+    (``t.relu()``), as the source wrote it: an fx proxy records it, the descriptor would refuse one."""
+    if activation is torch.Tensor.relu:
+        return t.relu()
+    if activation is torch.Tensor.relu_:
+        return t.relu_()
+    return activation(t)
 
 
 def _operands_reason(x: Any, residual: Any) -> str:

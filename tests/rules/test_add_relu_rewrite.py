@@ -31,6 +31,11 @@ CLASSES = {
     "FunctionalBlock": lambda ns: ns.FunctionalBlock(C),
     "TorchReluBlock": lambda ns: ns.TorchReluBlock(C),
     "RebindBlock": lambda ns: ns.RebindBlock(C),
+    # the in-place and tensor-method spellings of the ReLU (detectron2's F.relu_, .relu(), .relu_())
+    "InPlaceFunctionalBlock": lambda ns: ns.InPlaceFunctionalBlock(C),
+    "TorchReluOfSum": lambda ns: ns.TorchReluOfSum(C),
+    "MethodReluBlock": lambda ns: ns.MethodReluBlock(C),
+    "MethodInPlaceReluBlock": lambda ns: ns.MethodInPlaceReluBlock(C),
 }
 HAS_BN = {"Bottleneck", "BasicBlock"}  # (conv_bn folds: the results agree within rounding, else bit for bit)
 SKETCH = "out = add_relu(self.relu, out, identity, in_place=True)"
@@ -177,7 +182,8 @@ def test_fx_symbolic_trace(fixture_modules, name):
     nodes = list(traced.graph.nodes)
     assert any(n.op == "call_function" and n.target in (operator.add, operator.iadd) for n in nodes), traced.code
     relus = [n for n in nodes if (n.op == "call_module" and isinstance(traced.get_submodule(n.target), nn.ReLU))
-             or (n.op == "call_function" and n.target in (torch.relu, torch.nn.functional.relu))]
+             or (n.op == "call_function" and n.target in (torch.relu, torch.nn.functional.relu, torch.relu_))
+             or (n.op == "call_method" and n.target in ("relu", "relu_"))]
     assert relus, traced.code
     assert "_add_relu" not in traced.code
     for batch, layout in INPUTS[:2]:

@@ -45,15 +45,36 @@ forward:
 rule Add_ReLU
 forward:
     $x + $res -> $sum; torch.relu($sum) -> $out
+
+rule Add_ReLU
+forward:
+    $x + $res -> $sum; torch.nn.functional.relu_($sum) -> $out
+
+rule Add_ReLU
+forward:
+    $x + $res -> $sum; torch.relu_($sum) -> $out
+
+rule Add_ReLU
+forward:
+    $x + $res -> $sum; torch.Tensor.relu($sum) -> $out
+
+rule Add_ReLU
+forward:
+    $x + $res -> $sum; torch.Tensor.relu_($sum) -> $out
 """
+
+# what the kernel is handed for a ReLU called as a tensor method: ``(a + b).relu()`` computes
+# ``torch.Tensor.relu(a + b)``; ``out.relu_()`` / ``F.relu_(out)`` write the ReLU into the sum
+_METHOD_ACTIVATIONS = {"relu": "torch.Tensor.relu", "relu_": "torch.Tensor.relu_"}
 
 DOC = """\
 Fuses a residual add and the ReLU applied to the sum (the end of a ResNet block). A match is
 an addition (``a + b``, or ``a += b`` in place) whose result is directly the input of a ReLU:
 a ``torch.nn.ReLU`` module bound in ``__init__`` (``inplace`` or not), an activation looked
 up from a key (``ACT2FN[...]``) whose configuration default is ``"relu"`` (conditional when
-the source does not settle it: a trace does), or ``F.relu``/``torch.relu`` called with the
-sum alone. The rewrite hands the kernel the ReLU, both operands and whether the add was in
+the source does not settle it: a trace does), ``F.relu``/``torch.relu`` called with the
+sum alone, their in-place spellings ``F.relu_``/``torch.relu_`` (detectron2's ``out += shortcut;
+out = F.relu_(out)``), or the tensor methods ``(a + b).relu()`` / ``out.relu_()``. The rewrite hands the kernel the ReLU, both operands and whether the add was in
 place; the kernel decides at run time (a ReLU, CPU float32/64 operands of one shape known
 finite, no gradient) and runs the source's own ops otherwise. Not a match: a sum also read
 elsewhere (unless the add is in place and the ReLU rebinds the same name), ReLU6, LeakyReLU,
@@ -93,13 +114,14 @@ class AddReLU(Codemod):
         fn = match_function(match, ctx, exprs)
         add = in_place or next((e for n, e in exprs if isinstance(n, TensorOp)), None)
         act = next((e for n, e in exprs if isinstance(n, Layer)), None)
-        if not isinstance(act, ast.Call) or len(act.args) != 1 or act.keywords or isinstance(act.args[0], ast.Starred):
+        operand = _relu_operand(act)
+        if operand is None:
             raise Skip("the ReLU must be called with the sum alone")
         activation = _activation_text(ctx, act)
         spec, kernel = kernel_name(ctx, KERNEL)
         if isinstance(add, ast.BinOp) and isinstance(add.op, ast.Add):
             anchor_text = f"{kernel}({activation}, {arg_text(ctx, add.left)}, {arg_text(ctx, add.right)})"
-            if act.args[0] is add:  # act(a + b)
+            if operand is add:  # act(a + b), (a + b).relu()
                 plan = ChainPlan(ctx, fn, [act])
                 plan.anchor_text = anchor_text
                 return Edit(rule=self.rule, forward=plan.build(), imports=(spec,))
@@ -123,7 +145,8 @@ class AddReLU(Codemod):
         index = block.index(stmt)
         following = block[index + 1] if index + 1 < len(block) else None
         act_stmt = ctx.statement_of(act)
-        if following is not act_stmt or not (isinstance(act.args[0], ast.Name) and act.args[0].id == name):
+        operand = _relu_operand(act)
+        if following is not act_stmt or not (isinstance(operand, ast.Name) and operand.id == name):
             raise Skip("the ReLU is not the next statement, applied to the sum")
         rebinds = simple_assign_target(act_stmt) == name and act_stmt.value is act
         if not (rebinds or (isinstance(act_stmt, ast.Return) and act_stmt.value is act)):
@@ -165,7 +188,32 @@ class _FoldPlan(ChainPlan):
         )
 
 
+def _is_method_relu(act: ast.Call) -> bool:
+    """``<tensor>.relu()`` / ``<tensor>.relu_()``: a method call on an expression that is not a
+    module attribute, a name or a module path (``F.relu_(x)``, ``torch.relu_(x)`` take an argument)."""
+    func = act.func
+    return (isinstance(func, ast.Attribute) and func.attr in _METHOD_ACTIVATIONS and not act.args
+            and not act.keywords)
+
+
+def _relu_operand(act: ast.AST) -> ast.expr | None:
+    """The tensor the ReLU is applied to: its one argument, or a method call's receiver."""
+    if not isinstance(act, ast.Call) or act.keywords:
+        return None
+    if _is_method_relu(act):
+        return act.func.value
+    if len(act.args) != 1 or isinstance(act.args[0], ast.Starred):
+        return None
+    return act.args[0]
+
+
 def _activation_text(ctx: FileContext, act: ast.Call) -> str:
+    if _is_method_relu(act):
+        if not any(isinstance(stmt, ast.Import) and any(a.name == "torch" and a.asname is None for a in stmt.names)
+                   for stmt in ctx.tree.body):
+            raise Skip("the tensor method's ReLU is handed to the kernel as torch.Tensor.relu: "
+                       "the file does not import torch at module level")
+        return _METHOD_ACTIVATIONS[act.func.attr]
     func = act.func
     if is_self_attr(func) is None and not isinstance(func, (ast.Name, ast.Attribute)):
         raise Skip(f"the ReLU {ctx.segment(func)!r} is not a module or function reference")

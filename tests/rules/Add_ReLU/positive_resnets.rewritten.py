@@ -3,6 +3,10 @@
 # expect: Add_ReLU FunctionalBlock.forward
 # expect: Add_ReLU TorchReluBlock.forward
 # expect: Add_ReLU RebindBlock.forward
+# expect: Add_ReLU InPlaceFunctionalBlock.forward
+# expect: Add_ReLU TorchReluOfSum.forward
+# expect: Add_ReLU MethodReluBlock.forward
+# expect: Add_ReLU MethodInPlaceReluBlock.forward
 # expect: Conv_BatchNorm Bottleneck.forward
 # expect: Conv_BatchNorm Bottleneck.forward
 # expect: Conv_BatchNorm Bottleneck.forward
@@ -89,3 +93,46 @@ class RebindBlock(nn.Module):
         h = self.body(x)
         h = add_relu(self.relu, h, x)
         return h
+
+
+class InPlaceFunctionalBlock(nn.Module):
+    """detectron2-style: the in-place add, then the in-place functional ReLU rebinding the name."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        out = F.relu_(self.conv1(x))
+        out = self.conv2(out)
+        out = add_relu(F.relu_, out, x, in_place=True)
+        return out
+
+
+class TorchReluOfSum(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return add_relu(torch.relu_, self.conv(x), x)
+
+
+class MethodReluBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return add_relu(torch.Tensor.relu, self.conv(x), x)
+
+
+class MethodInPlaceReluBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        out = self.conv(x)
+        return add_relu(torch.Tensor.relu_, out, x, in_place=True)
