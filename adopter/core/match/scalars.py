@@ -85,9 +85,13 @@ def _number(ctx: MatchContext, init: ast.FunctionDef, e: ast.expr, depth: int) -
         return _number(ctx, init, e.operand, depth + 1)
     if isinstance(e, ast.BinOp) and isinstance(e.op, _NUMBER_OPS):
         return _number(ctx, init, e.left, depth + 1) and _number(ctx, init, e.right, depth + 1)
+    if isinstance(e, ast.Subscript) and _is_shape(e.value) and not isinstance(e.slice, ast.Slice):
+        return True  # ``x.shape[-1]``: an int (a slice is a torch.Size)
     if isinstance(e, ast.Call):
         if e.keywords or any(isinstance(a, ast.Starred) for a in e.args):
             return False
+        if isinstance(e.func, ast.Attribute) and e.func.attr == "size" and len(e.args) == 1:
+            return True  # ``x.size(-1)``: an int
         name = dotted_name(e.func) or ""
         head, _, last = name.rpartition(".")
         imports = ctx.structures.imports
@@ -106,7 +110,39 @@ def _number(ctx: MatchContext, init: ast.FunctionDef, e: ast.expr, depth: int) -
         if len(local_stores) != 1:
             return False
         st = next((s for s in init.body if isinstance(s, ast.Assign) and s.targets == [local_stores[0]]), None)
-        return st is not None and st.lineno < e.lineno and _number(ctx, init, st.value, depth + 1)
+        if st is None:
+            # ``b, c, h, w = x.shape`` (``x.size()``, ``x.shape[-2:]``): each name an int
+            st = next((s for s in init.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+                       and isinstance(s.targets[0], (ast.Tuple, ast.List))
+                       and any(t is local_stores[0] for t in s.targets[0].elts)), None)
+            return st is not None and st.lineno < e.lineno and _shape_value(st.value)
+        return st.lineno < e.lineno and _number(ctx, init, st.value, depth + 1)
+
+
+def _is_shape(e: ast.expr) -> bool:
+    return isinstance(e, ast.Attribute) and e.attr == "shape"
+
+
+def _shape_value(e: ast.expr) -> bool:
+    """``x.shape``, ``x.shape[a:b]``, ``x.size()``: a torch.Size, whose elements are ints."""
+    if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Slice):
+        e = e.value
+    return _is_shape(e) or (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size"
+                            and not e.args and not e.keywords)
+
+
+def local_is_number(ctx: MatchContext, text: str, function: ast.AST | None, line: int) -> bool:
+    """``text`` (an operand kept verbatim at ``line`` of ``function``) is a Python number by the
+    rules of :func:`self_attr_is_number`, its names read from ``function``'s own top-level
+    statements: ``int(c) ** -0.5``, ``1 / math.sqrt(d)``, ``c ** -0.5`` after ``b, c, h, w = q.shape``."""
+    if function is None or ctx.source is None:
+        return False
+    try:
+        e = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return False
+    ast.increment_lineno(e, line - 1)
+    return _number(ctx, function, e, 0)
 
 
 def _size_parameter(ctx: MatchContext, init: ast.FunctionDef, name: str) -> bool:

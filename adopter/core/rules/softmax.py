@@ -24,7 +24,7 @@ from adopter.core.codemod.context import FileContext, Skip, call_arguments, is_s
 from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, InitEdit
 from adopter.core.dsl import Const, Layer, TensorOp, Value, Var
 from adopter.core.match import MatchContext, NotACandidate, Refusal
-from adopter.core.match.scalars import self_attr_is_number
+from adopter.core.match.scalars import local_is_number, self_attr_is_number
 from adopter.core.match.source import function_ast, parse_file
 from adopter.core.rule import Rule, Runtime
 from adopter.core.rules._common import kwarg
@@ -223,15 +223,19 @@ def _sizes_rank(args: list) -> int | None:
     return len(args)
 
 
-def _const_rank(ctx: MatchContext, text: str, depth: int) -> int | None:
+def _const_rank(ctx: MatchContext, text: str, depth: int, where=None) -> int | None:
     """Rank of an expression kept as text: a number (0), or ``x[:, a:b, :]`` of a variable ``x``
-    of known rank (slices keep a dimension, an index drops one, ``None`` adds one)."""
+    of known rank (slices keep a dimension, an index drops one, ``None`` adds one). ``where``: the
+    span of the node reading it, whose function settles local names (``int(c) ** -0.5``)."""
     try:
         e = ast.parse(re.sub(r"#\d+", "", text), mode="eval").body
     except SyntaxError:
         return None
     if isinstance(e, ast.Constant) and type(e.value) in (int, float):
         return 0
+    if where is not None and where.function and ctx.source is not None and not isinstance(e, ast.Subscript) \
+            and local_is_number(ctx, text, function_ast(ctx.source, where.function, where.line), where.line):
+        return 0  # the LDM/VAE attention's ``w_ * (int(c) ** (-0.5))``, ``/ math.sqrt(c)``
     if isinstance(e, ast.Attribute) and self_attr_is_number(ctx, ast.unparse(e)):
         return 0  # ``self.scale = dim ** -0.5``: a number broadcasts to the other operand's rank
     if not (isinstance(e, ast.Subscript) and isinstance(e.value, ast.Name)):
@@ -385,7 +389,8 @@ def _rank(ctx: MatchContext, v: Value | None, depth: int = 0) -> int | None:
         if n.op == "@":
             ranks = [_rank(ctx, a.value, depth + 1) for a in args]
             return max(ranks) if len(ranks) == 2 and None not in ranks and min(ranks) >= 2 else None
-        ranks = [_rank(ctx, a.value, depth + 1) for a in args]
+        ranks = [_const_rank(ctx, a.value.text, depth + 1, n.span) if isinstance(a.value, Const)
+                 else _rank(ctx, a.value, depth + 1) for a in args]
         return max(ranks) if ranks and None not in ranks else None
     if not isinstance(n, Layer):
         return None
