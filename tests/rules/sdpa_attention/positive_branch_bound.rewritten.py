@@ -10,6 +10,8 @@
 # expect: sdpa_attention ExistsOneStatement.forward
 # expect: sdpa_attention KeepSliced.forward
 # expect: sdpa_attention ExistsSliced.forward
+# expect: sdpa_attention SelfThenCross.forward
+# expect: sdpa_attention SelfThenCross.forward
 import torch
 from adopter.kernels import sdpa
 from einops import rearrange
@@ -164,3 +166,46 @@ class ExistsSliced(nn.Module):
             pad = ~keep[:, None, None, :j]
             fill_mask = pad
         return sdpa(q, k.transpose(-2, -1), v, fill=fill_mask, fill_value=float("-inf"))
+
+
+class SelfThenCross(nn.Module):
+    """Two attentions in one forward (a decoder block's self and cross attention), each with its
+    padding mask under `exists()`: each call reads the mask its own branch bound."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.self_qkv = nn.Linear(dim, 3 * dim)
+        self.cross_q = nn.Linear(dim, dim)
+        self.cross_kv = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x, context, mask=None, context_mask=None):
+        q, k, v = rearrange(self.self_qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+        fill_mask = None
+        if exists(mask):
+            mask = rearrange(mask, "b j -> b 1 1 j")
+            fill_mask = ~mask
+        out = sdpa(
+            q,
+            k,
+            v,
+            fill=fill_mask,
+            fill_value=float("-inf"),
+            einsum=('b h i d, b h j d -> b h i j', 'b h i j, b h j d -> b h i d'),
+        )
+        x = x + rearrange(out, "b h n d -> b n (h d)")
+        q = rearrange(self.cross_q(x), "b n (h d) -> b h n d", h=self.heads)
+        k, v = rearrange(self.cross_kv(context), "b n (two h d) -> two b h n d", two=2, h=self.heads)
+        fill_mask = None
+        if exists(context_mask):
+            context_mask = rearrange(context_mask, "b j -> b 1 1 j")
+            fill_mask = ~context_mask
+        out = sdpa(
+            q,
+            k,
+            v,
+            fill=fill_mask,
+            fill_value=float("-inf"),
+            einsum=('b h i d, b h j d -> b h i j', 'b h i j, b h j d -> b h i d'),
+        )
+        return x + rearrange(out, "b h n d -> b n (h d)")
