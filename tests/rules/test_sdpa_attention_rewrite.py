@@ -389,3 +389,23 @@ def test_masks_bound_in_their_branch(case, train):
         for a, b in zip([out_a, *grads_a], [out_b, *grads_b]):
             torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
     assert not math.isnan(out_b.sum().item())
+
+
+@pytest.mark.parametrize("name", ["ExistsRearranged", "CountedCondition"])
+def test_bound_masks_that_block_a_whole_row_run_the_sources_ops(name):
+    """A mask bound in its branch that keeps no key for one sequence: the source's softmax of those
+    rows is uniform (-finfo.max) or NaN (-inf), not SDPA's; the kernel's guards see the bound mask
+    and run the source's ops, bitwise equal, NaN where the source is NaN."""
+    before = _load(FIXTURES / "positive_branch_bound.py", "sdpa_bound_blocked_before")
+    after = _load(SNAPSHOTS / "positive_branch_bound.rewritten.py", "sdpa_bound_blocked_after")
+    torch.manual_seed(0)
+    original = getattr(before, name)(32, 4).eval()
+    rewritten = getattr(after, name)(32, 4).eval()
+    rewritten.load_state_dict(original.state_dict())
+    x = torch.randn(2, 7, 32)
+    blocking = torch.stack((torch.ones(7, dtype=torch.bool), torch.zeros(7, dtype=torch.bool)))
+    with torch.no_grad(), count_kernel_calls() as calls:
+        out_a, out_b = original(x, blocking), rewritten(x, blocking)
+    assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {False}, calls.calls
+    assert out_a.isnan().any() == (name == "CountedCondition")
+    torch.testing.assert_close(out_b, out_a, rtol=0, atol=0, equal_nan=True)

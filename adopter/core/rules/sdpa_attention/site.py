@@ -13,7 +13,7 @@ product, in one block of one function. Each statement is interpreted over a smal
     if <test>: <names> = ...; s = s.masked_fill(b, v)  |  s = s + m   a mask built in the branch, reading
         the scores only as their last two sizes or device (``i, j = s.shape[-2:]``); also such
         assignments outside a branch: kept in place, those reads taken from the query and key;
-        a condition calling a function (``if exists(mask):``) or read by a name the branch
+        a condition calling a function (``if exists(mask):``) or reading a name the branch
         rebinds (``mask = rearrange(mask, ...)``): the mask bound in the branch itself
     p = softmax(s, dim=-1)  (F./torch./tensor method)              the softmax, over the last dim
     p = self.drop(p)  |  F.dropout(p, p=P, training=T)             dropout of the probabilities
