@@ -314,3 +314,98 @@ def test_branch_masks_that_block_a_whole_row_run_the_sources_ops(name):
     assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {False}, calls.calls
     assert torch.equal(out_b.isnan(), out_a.isnan()) and out_a.isnan().any() == (name == "LengthsMask")
     torch.testing.assert_close(out_b, out_a, rtol=0, atol=0, equal_nan=True)
+
+
+# positive_branch_bound: the branch's condition calls a function (`exists(mask)`, a counting method)
+# or the branch rebinds what it reads (`mask = rearrange(mask, ...)`); the rewrite binds the mask in
+# the branch. (class, variant) -> (constructor arguments, inputs); "taken" passes the mask (and sets
+# the flag), "not-taken" passes None (and clears it), "padding-only" the first of two branches.
+_QKV = lambda: tuple(torch.randn(2, 4, 7, 8) for _ in range(3))  # noqa: E731
+_KEEP_LONG = torch.arange(9)[None] < torch.tensor([[9], [4]])  # (longer than the keys: sliced to 7)
+BRANCH_BOUND = {
+    ("ExistsRearranged", "taken"): ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32), _KEEP)),
+    ("ExistsRearranged", "not-taken"): ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32), None)),
+    ("NoneCheckIndexed", "taken"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.randn(2, 7).clamp(max=0) * 1e4)),
+    ("NoneCheckIndexed", "not-taken"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), None)),
+    ("PaddingThenCausal", "taken"): ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32), _KEEP)),
+    ("PaddingThenCausal", "padding-only"): ((32, 4), {"p": 0.2, "causal": False},
+                                            lambda: (torch.randn(2, 7, 32), _KEEP)),
+    ("PaddingThenCausal", "not-taken"): ((32, 4), {"p": 0.2, "causal": False}, lambda: (torch.randn(2, 7, 32), None)),
+    ("CountedCondition", "taken"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), _KEEP)),
+    ("CountedCondition", "not-taken"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), None)),
+    ("ExistsOneStatement", "taken"): ((), {}, lambda: (*_QKV(), _KEEP)),
+    ("ExistsOneStatement", "not-taken"): ((), {}, lambda: (*_QKV(), None)),
+    ("KeepSliced", "taken"): ((), {}, lambda: (*_QKV(), _KEEP_LONG)),
+    ("KeepSliced", "not-taken"): ((), {}, lambda: (*_QKV(), None)),
+    ("ExistsSliced", "taken"): ((), {}, lambda: (*_QKV(), _KEEP_LONG)),
+    ("ExistsSliced", "not-taken"): ((), {}, lambda: (*_QKV(), None)),
+    ("SelfThenCross", "taken"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.randn(2, 5, 32), _KEEP,
+                                                       torch.arange(5)[None] < torch.tensor([[2], [5]]))),
+    ("SelfThenCross", "self-only"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.randn(2, 5, 32), _KEEP, None)),
+    ("SelfThenCross", "cross-only"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.randn(2, 5, 32), None,
+                                                            torch.arange(5)[None] < torch.tensor([[2], [5]]))),
+    ("SelfThenCross", "not-taken"): ((32, 4), {}, lambda: (torch.randn(2, 7, 32), torch.randn(2, 5, 32))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BRANCH_BOUND), ids=lambda c: f"{c[0]}:{c[1]}")
+@pytest.mark.parametrize("train", [False, True])
+def test_masks_bound_in_their_branch(case, train):
+    """The condition evaluated once, where the source evaluates it (a counting condition counts
+    alike), the mask the kernel gets bound in the branch (None where it did not run): eval and
+    train, forward and backward, equal the source's, the branch taken and not; fused where no
+    dropout is drawn, the source's ops (bitwise) where it is."""
+    name, _ = case
+    before = _load(FIXTURES / "positive_branch_bound.py", "sdpa_bound_before")
+    after = _load(SNAPSHOTS / "positive_branch_bound.rewritten.py", "sdpa_bound_after")
+    args, kwargs, inputs = BRANCH_BOUND[case]
+    torch.manual_seed(0)
+    original = getattr(before, name)(*args, **kwargs).train(train)
+    rewritten = getattr(after, name)(*args, **kwargs).train(train)
+    rewritten.load_state_dict(original.state_dict())
+    torch.manual_seed(1)
+    xs = inputs()
+    grad_inputs = [x for x in xs[:3] if x is not None and x.is_floating_point()]
+    for x in grad_inputs:
+        x.requires_grad_()
+    results = []
+    for model in (original, rewritten):
+        torch.manual_seed(2)  # (the same dropout draws)
+        with count_kernel_calls() as calls:
+            out = model(*xs)
+        out.pow(2).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone() for x in grad_inputs]
+        for x in grad_inputs:
+            x.grad = None
+        results.append((out.detach(), grads, calls))
+    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    assert getattr(rewritten, "checks", 1) == getattr(original, "checks", 1) == 1
+    paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
+    draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules())
+    assert paths == ({False} if draws else {True}), calls.calls
+    if draws:  # the source's ops with the user's dropout
+        assert torch.equal(out_b, out_a) and all(torch.equal(b, a) for a, b in zip(grads_a, grads_b))
+    else:  # (float32 rounding of another order of operations, relative to each tensor's scale)
+        for a, b in zip([out_a, *grads_a], [out_b, *grads_b]):
+            torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
+    assert not math.isnan(out_b.sum().item())
+
+
+@pytest.mark.parametrize("name", ["ExistsRearranged", "CountedCondition"])
+def test_bound_masks_that_block_a_whole_row_run_the_sources_ops(name):
+    """A mask bound in its branch that keeps no key for one sequence: the source's softmax of those
+    rows is uniform (-finfo.max) or NaN (-inf), not SDPA's; the kernel's guards see the bound mask
+    and run the source's ops, bitwise equal, NaN where the source is NaN."""
+    before = _load(FIXTURES / "positive_branch_bound.py", "sdpa_bound_blocked_before")
+    after = _load(SNAPSHOTS / "positive_branch_bound.rewritten.py", "sdpa_bound_blocked_after")
+    torch.manual_seed(0)
+    original = getattr(before, name)(32, 4).eval()
+    rewritten = getattr(after, name)(32, 4).eval()
+    rewritten.load_state_dict(original.state_dict())
+    x = torch.randn(2, 7, 32)
+    blocking = torch.stack((torch.ones(7, dtype=torch.bool), torch.zeros(7, dtype=torch.bool)))
+    with torch.no_grad(), count_kernel_calls() as calls:
+        out_a, out_b = original(x, blocking), rewritten(x, blocking)
+    assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {False}, calls.calls
+    assert out_a.isnan().any() == (name == "CountedCondition")
+    torch.testing.assert_close(out_b, out_a, rtol=0, atol=0, equal_nan=True)

@@ -55,7 +55,11 @@ torch.ones((i, j), dtype=torch.bool, device=...).triu(j - i + 1)``, an ``arange`
 ``if lengths is not None:`` a padding mask from the keys' count): those statements stay, the sizes
 read from the query and key, and the mask goes to the call as ``(m if <test> else None)``, the
 source's own mask (a key length above the query length keeps the source's alignment, never SDPA's
-top-left ``is_causal``); ``softmax(..., dim=-1)`` (also through
+top-left ``is_causal``); where ``<test>`` could not be evaluated again at the call (it calls a
+function: x-transformers' ``if exists(mask):``; the branch rebinds a name it reads: ``mask =
+rearrange(mask, 'b j -> b 1 1 j')``) the branch stays and its update becomes ``fill_mask = ~mask``
+(a fresh name, bound to None where the scores' product was), which the call reads: the condition
+runs once, where the source runs it; ``softmax(..., dim=-1)`` (also through
 an attribute bound as ``partial(F.softmax, dim=-1)``; also computed in float32 and cast back:
 Llama's ``softmax(s.float(), dim=-1).type_as(q)``, ``softmax(s, dim=-1,
 dtype=torch.float32).to(q.dtype)``), at most one dropout of the probabilities (an ``nn.Dropout`` bound in ``__init__``, or ``F.dropout``), and the
@@ -71,9 +75,9 @@ transformers' ``eager_attention_forward`` —, stored, printed), a cast or ``dty
 softmax other than float32 cast back right after it (``probs-dtype``: another math than
 SDPA's), a softmax not over ``dim=-1`` (``dim-not-last``), a branch inside the attention that is
 none of the above (``branch-straddle``: a mask built from the scores' values — top-k —, a branch
-that keeps something of the scores, binds a name its condition reads, has a condition calling a
-function — it is evaluated again at the call —, an ``else``, or a query or key written in the product
-as more than a name, an attribute or its transpose: reading their sizes would run it again). Not a
+that keeps something of the scores, binds the fill value — the call reads it whether the branch ran
+or not —, an ``else``, or a query or key written in the product as more than a name, an attribute
+or its transpose: reading their sizes would run it again). Not a
 match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, fills on both sides of the additive mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed

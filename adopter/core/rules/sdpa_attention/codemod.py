@@ -6,16 +6,24 @@ deleted; the output product (``attn @ v``, wherever it sits in its statement) be
 fill added under ``if <test>:`` is passed as ``(m if <test> else None)``. Statements that build a
 mask from the scores' shape (in that ``if`` or before it) stay where they are, their reads of the
 scores' last two sizes and device taken from the query and key (:func:`shape_text`); only the
-update of the scores leaves the ``if``.
+update of the scores leaves the ``if``. Where the condition may not be evaluated a second time (it
+calls a function, or the branch rebinds a name it reads) the update becomes ``<fresh> = m`` in the
+branch, ``<fresh> = None`` takes the place of the scores' product, and the call reads ``<fresh>``:
+
+    sim = einsum(...)                           fill_mask = None
+    if exists(mask):                            if exists(mask):
+        mask = rearrange(mask, "b j -> b 1 1 j")    mask = rearrange(mask, "b j -> b 1 1 j")
+        sim = sim.masked_fill(~mask, v)    =>       fill_mask = ~mask
+    ...                                         out = sdpa(..., fill=fill_mask, fill_value=v)
 """
 
 from __future__ import annotations
 
 import ast
 
-from adopter.core.codemod.base import Codemod, arg_text, kernel_name, matched_exprs, pos
+from adopter.core.codemod.base import Codemod, arg_text, fresh_local, kernel_name, matched_exprs, pos
 from adopter.core.codemod.context import FileContext, Skip
-from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit
+from adopter.core.codemod.edits import Edit, ExprEdit, ForwardEdit, StatementEdit
 from adopter.core.rules.sdpa_attention.site import (
     LOWEST,
     NotCovered,
@@ -39,7 +47,9 @@ def find_expr(fn: ast.AST, span) -> ast.expr | None:
     return None
 
 
-def _conditional(ctx: FileContext, term: ast.expr, test: ast.expr | None) -> str:
+def _conditional(ctx: FileContext, term: ast.expr, test: ast.expr | None, bound: dict[int, str]) -> str:
+    if id(term) in bound:  # (bound in its branch: None where the branch did not run)
+        return bound[id(term)]
     text = arg_text(ctx, term)
     if (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.IsNot)
             and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None
@@ -96,14 +106,17 @@ class SdpaAttentionCodemod(Codemod):
         except NotCovered as e:
             raise Skip(e.reason) from None
         s = site.scores
+        taken: set[str] = set()
+        bound = {id(term): fresh_local(ctx, fn, "attn_bias" if term is s.mask else "fill_mask", taken)
+                 for _, term in site.bound}
         args = [arg_text(ctx, s.q), arg_text(ctx, s.key), arg_text(ctx, site.v)]
         if s.scale is not None:
             kind, factor = s.scale
             args.append(f"{'scale' if kind == 'mul' else 'divisor'}={arg_text(ctx, factor)}")
         if s.mask is not None:
-            args.append(f"mask={_conditional(ctx, s.mask, s.mask_test)}")
+            args.append(f"mask={_conditional(ctx, s.mask, s.mask_test, bound)}")
         if s.fills:  # (one fill as itself, several as tuples in the source's order)
-            masks = [_conditional(ctx, mask, test) for mask, _, test in s.fills]
+            masks = [_conditional(ctx, mask, test, bound) for mask, _, test in s.fills]
             values = [f'"{LOWEST}"' if value == LOWEST else arg_text(ctx, value) for _, value, _ in s.fills]
             if len(s.fills) == 1:
                 args += [f"fill={masks[0]}", f"fill_value={values[0]}"]
@@ -134,10 +147,20 @@ class SdpaAttentionCodemod(Codemod):
             for read, kind in site.shape_reads)
         # (the kept statements are in the region's block: listed, so the shape reads are found in them)
         region = sorted((*site.consumed, *site.kept, site.last), key=lambda st: (st.lineno, st.col_offset))
+        deleted = [*site.consumed, *site.inner_deleted]
+        statement_edits = [StatementEdit(pos(ctx, update), f"{bound[id(term)]} = {arg_text(ctx, term)}")
+                           for update, term in site.bound]
+        if site.bound:  # (each bound name None until its branch runs: set where the scores' product was)
+            if not site.consumed or site.consumed[0] is not region[0]:
+                raise Skip("the scores' product is not a statement of its own before the branch")
+            deleted.remove(region[0])
+            statement_edits.append(StatementEdit(pos(ctx, region[0]), "\n".join(
+                f"{bound[id(term)]} = None" for _, term in site.bound)))
         forward = ForwardEdit(
             statements=tuple(pos(ctx, st) for st in region),
             anchor=pos(ctx, site.last),
             expr_edits=(*shape_edits, ExprEdit(ctx.char_span(site.output), text)),
-            delete=tuple(pos(ctx, st) for st in (*site.consumed, *site.inner_deleted)),
+            statement_edits=tuple(statement_edits),
+            delete=tuple(pos(ctx, st) for st in deleted),
         )
         return Edit(rule=self.rule, forward=forward, imports=(spec,))

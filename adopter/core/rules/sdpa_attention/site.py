@@ -12,7 +12,9 @@ product, in one block of one function. Each statement is interpreted over a smal
         name bound to it in the region): all before or all after the additive mask
     if <test>: <names> = ...; s = s.masked_fill(b, v)  |  s = s + m   a mask built in the branch, reading
         the scores only as their last two sizes or device (``i, j = s.shape[-2:]``); also such
-        assignments outside a branch: kept in place, those reads taken from the query and key
+        assignments outside a branch: kept in place, those reads taken from the query and key;
+        a condition calling a function (``if exists(mask):``) or reading a name the branch
+        rebinds (``mask = rearrange(mask, ...)``): the mask bound in the branch itself
     p = softmax(s, dim=-1)  (F./torch./tensor method)              the softmax, over the last dim
     p = self.drop(p)  |  F.dropout(p, p=P, training=T)             dropout of the probabilities
     o = p @ v  |  torch.matmul(p, v)  |  torch.einsum('bhij,bhjd->bhid', p, v)   (inside any expression)
@@ -114,6 +116,10 @@ class Attention:
     kept: list[ast.stmt] = field(default_factory=list)
     inner_deleted: list[ast.stmt] = field(default_factory=list)  # the scores' update inside a kept ``if``
     shape_reads: list[tuple[ast.expr, str]] = field(default_factory=list)  # (read, "rows" | "cols" | "last2" | "device")
+    # (the scores' update inside a kept ``if``, the mask or bias it applies): the update becomes
+    # ``<fresh name> = <mask>`` where it is, the name bound to None in place of the scores' product
+    # (the region's first statement) (:meth:`_Interpreter._conditional`); the call reads the name
+    bound: list[tuple[ast.stmt, ast.expr]] = field(default_factory=list)
 
 
 @per_node(64)
@@ -264,6 +270,7 @@ class _Interpreter:
         self.result: tuple | None = None
         self.kept: list[ast.stmt] = []
         self.inner_deleted: list[ast.stmt] = []
+        self.bound: list[tuple[ast.stmt, ast.expr]] = []
         self.shape_reads: list[tuple[ast.expr, str]] = []
 
     # ------------------------------------------------------------ expressions
@@ -559,7 +566,13 @@ class _Interpreter:
     def _conditional(self, stmt: ast.If) -> bool:
         """``if <test>: s = s + m`` / ``s = s.masked_fill(b, v)`` (no else): the term is passed as
         ``(m if <test> else None)``. Statements before the update in the branch that build the mask
-        (:meth:`_built_mask`) stay where they are; the branch then stays, less the update."""
+        (:meth:`_built_mask`) stay where they are; the branch then stays, less the update.
+
+        Where ``<test>`` evaluated again at the call could differ from, or do more than, its one
+        evaluation in the source (it calls a function: ``if exists(mask):``; the branch rebinds a
+        name it reads: ``mask = rearrange(mask, ...)``), the branch stays and its update becomes
+        ``<fresh name> = m`` (:attr:`Attention.bound`): the condition runs once, where it was, and
+        the mask is the value the source's update read, when the branch ran, None when it did not."""
         if not self.tracked(stmt):
             if any(n is self.first or n is self.last_node for n in walk(stmt)):
                 raise NotCovered(f"line {stmt.lineno}: a product of the attention under a branch")
@@ -567,28 +580,42 @@ class _Interpreter:
         if self.tracked(stmt.test) or stmt.orelse or not stmt.body:
             raise NotCovered(f"line {stmt.lineno}: a branch inside the attention", "branch-straddle")
         *building, update = stmt.body
-        reads = self._built_mask(stmt, building) if building else []
-        if not self._conditional_update(update, stmt.test):
+        reads, stored = self._built_mask(building) if building else ([], set())
+        in_place = bool(stored & _loads(stmt.test)) or any(isinstance(n, ast.Call) for n in walk(stmt.test))
+        applied = self._conditional_update(update, stmt.test)
+        if applied is None:
             if building:
                 raise NotCovered(f"line {stmt.lineno}: a branch inside the attention whose last statement is not "
                                  "`+ mask` or `masked_fill` of the scores", "branch-straddle")
             raise NotCovered(f"line {stmt.lineno}: a conditional update of the scores that is not `+ mask` or "
                              "`masked_fill` under a test")
-        if not building:
+        term, value = applied
+        if value is not None and _loads(value) & stored:
+            # (the fill value is evaluated at the call whether the branch ran or not)
+            raise NotCovered(f"line {stmt.lineno}: the fill value reads "
+                             f"{', '.join(sorted(_loads(value) & stored))}, bound in its branch", "branch-straddle")
+        if in_place:  # the condition and the mask evaluated where the source evaluates them, once
+            self.moved = [e for e in self.moved if e is not term and e is not stmt.test]
+            self.read_at = [(e, i) for e, i in self.read_at if e is not term and e is not stmt.test]
+            self.bound.append((update, term))
+        elif not building:
             return True
+        else:
+            self.inner_deleted.append(update)
         self.kept.append(stmt)
-        self.inner_deleted.append(update)
         self.shape_reads += reads
         return False
 
-    def _conditional_update(self, inner: ast.stmt, test: ast.expr) -> bool:
-        """Whether ``inner`` is ``s += m``, ``s = s + m`` or ``s = s.masked_fill(b, v)`` of the scores
-        (then taken as the term under ``test``)."""
+    def _conditional_update(self, inner: ast.stmt, test: ast.expr) -> tuple[ast.expr, ast.expr | None] | None:
+        """When ``inner`` is ``s += m``, ``s = s + m`` or ``s = s.masked_fill(b, v)`` of the scores
+        (then taken as the term under ``test``): the term (``m`` or ``b``) and the fill value (``v``
+        as written; None for an added mask or a value the region bound to the scores' lowest);
+        None otherwise."""
         if isinstance(inner, ast.AugAssign) and isinstance(inner.op, ast.Add) and isinstance(inner.target, ast.Name):
             s = self.env.get(inner.target.id)
             if isinstance(s, Scores) and not self.tracked(inner.value):
                 self._add(s, inner.value, test)
-                return True
+                return inner.value, None
         if isinstance(inner, ast.Assign) and len(inner.targets) == 1 and isinstance(inner.targets[0], ast.Name):
             name = inner.targets[0].id
             s = self.env.get(name)
@@ -597,27 +624,23 @@ class _Interpreter:
                 for mine, other in ((v.left, v.right), (v.right, v.left)):
                     if isinstance(mine, ast.Name) and mine.id == name and not self.tracked(other):
                         self._add(s, other, test)
-                        return True
+                        return other, None
             if (isinstance(s, Scores) and isinstance(v, ast.Call) and _func_name(v.func) == "masked_fill"
                     and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name)
                     and v.func.value.id == name and len(v.args) == 2 and not v.keywords
                     and not self.tracked(v.args[0]) and (self._lowest(v.args[1]) or not self.tracked(v.args[1]))):
                 self._fill(s, v.args[0], v.args[1], test)
-                return True
-        return False
+                return v.args[0], None if s.fills[-1][1] == LOWEST else v.args[1]
+        return None
 
-    def _built_mask(self, branch: ast.If, building: list[ast.stmt]) -> list[tuple[ast.expr, str]]:
-        """The statements of ``branch`` before its update of the scores, which build the mask
+    def _built_mask(self, building: list[ast.stmt]) -> tuple[list[tuple[ast.expr, str]], set[str]]:
+        """The statements of a branch before its update of the scores, which build the mask
         (x-transformers' ``i, j = sim.shape[-2:]``, ``causal_mask = torch.ones((i, j), ...).triu(j - i
         + 1)``): assignments to names that read the scores only through the last two sizes of their
         shape or their device (:meth:`_shape_only`). They stay in the branch, those reads taken from
-        the query and key (the scores are not computed); the mask is passed as
-        ``(m if <test> else None)``, so ``<test>`` is evaluated again at the call: it must call
-        nothing and read no name the branch binds. Returns the shape reads."""
+        the query and key (the scores are not computed). Returns the shape reads and the names the
+        statements bind (none holding the scores or probabilities)."""
         straddle = "branch-straddle"
-        if any(isinstance(n, ast.Call) for n in walk(branch.test)):
-            raise NotCovered(f"line {branch.lineno}: the condition of a branch building a mask calls a function "
-                             "(it would be evaluated again at the kernel call)", straddle)
         reads: list[tuple[ast.expr, str]] = []
         stored: set[str] = set()
         for st in building:
@@ -628,10 +651,10 @@ class _Interpreter:
                                  "other than their shape or device, or binds other than names", straddle)
             reads += found
             stored |= _stores(st)
-        if stored & set(self.env) or stored & _loads(branch.test):
-            raise NotCovered(f"line {branch.lineno}: a branch inside the attention binds "
-                             f"{', '.join(sorted(stored & (set(self.env) | _loads(branch.test))))}", straddle)
-        return reads
+        if stored & set(self.env):
+            raise NotCovered(f"line {building[0].lineno}: a branch inside the attention binds "
+                             f"{', '.join(sorted(stored & set(self.env)))}", straddle)
+        return reads, stored
 
     def _shape_only(self, stmt: ast.stmt) -> list[tuple[ast.expr, str]] | None:
         """The reads of the scores in ``stmt``, an assignment to names, when every read of a tracked
@@ -840,4 +863,4 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module, s
                                  "outside the attention", "probs-read")
     return Attention(probs.scores, probs.dropout, v, out_eq, last, last_stmt, probs.upcast, probs.cast_back,
                      [st for st in consumed if st is not last_stmt], names, it.moved, it.kept, it.inner_deleted,
-                     it.shape_reads)
+                     it.shape_reads, it.bound)
