@@ -708,3 +708,63 @@ def test_methods_running_the_same_layers_in_another_composition_do_not_diverge()
     assert all(m.status == "static" for m in by_class.values())
     assert [(m.class_name, m.code) for m in refused] == [("Tapped", "method-divergence")]
     assert "Tapped.forward_with_taps also runs self.drop, self.norm" in refused[0].reason
+
+
+CLASS_PARAMETERS = """
+import torch
+from torch import nn
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, d, h, act=nn.GELU):
+        super().__init__()
+        self.lin1 = nn.Linear(d, h)
+        self.lin2 = nn.Linear(h, d)
+        self.act = act()
+
+    def forward(self, x):
+        return self.lin2(self.act(self.lin1(x)))
+
+
+class ReluBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.mlp = MLPBlock(d, 4 * d, act=nn.ReLU)
+
+
+class Mlp(nn.Module):
+    def __init__(self, d, act_layer=nn.GELU):
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.act = act_layer()
+
+    def forward(self, x):
+        return self.act(self.fc1(x))
+
+
+class Block(nn.Module):
+    def __init__(self, d, act_layer=nn.GELU):
+        super().__init__()
+        self.mlp = Mlp(d, act_layer=act_layer)
+
+
+class Net(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d) for _ in range(2)])
+"""
+
+
+@pytest.mark.parametrize("construction, status", [
+    ("", "static"),  # every construction leaves the GeLU default (through Block's own default)
+    ("        self.extra = Block(d, act_layer=nn.SiLU)\n", "conditional"),
+    ("        self.extra = Block(d, **kwargs_of_somewhere)\n", "conditional"),
+])
+def test_a_class_parameter_is_what_the_files_constructions_pass(construction, status):
+    # SAM's MLPBlock(act=nn.ReLU): the default is not what runs; timm's Mlp(act_layer=act_layer)
+    # through a block whose own default no construction changes: it is
+    text = CLASS_PARAMETERS + construction
+    found = {m.class_name: m for m in scan_source(text, "blocks.py", all_rules()) if m.rule == "biased_GeLU"}
+    assert found["MLPBlock"].status == "conditional" and found["MLPBlock"].code == "needs-config"
+    assert "not nn.ReLU" in found["MLPBlock"].condition
+    assert found["Mlp"].status == status, found["Mlp"]

@@ -15,9 +15,9 @@ import ast
 from adopter.core.dsl import Layer, Var
 from adopter.core.extract import partials
 from adopter.core.extract.init_containers import _CONTAINERS, _MAX_WAYS, _SEQUENTIAL, _Entry, _InitContainers, _ListVar
-from adopter.core.extract.init_values import UNKNOWN_ELEMENT, _defaults, _fold, _InitValues
+from adopter.core.extract.init_values import UNKNOWN_ELEMENT, _defaults, _fold, _InitValues, _positional_params
 from adopter.core.extract.symbols import _ClassCtx, _dotted, _File, _span
-from adopter.core.extract.values import _unparse
+from adopter.core.extract.values import UNKNOWN_TYPE, _unparse
 from adopter.core.structures import InitBinding
 from adopter.core.syntax import walk
 
@@ -88,9 +88,67 @@ class _InitExtractor(_InitContainers, _InitValues):
     def run(self) -> list[InitBinding]:
         self.visiting = {self.fn.name}
         self.local = self.parameter_defaults(self.fn)
+        if self.local and self.cls is not None and self.fn.name == "__init__":
+            self.local = self.as_constructed(self.local)
         self.partial_locals = self.partial_defaults(self.fn)
         self.block(self.fn.body, False)
         return self.out
+
+    def as_constructed(self, defaults: dict[str, list[tuple]], cls_name: str | None = None,
+                       fn: ast.FunctionDef | None = None, depth: int = 0) -> dict[str, list[tuple]]:
+        """``__init__``'s class-valued parameter defaults (``act: Type[nn.Module] = nn.GELU``) with
+        what this file's constructions of the class pass instead (``MLPBlock(d, h, act=nn.ReLU)``):
+        the attribute may hold either, so a rule settles it as a condition, never by the default.
+        A construction passing its own ``__init__``'s parameter (``Mlp(act_layer=act_layer)``)
+        passes that parameter's default and what that class's constructions pass. What cannot be
+        read (another function's parameter, ``**kwargs``) is unknown. Constructions in other
+        files are not seen (the trace says)."""
+        cls_name, fn = cls_name or self.cls.name, fn or self.fn
+        names = [p.arg for p in _positional_params(fn, True)]
+        known = set(names) | {p.arg for p in fn.args.kwonlyargs}
+        out = {name: list(refs) for name, refs in defaults.items()}
+        unknown = (UNKNOWN_TYPE, None, None, None)
+        for call, where, owner in self.fc.constructions(cls_name):
+            passed: dict[str, ast.AST] = {}
+            opaque = any(type(a) is ast.Starred for a in call.args) or any(k.arg is None for k in call.keywords)
+            for i, arg in enumerate(call.args):
+                if type(arg) is ast.Starred:
+                    break
+                if i < len(names):
+                    passed[names[i]] = arg
+            passed.update((k.arg, k.value) for k in call.keywords if k.arg in known)
+            for name, refs in out.items():
+                arg = passed.get(name)
+                if arg is None:
+                    given = [unknown] if opaque else []
+                else:
+                    given = self._passed_classes(arg, where, owner, depth)
+                for ref in given:
+                    if ref not in refs:
+                        refs.append(ref)
+        return out
+
+    def _passed_classes(self, arg: ast.AST, where: ast.AST | None, owner: str | None, depth: int) -> list[tuple]:
+        unknown = [(UNKNOWN_TYPE, None, None, None)]
+        if type(arg) is ast.Name and type(where) is ast.FunctionDef and any(
+                p.arg == arg.id for p in where.args.posonlyargs + where.args.args + where.args.kwonlyargs):
+            # the constructing function's own parameter, never rebound there: its default, and what
+            # its class's constructions pass when it is that class's ``__init__``
+            if any(type(n) is ast.Name and n.id == arg.id and type(n.ctx) is not ast.Load for n in walk(where)):
+                return unknown
+            default = next((d for p, d in _defaults(where) if p.arg == arg.id), None)
+            if default is None or depth >= 3:
+                return unknown
+            refs = self.in_module_scope(self.fc, lambda: self.class_refs(default)) \
+                if type(default) in (ast.Name, ast.Attribute, ast.Call, ast.IfExp) else []
+            if not refs:
+                return unknown
+            if where.name == "__init__" and owner is not None:
+                refs = self.as_constructed({arg.id: refs}, owner, where, depth + 1)[arg.id]
+            return refs
+        if type(arg) not in (ast.Name, ast.Attribute, ast.Call, ast.IfExp):
+            return unknown
+        return self.in_module_scope(self.fc, lambda: self.class_refs(arg)) or unknown
 
     def helper(self, fn: ast.FunctionDef, conditional: bool):
         """``self._init_weights_of_x(config)`` called from ``__init__``: its bindings count too."""

@@ -190,7 +190,36 @@ class _File:
         self._name_cache: dict[str, _V] = {}
         # the file this one was read for (a factory or class it defines), None for the scanned file
         self.read_for: _File | None = None
+        self.tree = tree
+        self._constructions: dict[str, list[ast.Call]] | None = None
         self._collect(tree.body)
+
+    def constructions(self, class_name: str) -> list[tuple[ast.Call, ast.AST | None, str | None]]:
+        """The calls ``Name(...)`` / ``mod.Name(...)`` of this file naming the class ``class_name``,
+        each with the function it is in (None at module level) and that function's class (indexed
+        once per file, on the first question)."""
+        if self._constructions is None:
+            index: dict[str, list] = {}
+
+            def visit(node: ast.AST, fn: ast.AST | None, owner: str | None, cls: str | None) -> None:
+                for child in ast.iter_child_nodes(node):
+                    t = type(child)
+                    if t is ast.ClassDef:
+                        visit(child, fn, owner, child.name)
+                        continue
+                    if t in (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda):
+                        visit(child, child, cls, cls)
+                        continue
+                    if t is ast.Call:
+                        f = child.func
+                        name = f.id if type(f) is ast.Name else f.attr if type(f) is ast.Attribute else None
+                        if name in self.classes:
+                            index.setdefault(name, []).append((child, fn, owner))
+                    visit(child, fn, owner, cls)
+
+            visit(self.tree, None, None, None)
+            self._constructions = index
+        return self._constructions.get(class_name, [])
 
     def _collect(self, body):
         for st in body:
