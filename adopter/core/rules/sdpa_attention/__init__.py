@@ -27,9 +27,11 @@ from adopter.core.rules.sdpa_attention.codemod import SdpaAttentionCodemod, find
 from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret, softmax_partials
 from adopter.core.syntax import per_node
 
-MATMULS = "torch.matmul|torch.Tensor.matmul"
+MATMULS = "torch.matmul|torch.Tensor.matmul|torch.bmm|torch.Tensor.bmm"
 SOFTMAXES = "torch.nn.functional.softmax|torch.softmax|torch.Tensor.softmax|torch.special.softmax"
-_FIRST = (f"{MATMULS}($q, $kt) -> $scores", "$q @ $kt -> $scores", "torch.einsum() -> $scores")
+# (``torch.baddbmm(input, q, kᵀ, beta=, alpha=)``: heads folded into the batch, diffusers/Megatron)
+_FIRST = (f"{MATMULS}($q, $kt) -> $scores", "$q @ $kt -> $scores", "torch.einsum() -> $scores",
+          "torch.baddbmm|torch.Tensor.baddbmm() -> $scores")
 _LAST = (f"{MATMULS}($probs, $v) -> $out", "$probs @ $v -> $out", "torch.einsum() -> $out")
 DSL = "\n".join(
     f"rule sdpa_attention\nforward:\n    {first};\n    {SOFTMAXES}($logits) -> $weights;\n    {last}\n"
