@@ -43,7 +43,13 @@ NAMESAKES = ("BertSelfAttention", "T5Attention", "GPT2Attention")
 
 DOC = """\
 Replaces a written-out attention — the scores ``q @ k.transpose(-2, -1)`` (``torch.matmul``,
-``@``, ``x.matmul``, ``k.mT``, or ``torch.einsum('b h i d, b h j d -> b h i j', q, k)``), at most
+``@``, ``x.matmul``, ``k.mT``, or ``torch.einsum('b h i d, b h j d -> b h i j', q, k)``; the key
+also transposed by a ``permute`` that brings its last two dims in reversed order, inline — SAM's
+``q @ k.permute(0, 1, 3, 2)`` — or bound to a name earlier in the block — whisper's ``k =
+k.permute(0, 2, 3, 1)``, then ``q @ k`` —; heads folded into the batch: ``torch.bmm(q,
+k.transpose(1, 2))``, ``torch.baddbmm(input, q, kᵀ, beta=0, alpha=scale)`` — the input ignored,
+as torch ignores it, even NaN — or with ``beta`` 1 — the input an additive mask after the scale —,
+and ``torch.bmm(p, v)``), at most
 one scale (``* c`` or ``/ c``, ``c`` any expression: ``self.scale``, ``1 / math.sqrt(d)``,
 ``d ** -0.5``), at most one additive mask (``+ mask``, also ``if mask is not None: s = s + mask``)
 and boolean fills in order, all before or all after it, each optionally under its own
@@ -79,14 +85,18 @@ SDPA's), a softmax not over ``dim=-1`` (``dim-not-last``), a branch inside the a
 none of the above (``branch-straddle``: a mask built from the scores' values — top-k —, a branch
 that keeps something of the scores, binds the fill value — the call reads it whether the branch ran
 or not —, an ``else``, or a query or key written in the product as more than a name, an attribute
-or its transpose: reading their sizes would run it again). Not a
+or its transpose: reading their sizes would run it again). Not covered (no report): a ``baddbmm``
+whose ``beta`` is another number or not a literal, or whose ignored input (``beta=0``) is a call
+the rewrite would not run (other than ``torch.empty``/``zeros``/``ones`` of plain sizes). Not a
 match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, fills on both sides of the additive mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
 directly (they feed another product first) is no candidate. A helper function that callers
 inline (transformers' ``eager_attention_forward``) is reported and rewritten once, under the
 helper. The kernel runs SDPA only where it is provably the same computation —
-query/key/value plain floating tensors of rank 4 with equal batch and head sizes, a float mask
+query/key/value plain floating tensors of rank 4 with equal batch and head sizes (the rank-3
+tensors of ``bmm`` attentions always run the source's ops: ``torch.matmul`` of them, which is
+``bmm``), a float mask
 of the query's dtype broadcasting to the scores, bool fills, fill values of ``-inf`` or the scores' ``-finfo.max`` (the latter only where no query
 row has every key filled or masked: the source's softmax of it is uniform), a scale
 that is a number (or a one-element tensor without gradient), a float32 softmax cast back only
