@@ -57,8 +57,7 @@ class ZeroBetaBaddbmm(nn.Module):
 
 
 class FoldedBias(nn.Module):
-    """Megatron/BLOOM-style: baddbmm with beta=1 adds its input (a bias of shape (B*H, 1, S)) to the
-    scaled scores."""
+    """bmm scores, scaled, plus an additive bias of shape (B*H, 1, S)."""
 
     def __init__(self, dim, heads):
         super().__init__()

@@ -48,8 +48,7 @@ also transposed by a ``permute`` that brings its last two dims in reversed order
 ``q @ k.permute(0, 1, 3, 2)`` — or bound to a name earlier in the block — whisper's ``k =
 k.permute(0, 2, 3, 1)``, then ``q @ k`` —; heads folded into the batch: ``torch.bmm(q,
 k.transpose(1, 2))``, ``torch.baddbmm(input, q, kᵀ, beta=0, alpha=scale)`` — the input ignored,
-as torch ignores it, even NaN — or with ``beta`` 1 — the input an additive mask after the scale —,
-and ``torch.bmm(p, v)``), at most
+as torch ignores it, even NaN —, and ``torch.bmm(p, v)``), at most
 one scale (``* c`` or ``/ c``, ``c`` any expression: ``self.scale``, ``1 / math.sqrt(d)``,
 ``d ** -0.5``), at most one additive mask (``+ mask``, also ``if mask is not None: s = s + mask``)
 and boolean fills in order, all before or all after it, each optionally under its own
@@ -86,8 +85,9 @@ none of the above (``branch-straddle``: a mask built from the scores' values —
 that keeps something of the scores, binds the fill value — the call reads it whether the branch ran
 or not —, an ``else``, or a query or key written in the product as more than a name, an attribute
 or its transpose: reading their sizes would run it again). Not covered (no report): a ``baddbmm``
-whose ``beta`` is another number or not a literal, or whose ignored input (``beta=0``) is a call
-the rewrite would not run (other than ``torch.empty``/``zeros``/``ones`` of plain sizes). Not a
+whose ``beta`` is not a literal 0 (Megatron/BLOOM's alibi: ``alpha * (q @ kᵀ) + input`` rounds once
+there, twice as the separate ops the kernel's fallback runs), or whose ignored input is a call the
+rewrite would not run (other than ``torch.empty``/``zeros``/``ones`` of plain sizes). Not a
 match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, fills on both sides of the additive mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
