@@ -409,3 +409,67 @@ def test_bound_masks_that_block_a_whole_row_run_the_sources_ops(name):
     assert {c.fused for c in calls.calls if c.kernel == "sdpa"} == {False}, calls.calls
     assert out_a.isnan().any() == (name == "CountedCondition")
     torch.testing.assert_close(out_b, out_a, rtol=0, atol=0, equal_nan=True)
+
+
+_FOLDED_BIAS = torch.randn(8, 1, 7).clamp(max=0) * 10  # ((batch * heads, 1, keys): broadcast over the queries)
+BMM_PERMUTE = {
+    "FoldedHeads": ((32, 4), {"p": 0.2}, lambda: (torch.randn(2, 7, 32),)),
+    "ZeroBetaBaddbmm": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    "FoldedBias": ((32, 4), {}, lambda: (torch.randn(2, 7, 32), _FOLDED_BIAS.clone())),
+    "PermutedKey": ((32, 4), {}, lambda: (torch.randn(2, 7, 32),)),
+    "PrePermutedKey": ((32, 4), {"p": 0.2},
+                       lambda: (torch.randn(2, 7, 32), torch.full((7, 7), -math.inf).triu(1))),
+}
+FOLDED = {"FoldedHeads", "ZeroBetaBaddbmm", "FoldedBias"}  # (rank 3: the kernel's guard runs the source's ops)
+
+
+@pytest.mark.parametrize("name", sorted(BMM_PERMUTE))
+@pytest.mark.parametrize("train", [False, True])
+def test_folded_heads_and_permuted_keys(name, train):
+    """bmm/baddbmm attentions of heads folded into the batch and keys transposed by permute: the
+    rewrite computes what the source computes, forward and backward. Rank-3 operands are refused by
+    the kernel's guard (it fuses (batch, heads, seq, dim) only): the source's ops run, bitwise
+    (``torch.matmul`` of rank-3 tensors is ``bmm``; ``baddbmm``'s alpha with beta=0 is the
+    product's scale, to the bit on CPU, forward — its backward scales the gradient in another order
+    than ``(q @ kᵀ) * alpha``'s: float32 rounding); rank-4 permuted keys run fused
+    where no dropout is drawn, bitwise where it is."""
+    stem = "positive_bmm_permute"
+    before = _load(FIXTURES / f"{stem}.py", f"sdpa_before_{stem}")
+    after = _load(SNAPSHOTS / f"{stem}.rewritten.py", f"sdpa_after_{stem}")
+    args, kwargs, inputs = BMM_PERMUTE[name]
+    torch.manual_seed(0)
+    original = getattr(before, name)(*args, **kwargs)
+    rewritten = getattr(after, name)(*args, **kwargs)
+    rewritten.load_state_dict(original.state_dict())
+    original.train(train), rewritten.train(train)
+    torch.manual_seed(1)
+    xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs()]
+    results = []
+    for model in (original, rewritten):
+        torch.manual_seed(2)  # (the same dropout draws)
+        with count_kernel_calls() as calls:
+            out = model(*xs)
+        out.pow(2).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone() for x in xs if x.requires_grad]
+        for x in xs:
+            x.grad = None
+        results.append((out.detach(), grads, calls))
+    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    sdpa_calls = [c for c in calls.calls if c.kernel == "sdpa"]
+    assert sdpa_calls, calls.calls
+    draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules())
+    fused = not draws and name not in FOLDED
+    assert {c.fused for c in sdpa_calls} == {fused}, calls.calls
+    if name in FOLDED:
+        assert all("rank" in c.reason for c in sdpa_calls), calls.calls
+    def close(b, a):
+        torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
+
+    def equal(b, a):
+        assert torch.equal(b, a), (b - a).abs().max()
+
+    (close if fused else equal)(out_b, out_a)
+    assert len(grads_a) == len(grads_b)
+    for a, b in zip(grads_a, grads_b):
+        (close if fused or name == "ZeroBetaBaddbmm" else equal)(b, a)
+    assert not math.isnan(out_b.sum().item())

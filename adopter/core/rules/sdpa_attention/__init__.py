@@ -27,9 +27,11 @@ from adopter.core.rules.sdpa_attention.codemod import SdpaAttentionCodemod, find
 from adopter.core.rules.sdpa_attention.site import NotCovered, dropout_attrs, interpret, softmax_partials
 from adopter.core.syntax import per_node
 
-MATMULS = "torch.matmul|torch.Tensor.matmul"
+MATMULS = "torch.matmul|torch.Tensor.matmul|torch.bmm|torch.Tensor.bmm"
 SOFTMAXES = "torch.nn.functional.softmax|torch.softmax|torch.Tensor.softmax|torch.special.softmax"
-_FIRST = (f"{MATMULS}($q, $kt) -> $scores", "$q @ $kt -> $scores", "torch.einsum() -> $scores")
+# (``torch.baddbmm(input, q, kᵀ, beta=, alpha=)``: heads folded into the batch, diffusers/Megatron)
+_FIRST = (f"{MATMULS}($q, $kt) -> $scores", "$q @ $kt -> $scores", "torch.einsum() -> $scores",
+          "torch.baddbmm|torch.Tensor.baddbmm() -> $scores")
 _LAST = (f"{MATMULS}($probs, $v) -> $out", "$probs @ $v -> $out", "torch.einsum() -> $out")
 DSL = "\n".join(
     f"rule sdpa_attention\nforward:\n    {first};\n    {SOFTMAXES}($logits) -> $weights;\n    {last}\n"
@@ -41,7 +43,12 @@ NAMESAKES = ("BertSelfAttention", "T5Attention", "GPT2Attention")
 
 DOC = """\
 Replaces a written-out attention — the scores ``q @ k.transpose(-2, -1)`` (``torch.matmul``,
-``@``, ``x.matmul``, ``k.mT``, or ``torch.einsum('b h i d, b h j d -> b h i j', q, k)``), at most
+``@``, ``x.matmul``, ``k.mT``, or ``torch.einsum('b h i d, b h j d -> b h i j', q, k)``; the key
+also transposed by a ``permute`` that brings its last two dims in reversed order, inline — SAM's
+``q @ k.permute(0, 1, 3, 2)`` — or bound to a name earlier in the block — whisper's ``k =
+k.permute(0, 2, 3, 1)``, then ``q @ k`` —; heads folded into the batch: ``torch.bmm(q,
+k.transpose(1, 2))``, ``torch.baddbmm(input, q, kᵀ, beta=0, alpha=scale)`` — the input ignored,
+as torch ignores it, even NaN —, and ``torch.bmm(p, v)``), at most
 one scale (``* c`` or ``/ c``, ``c`` any expression: ``self.scale``, ``1 / math.sqrt(d)``,
 ``d ** -0.5``), at most one additive mask (``+ mask``, also ``if mask is not None: s = s + mask``)
 and boolean fills in order, all before or all after it, each optionally under its own
@@ -77,14 +84,19 @@ SDPA's), a softmax not over ``dim=-1`` (``dim-not-last``), a branch inside the a
 none of the above (``branch-straddle``: a mask built from the scores' values — top-k —, a branch
 that keeps something of the scores, binds the fill value — the call reads it whether the branch ran
 or not —, an ``else``, or a query or key written in the product as more than a name, an attribute
-or its transpose: reading their sizes would run it again). Not a
+or its transpose: reading their sizes would run it again). Not covered (no report): a ``baddbmm``
+whose ``beta`` is not a literal 0 (Megatron/BLOOM's alibi: ``alpha * (q @ kᵀ) + input`` rounds once
+there, twice as the separate ops the kernel's fallback runs), or whose ignored input is a call the
+rewrite would not run (other than ``torch.empty``/``zeros``/``ones`` of plain sizes). Not a
 match: anything else inside the region (a head mask, a
 talking-heads projection, a relative-position gather, fills on both sides of the additive mask, a scale after the mask), an
 ``nn.Softmax`` module; a softmax paired with a later product its probabilities do not feed
 directly (they feed another product first) is no candidate. A helper function that callers
 inline (transformers' ``eager_attention_forward``) is reported and rewritten once, under the
 helper. The kernel runs SDPA only where it is provably the same computation —
-query/key/value plain floating tensors of rank 4 with equal batch and head sizes, a float mask
+query/key/value plain floating tensors of rank 4 with equal batch and head sizes (the rank-3
+tensors of ``bmm`` attentions always run the source's ops: ``torch.matmul`` of them, which is
+``bmm``), a float mask
 of the query's dtype broadcasting to the scores, bool fills, fill values of ``-inf`` or the scores' ``-finfo.max`` (the latter only where no query
 row has every key filled or masked: the source's softmax of it is uniform), a scale
 that is a number (or a one-element tensor without gradient), a float32 softmax cast back only

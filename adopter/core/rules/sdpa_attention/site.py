@@ -272,6 +272,9 @@ class _Interpreter:
         self.inner_deleted: list[ast.stmt] = []
         self.bound: list[tuple[ast.stmt, ast.expr]] = []
         self.shape_reads: list[tuple[ast.expr, str]] = []
+        # names the region's block binds to a permute swapping a key's last two dims before the
+        # region, not rebound since (whisper's ``k = k.view(...).permute(0, 2, 3, 1)``; ``q @ k``)
+        self.permuted_keys: set[str] = set()
 
     # ------------------------------------------------------------ expressions
 
@@ -308,8 +311,11 @@ class _Interpreter:
         return node
 
     def _scores_product(self, node: ast.expr) -> Scores:
+        batched = False  # (``torch.bmm``: operands of rank 3, or the source raises)
         if isinstance(node, ast.BinOp):
             q, key = node.left, node.right
+        elif _func_name(node.func) == "baddbmm":
+            return self._baddbmm(node)
         elif _func_name(node.func) == "einsum":
             eq = _literal(node.args[0]) if node.args else None
             if not isinstance(eq, str) or len(node.args) != 3 or node.keywords:
@@ -320,10 +326,50 @@ class _Interpreter:
             return Scores(self._plain(node.args[1], "query"), self._plain(node.args[2], "key"), einsum=eq)
         else:
             q, key = _matmul_operands(node)
-        if not _is_transposed_key(key):
+            batched = _func_name(node.func) == "bmm"
+        self._transposed_key(node, key, batched)
+        return Scores(self._plain(q, "query"), self._plain(key, "key"))
+
+    def _transposed_key(self, node: ast.expr, key: ast.expr, batched: bool) -> None:
+        """The right operand of the scores product is a key transposed over its last two dims: the
+        kernel takes it as multiplied (its ``key.transpose(-2, -1)`` is then the key SDPA reads,
+        exactly, whatever the operand), so this decides only that the product is an attention's."""
+        if not (_is_transposed_key(key, batched) or isinstance(key, ast.Name) and key.id in self.permuted_keys):
             raise NotCovered(f"line {node.lineno}: the key operand is not transposed over its last two dims",
                              candidate=False)
-        return Scores(self._plain(q, "query"), self._plain(key, "key"))
+
+    def _baddbmm(self, node: ast.Call) -> Scores:
+        """``torch.baddbmm(input, q, kᵀ, beta=b, alpha=a)`` (or ``input.baddbmm(q, kᵀ, ...)``) is
+        ``b * input + a * (q @ kᵀ)``: with ``beta=0`` the input is ignored (torch does not propagate
+        NaN or inf from it), so the scores are ``(q @ kᵀ) * a`` — the same bits on CPU in float32,
+        bfloat16 and float16 (the kernel's source ops compute that product). Another ``beta``
+        (not written: 1) is not covered: ``a * (q @ kᵀ) + input`` rounds once in baddbmm, twice as
+        separate ops (bfloat16 on CPU: 0.03 apart), and the rank-3 operands never run fused anyway."""
+        method = isinstance(node.func, ast.Attribute) and not (
+            isinstance(node.func.value, ast.Name) and node.func.value.id == "torch")
+        names = ("batch1", "batch2") if method else ("input", "batch1", "batch2")
+        kw = {k.arg: k.value for k in node.keywords}
+        if None in kw or any(isinstance(a, ast.Starred) for a in node.args) or len(node.args) > len(names) \
+                or kw.keys() - {*names, "beta", "alpha"}:
+            raise NotCovered(f"line {node.lineno}: a baddbmm of the scores with arguments not covered")
+        operands = dict(zip(names, node.args)) | {n: kw[n] for n in names if n in kw}
+        if method:
+            operands["input"] = node.func.value
+        if len(operands) != 3:
+            raise NotCovered(f"line {node.lineno}: a baddbmm of the scores with arguments not covered")
+        bias, q, key = operands["input"], operands["batch1"], operands["batch2"]
+        beta = _literal(kw["beta"]) if "beta" in kw else 1
+        if type(beta) not in (int, float) or beta != 0:
+            raise NotCovered(f"line {node.lineno}: baddbmm with beta other than 0 (beta * input added to the "
+                             "scores in one rounding) is not covered")
+        if not _ignorable(bias):
+            raise NotCovered(f"line {node.lineno}: the ignored input of baddbmm (beta=0) is an expression the "
+                             "rewrite would not evaluate")
+        self._transposed_key(node, key, True)
+        scores = Scores(self._plain(q, "query"), self._plain(key, "key"))
+        if "alpha" in kw:
+            self._scale(scores, "mul", kw["alpha"])
+        return scores
 
     def _output(self, node: ast.expr) -> None:
         if isinstance(node, ast.Call) and _func_name(node.func) == "einsum":
@@ -434,7 +480,7 @@ class _Interpreter:
                 raise NotCovered(f"line {node.lineno}: {ast.unparse(node.func)}(...) on the scores is not covered")
             return None
         rest = args if receiver_value is not None else args[1:]
-        if name in ("matmul", "bmm", "einsum", "mm"):
+        if name in ("matmul", "bmm", "baddbmm", "einsum", "mm"):
             raise _another_product(node)
         attr = _self_attr(node.func)
         if name in CASTS:
@@ -735,7 +781,7 @@ def _reevaluable(node: ast.expr) -> bool:
     """A name, an attribute of one, or its transpose over the last two dims (``k.transpose(-2, -1)``,
     ``k.mT``): evaluated a second time (for the scores' shape) it is the same tensor and runs no
     module or random draw."""
-    if isinstance(node, ast.Call) and _is_transposed_key(node):
+    if isinstance(node, ast.Call) and _is_transposed_key(node, batched=True):  # (a pure view of it)
         node = node.func.value
     while isinstance(node, ast.Attribute):
         node = node.value
@@ -757,16 +803,71 @@ def _matmul_operands(node: ast.expr) -> tuple[ast.expr, ast.expr]:
             return node.func.value, node.args[0]
         if _func_name(node.func) == "matmul" and len(node.args) == 2:
             return node.args[0], node.args[1]
+        if _func_name(node.func) == "bmm" and isinstance(node.func, ast.Attribute):  # (rank 3: matmul's product)
+            if isinstance(node.func.value, ast.Name) and node.func.value.id == "torch":
+                if len(node.args) == 2:
+                    return node.args[0], node.args[1]
+            elif len(node.args) == 1:
+                return node.func.value, node.args[0]
     raise NotCovered(f"line {node.lineno}: a product that is not q @ kᵀ / torch.matmul", candidate=False)
 
 
-def _is_transposed_key(node: ast.expr) -> bool:
+def _is_transposed_key(node: ast.expr, batched: bool = False) -> bool:
+    """``k.transpose(-2, -1)``, ``k.mT``, ``k.transpose(2, 3)`` (``k.transpose(1, 2)`` too where
+    ``batched``: an operand of ``torch.bmm``, rank 3), or a permute swapping the key's last two dims
+    (:func:`_swapping_permute`)."""
     if isinstance(node, ast.Attribute) and node.attr == "mT":
+        return True
+    if _swapping_permute(node):
         return True
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "transpose"
             and len(node.args) == 2 and not node.keywords):
         return False
-    return {_literal(a) for a in node.args} in ({-1, -2}, {2, 3})
+    return {_literal(a) for a in node.args} in ({-1, -2}, {2, 3}, *([{1, 2}] if batched else []))
+
+
+def _swapping_permute(node: ast.expr) -> bool:
+    """``x.permute(a, b, c, d)`` (or of three dims; the dims as a tuple too) with literal dims whose
+    last two come from ``x`` in reversed order (``permute(0, 1, 3, 2)``; whisper's ``permute(0, 2, 3,
+    1)`` of ``(b, S, h, E)``): the result is ``x.permute(a, b, d, c)`` — the key, its sequence dim
+    before its feature dim as in ``x`` — transposed over its last two dims. ``permute(0, 2, 1, 3)``
+    keeps ``x``'s order: no transposed key."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "permute"
+            and node.args and not node.keywords):
+        return False
+    dims = _literal(node.args[0]) if len(node.args) == 1 else tuple(_literal(a) for a in node.args)
+    if not isinstance(dims, (tuple, list)) or len(dims) not in (3, 4) or not all(type(d) is int for d in dims):
+        return False
+    n = len(dims)
+    dims = [d % n if -n <= d < n else None for d in dims]
+    return sorted(d for d in dims if d is not None) == list(range(n)) and dims[-2] > dims[-1]
+
+
+def _permuted_keys(before: list[ast.stmt]) -> set[str]:
+    """The names whose last binding in ``before`` (the statements of the region's block before it)
+    is ``name = x.permute(...)`` swapping the key's last two dims (:func:`_swapping_permute`), a
+    statement of the block itself (a binding under a branch or loop leaves another value on
+    another path: any later store of the name, anywhere, drops it)."""
+    found: set[str] = set()
+    for st in before:
+        stored = _stores(st)
+        found -= stored
+        if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                and _swapping_permute(st.value)):
+            found.add(st.targets[0].id)
+    return found
+
+
+def _ignorable(node: ast.expr) -> bool:
+    """An expression whose evaluation the rewrite may leave out (the ignored input of a ``beta=0``
+    baddbmm): a name, an attribute of one, or a fresh tensor (``torch.empty(...)``, ``zeros``)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(
+            node.func.value, ast.Name) and node.func.value.id == "torch" and node.func.attr in (
+            "empty", "zeros", "ones", "empty_like", "zeros_like", "ones_like"):
+        return not any(isinstance(n, ast.Call) for a in (*node.args, *node.keywords) for n in walk(a))
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
 
 
 def _in_loop(fn: ast.AST, block: list[ast.stmt]) -> bool:
@@ -829,6 +930,7 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module, s
         raise NotCovered("the two products of the attention are not in one block", "branch-straddle")
     region = block[block.index(first_stmt): block.index(last_stmt) + 1]
     it = _Interpreter(first, last, is_dropout_module, softmax_attrs)
+    it.permuted_keys = _permuted_keys(block[:block.index(first_stmt)])
     consumed = []
     for index, stmt in enumerate(region):
         it.at = index
