@@ -98,14 +98,19 @@ def _key(m: dict) -> tuple:
     return (m["file"], m["rule"], m["class"], m["function"], tuple(m["lines"]), m["status"])
 
 
+def _sortable(key: tuple) -> tuple:
+    return tuple("" if part is None else part for part in key)
+
+
 def compare(report: dict, reference: dict, files: list[Path]) -> dict:
     """Matches and errors of ``report`` vs ``reference`` restricted to ``files`` (in order)."""
     wanted = {str(f) for f in files}
     ref_matches = [m for m in reference["matches"] if m["file"] in wanted]
     ref_errors = [e for e in reference["errors"] if e["file"] in wanted]
     got, ref = [_key(m) for m in report["matches"]], [_key(m) for m in ref_matches]
-    missing = sorted(set(ref) - set(got))
-    extra = sorted(set(got) - set(ref))
+    # (a match outside a class has class None: sorted with "" there, beside the named ones)
+    missing = sorted(set(ref) - set(got), key=_sortable)
+    extra = sorted(set(got) - set(ref), key=_sortable)
     return {
         "reference_matches": len(ref),
         "matches": len(got),

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-__all__ = ["clear_file_caches", "descendants", "dotted_name", "per_file", "per_node", "statements", "walk"]
+__all__ = ["clear_file_caches", "descendants", "dotted_name", "mentioned_names", "per_file", "per_node", "statements",
+           "walk"]
 
 _MAX_WALKS = 8192  # a file's functions, statements and expressions asked about
 
@@ -92,6 +93,36 @@ def descendants(node: ast.AST) -> tuple[ast.AST, ...]:
     small nodes (every assignment's value, every statement of a function), which would only push
     out of :func:`walk`'s cache the functions and classes asked about again and again."""
     return _breadth_first(node)
+
+
+def mentioned_names(node: ast.AST) -> set[str]:
+    """Every ``Name``'s id and ``Attribute``'s attribute name in ``node`` (itself included): what
+    ``{n.id or n.attr for n in walk(node)}`` gives, in one pass that builds and keeps no walk (the
+    names a function or an assignment mentions, asked once each)."""
+    out: set[str] = set()
+    add = out.add
+    stack = [node]
+    pop, push, AST, name_t, attribute_t, node_fields = stack.pop, stack.append, ast.AST, ast.Name, ast.Attribute, _NODE_FIELDS
+    while stack:
+        current = pop()
+        cls = type(current)
+        if cls is name_t:
+            add(current.id)  # type: ignore[attr-defined]
+            continue  # (its one other field is the context)
+        if cls is attribute_t:
+            add(current.attr)  # type: ignore[attr-defined]
+        names = node_fields.get(cls)
+        if names is None:
+            names = _node_fields(cls)
+        for field_name in names:
+            value = getattr(current, field_name, None)
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, AST):
+                        push(item)
+            elif isinstance(value, AST):
+                push(value)
+    return out
 
 
 def dotted_name(node: ast.AST) -> str | None:

@@ -12,7 +12,7 @@ import ast
 
 from adopter.core.dsl import Arg, Const
 from adopter.core.extract.init_containers import _SEQUENTIAL
-from adopter.core.extract.symbols import _activation_instance, _activation_type, _dotted, _File
+from adopter.core.extract.symbols import _activation_instance, _activation_type, _dotted, _File, next_base
 from adopter.core.extract.values import _unparse
 from adopter.core.syntax import walk
 
@@ -522,21 +522,12 @@ class _InitValues:
             if len(supers) != 1:
                 return None
             chain.append((home, node, init, supers[0]))
-            base = _dotted(node.bases[0])
+            base = next_base(home, node, _SEQUENTIAL_NAMES.__contains__)
             if base is None:
                 return None
-            if base in home.classes:
-                node = home.classes[base].node
-                continue
-            fq = home.fqn(base)
-            if fq is None:
-                return None
-            if fq in _SEQUENTIAL_NAMES:
-                return chain
-            found = home.package_definition(fq)
-            if found is None or not isinstance(found[1], ast.ClassDef):
-                return None
-            home, node = found
+            if type(base) is not tuple:
+                return chain  # (nn.Sequential reached)
+            home, node = base
         return None
 
     def foreign_base_init(self, call: ast.Call) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from adopter.core.dsl import Arg, Const, Span
 from adopter.core.extract import partials
@@ -566,32 +566,49 @@ def _foreign_layer(home: _File, node: ast.ClassDef, depth: int):
             if forward is not None:
                 return "own"
             forward = (methods["forward"], home)
-        d = _dotted(node.bases[0])
-        if d is None:
+        base = next_base(home, node, _is_torch_nn)
+        if base is None:
             return None
-        if d in home.classes:
-            node = home.classes[d].node
+        if type(base) is tuple:
+            home, node = base
             continue
-        fq = home.fqn(d)
-        if fq is None:
+        last = base.rsplit(".", 1)[-1]  # (the walk reached torch.nn)
+        if not last[:1].isupper() or last in ("Module", "Sequential", "ModuleList", "ModuleDict"):
             return None
-        if fq.startswith("torch.nn."):
-            last = fq.rsplit(".", 1)[-1]
-            if not last[:1].isupper() or last in ("Module", "Sequential", "ModuleList", "ModuleDict"):
-                return None
-            fq = "torch.nn." + last  # ``torch.nn.modules.batchnorm.BatchNorm2d`` is nn.BatchNorm2d
-            if forward is None:
-                return (fq, None)
-            fdef, where = forward
-            if fq != "torch.nn.BatchNorm2d":
-                return "own"
-            form = norm_act_form(fdef, lambda dotted, where=where: where.fqn(dotted))
-            return "own" if form is None else (fq, form)
-        found = _package_definition(home, fq, 3)
-        if found is None or not isinstance(found[1], ast.ClassDef):
-            return None
-        home, node = found
+        fq = "torch.nn." + last  # ``torch.nn.modules.batchnorm.BatchNorm2d`` is nn.BatchNorm2d
+        if forward is None:
+            return (fq, None)
+        fdef, where = forward
+        if fq != "torch.nn.BatchNorm2d":
+            return "own"
+        form = norm_act_form(fdef, lambda dotted, where=where: where.fqn(dotted))
+        return "own" if form is None else (fq, form)
     return None
+
+
+def _is_torch_nn(fq: str) -> bool:
+    return fq.startswith("torch.nn.")
+
+
+def next_base(home: _File, node: ast.ClassDef, ends: Callable[[str], bool]) -> tuple[_File, ast.ClassDef] | str | None:
+    """The one base of ``node`` (a class of ``home`` with exactly one base and no keywords): its
+    ``(file, ClassDef)`` when ``home`` defines it or another module of the package or an installed
+    package does (read, never imported); its qualified name when ``ends(name)`` says a walk up the
+    classes stops there (a torch class, never read); None when it is found neither way."""
+    d = _dotted(node.bases[0])
+    if d is None:
+        return None
+    if d in home.classes:
+        return home, home.classes[d].node
+    fq = home.fqn(d)
+    if fq is None:
+        return None
+    if ends(fq):
+        return fq
+    found = _package_definition(home, fq, 3)
+    if found is None or not isinstance(found[1], ast.ClassDef):
+        return None
+    return found
 
 
 def _is_module(fc: _File, cls: _ClassCtx, seen=()) -> bool:

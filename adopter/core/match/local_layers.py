@@ -5,14 +5,14 @@ into one call (:func:`fold_inlined_calls`)."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from adopter.core.dsl import Arg, Layer, Node, Span, TensorOp, Var
 from adopter.core.match.source import parse_file
 from adopter.core.match.source_uses import class_attribute_reads
-from adopter.core.structures import FileStructures
-from adopter.core.syntax import descendants, statements, walk
+from adopter.core.structures import ClassInfo, FileStructures
+from adopter.core.syntax import descendants, dotted_name, statements, walk
 
 # ---------------------------------------------------------------- same-file layer subclasses
 
@@ -83,34 +83,39 @@ def norm_act_aliases(structures: FileStructures, source: str | None) -> dict[str
     (``FileStructures.foreign_layers``)."""
     from adopter.catalogue import BATCH_NORM_2D, norm_act_form
 
-    if source is None:
-        return {}
-    candidates = [c for c in structures.classes if c.bases == (BATCH_NORM_2D,)]
-    if not candidates:
-        return {}
-    tree = parse_file(source)
-    if tree is None:
-        return {}
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     imports = dict(structures.imports)
-
-    def fqn(dotted: str) -> str | None:
-        head, _, rest = dotted.partition(".")
-        base = imports.get(head)
-        return None if base is None else f"{base}.{rest}" if rest else base
-
     out: dict[str, str] = {}
-    for cls in candidates:
-        node = defs.get(cls.name)
-        if node is None:
-            continue
+    for cls, node in _class_definitions(structures, source, lambda c: c.bases == (BATCH_NORM_2D,)):
         methods = {st.name: st for st in node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
         if "forward" not in methods or set(methods) - {"__init__", "forward", "extra_repr"}:
             continue
-        if norm_act_form(methods["forward"], fqn) is not None:
+        if norm_act_form(methods["forward"], lambda dotted: _imported(dotted, imports)) is not None:
             for ty in local_type_names(structures, cls.name):
                 out[ty] = BATCH_NORM_2D
     return out
+
+
+def _class_definitions(structures: FileStructures, source: str | None,
+                       wanted: Callable[[ClassInfo], bool]) -> list[tuple[ClassInfo, ast.ClassDef]]:
+    """The scanned file's top-level classes ``wanted`` says are candidates, each with its
+    definition (the file parsed only when there is one)."""
+    if source is None:
+        return []
+    candidates = [c for c in structures.classes if wanted(c)]
+    if not candidates:
+        return []
+    tree = parse_file(source)
+    if tree is None:
+        return []
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    return [(c, defs[c.name]) for c in candidates if c.name in defs]
+
+
+def _imported(dotted: str, imports: dict[str, str]) -> str | None:
+    """The qualified name of ``dotted`` (``nn.functional.relu``) through the file's imports, or None."""
+    head, _, rest = dotted.partition(".")
+    base = imports.get(head)
+    return None if base is None else f"{base}.{rest}" if rest else base
 
 
 # ---------------------------------------------------------------- folded same-file helper functions
@@ -325,21 +330,12 @@ def cast_subclass_aliases(structures: FileStructures, source: str | None) -> dic
     an assignment, a method besides ``__init__``) and the class is not one. The kernels get the
     instance and check at run time what it is (an overridden ``forward`` takes the original path
     unless the kernel accepts it)."""
-    if source is None or not structures.classes:
-        return {}
-    candidates = [c for c in structures.classes if len(c.bases) == 1 and c.bases[0] in _CAST_PARENTS]
-    if not candidates:
-        return {}
-    tree = parse_file(source)
-    if tree is None:
-        return {}
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     imports = dict(structures.imports)
     out: dict[str, str] = {}
-    for cls in candidates:
-        node = defs.get(cls.name)
+    for cls, node in _class_definitions(structures, source,
+                                        lambda c: len(c.bases) == 1 and c.bases[0] in _CAST_PARENTS):
         parent = cls.bases[0]
-        if node is not None and _casts_only(node, parent, imports):
+        if _casts_only(node, parent, imports):
             for ty in local_type_names(structures, cls.name):
                 out[ty] = parent
     return out
@@ -378,16 +374,10 @@ class _CastEval:
         self.imports = imports
 
     def fqn(self, e: ast.AST) -> str | None:
-        parts = []
-        while isinstance(e, ast.Attribute):
-            parts.append(e.attr)
-            e = e.value
-        if not isinstance(e, ast.Name) or e.id in self.env:
+        dotted = dotted_name(e)
+        if dotted is None or dotted.partition(".")[0] in self.env:
             return None
-        base = self.imports.get(e.id)
-        if base is None:
-            return None
-        return ".".join([base, *reversed(parts)])
+        return _imported(dotted, self.imports)
 
     def body(self, stmts: list) -> str | None:
         for st in stmts:

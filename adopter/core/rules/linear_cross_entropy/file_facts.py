@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from adopter.core.rules.linear_cross_entropy.names import argument, callee_name, names_read, single_assign
-from adopter.core.syntax import descendants, per_node, statements, walk
+from adopter.core.syntax import per_node, statements, walk
 
 
 def might_be_cross_entropy(source: str) -> bool:
@@ -97,8 +97,7 @@ class FileFacts:
                             names.add(alias.asname)
                 elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    bound = {t.id if isinstance(t, ast.Name) else t.attr for target in targets
-                             for t in descendants(target) if isinstance(t, (ast.Name, ast.Attribute))}
+                    bound = {name for target in targets for name in names_read(target)}
                     bindings.append((bound, names_read(node.value)))
             for node in self.tree.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -136,7 +135,9 @@ def calls_no_cross_entropy(tree: ast.Module, fn: ast.AST) -> bool:
     known = facts.no_cross_entropy.get(id(fn))
     if known is None:
         names = facts.ce_names
-        known = not any(isinstance(n, ast.Call) and names_read(n.func) & names for n in walk(fn))
+        # (a function mentioning none of the names anywhere calls none: one pass, no walk kept)
+        known = not (names_read(fn) & names) or not any(
+            isinstance(n, ast.Call) and names_read(n.func) & names for n in walk(fn))
         facts.no_cross_entropy[id(fn)] = known  # (the facts keep the tree, so fn's id stays its own)
     return known
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from adopter.core.syntax import descendants, dotted_name, per_node, statements, walk
+from adopter.core.syntax import dotted_name, mentioned_names, per_node, statements, walk
 
 
 def import_map(tree: ast.Module, fn: ast.AST | None = None) -> dict[str, str]:
@@ -78,8 +78,7 @@ def names_in(node: ast.AST, names: set[str]) -> list[ast.Name]:
 
 def names_read(node: ast.AST) -> set[str]:
     """Every name and attribute name ``node`` mentions."""
-    return {n.id if isinstance(n, ast.Name) else n.attr for n in descendants(node)
-            if isinstance(n, (ast.Name, ast.Attribute))}
+    return mentioned_names(node)
 
 
 def callee_name(call: ast.Call) -> str:
