@@ -132,10 +132,19 @@ def _functions(tree: ast.AST) -> tuple[tuple[str, int, int, ast.AST, ast.ClassDe
 _STATEMENT_LISTS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
+@per_node(8)
+def _functions_by_name(tree: ast.AST) -> dict[str, list[tuple[int, int, ast.AST, ast.ClassDef | None]]]:
+    """:func:`_functions` by name, in its order."""
+    out: dict[str, list[tuple[int, int, ast.AST, ast.ClassDef | None]]] = {}
+    for fname, start, end, fn, cls in _functions(tree):
+        out.setdefault(fname, []).append((start, end, fn, cls))
+    return out
+
+
 def _enclosing(tree: ast.AST, name: str, line: int) -> tuple[ast.AST | None, ast.ClassDef | None]:
     """The innermost function called ``name`` whose lines hold ``line``, and the class around it."""
-    holding = [(start, -end, fn, cls) for fname, start, end, fn, cls in _functions(tree)
-               if fname == name and start <= line <= end]
+    holding = [(start, -end, fn, cls) for start, end, fn, cls in _functions_by_name(tree).get(name, ())
+               if start <= line <= end]
     if not holding:
         return None, None
     _, _, fn, cls = max(holding, key=lambda h: (h[0], h[1]))
@@ -163,14 +172,37 @@ def _written_out_attention(ctx: MatchContext) -> str | None:
     first_expr, last_expr = find_expr(fn, first), find_expr(fn, last)
     if first_expr is None or last_expr is None:
         return "the attention's products are not found in the source"
-    attrs = dropout_attrs(cls)
     try:
-        interpret(fn, first_expr, last_expr, attrs.__contains__, softmax_partials(cls, tree))
+        _interpret_once(fn, cls, tree, first_expr, last_expr)
     except NotCovered as e:
         if not e.candidate:
             return NotACandidate(e.reason)
         return Refusal(e.code, e.reason) if e.code else e.reason
     return None
+
+
+@per_node(256)
+def _verdicts(fn: ast.AST) -> dict[tuple[int, int], NotCovered | None]:
+    """(id of the scores product, id of the output product) -> what :func:`interpret` said of the
+    region of ``fn`` between them (nodes of ``fn``, held with it)."""
+    return {}
+
+
+def _interpret_once(fn: ast.AST, cls: ast.ClassDef | None, tree: ast.AST, first_expr: ast.expr,
+                    last_expr: ast.expr) -> None:
+    """:func:`interpret` of one region, once: a helper inlined into many callers
+    (transformers' ``eager_attention_forward``) is one site, asked about by each caller's match
+    (``cls`` and ``tree`` are those around ``fn``)."""
+    verdicts = _verdicts(fn)
+    key = (id(first_expr), id(last_expr))
+    if key not in verdicts:
+        try:
+            interpret(fn, first_expr, last_expr, dropout_attrs(cls).__contains__, softmax_partials(cls, tree))
+            verdicts[key] = None
+        except NotCovered as e:
+            verdicts[key] = e.with_traceback(None)
+    if verdicts[key] is not None:
+        raise verdicts[key]
 
 
 @dataclass(frozen=True)

@@ -33,18 +33,25 @@ from adopter.core.rules.sdpa_attention.site import (
     softmax_partials,
 )
 from adopter.core.structures import Match
-from adopter.core.syntax import walk
+from adopter.core.syntax import per_node, walk
 
 KERNEL = "sdpa"
 
 
 def find_expr(fn: ast.AST, span) -> ast.expr | None:
     """The expression of ``fn`` at ``span`` (its exact position)."""
+    return _exprs_by_position(fn).get((span.line, span.col, span.end_line, span.end_col))
+
+
+@per_node(256)
+def _exprs_by_position(fn: ast.AST) -> dict[tuple, ast.expr]:
+    """(line, col, end line, end col) -> the first expression of ``fn`` there (``walk`` order),
+    indexed once per function: each candidate asks for two."""
+    out: dict[tuple, ast.expr] = {}
     for node in walk(fn):
-        if isinstance(node, ast.expr) and (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset) == (
-                span.line, span.col, span.end_line, span.end_col):
-            return node
-    return None
+        if isinstance(node, ast.expr):
+            out.setdefault((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset), node)
+    return out
 
 
 def _conditional(ctx: FileContext, term: ast.expr, test: ast.expr | None, bound: dict[int, str]) -> str:

@@ -34,7 +34,7 @@ import ast
 from dataclasses import dataclass, field
 
 from adopter.core.extract.partials import unwrap
-from adopter.core.syntax import per_node, walk
+from adopter.core.syntax import per_node, statements, walk
 
 MATMUL_FUNCS = ("matmul",)
 SOFTMAX_FUNCS = ("softmax",)
@@ -142,7 +142,7 @@ def _imported_names(module: ast.AST) -> dict[str, str]:
     """Local name -> the dotted name it imports, over the whole file (read once per file: every
     candidate of the file asks)."""
     local = {}
-    for node in walk(module):
+    for node in statements(module):
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for a in node.names:
                 local[a.asname or a.name] = f"{node.module}.{a.name}"
@@ -153,6 +153,25 @@ def _imported_names(module: ast.AST) -> dict[str, str]:
 
 
 def softmax_partials(cls: ast.ClassDef | None, module: ast.AST | None) -> dict[str, dict[str, ast.expr]]:
+    """The softmax partials of ``cls`` (see :func:`_softmax_partials`), read once per class: every
+    candidate of the class asks, and a class node belongs to one module."""
+    if cls is None:
+        return {}
+    kept = _partials_of_class(cls)
+    hit = kept.get(id(module))
+    if hit is None or hit[0] is not module:
+        hit = kept[id(module)] = (module, _softmax_partials(cls, module))
+    return hit[1]
+
+
+@per_node(64)
+def _partials_of_class(cls: ast.ClassDef) -> dict[int, tuple[ast.AST | None, dict[str, dict[str, ast.expr]]]]:
+    """id(module) -> (module, :func:`_softmax_partials` of ``cls`` read with its imports), filled
+    by :func:`softmax_partials`."""
+    return {}
+
+
+def _softmax_partials(cls: ast.ClassDef | None, module: ast.AST | None) -> dict[str, dict[str, ast.expr]]:
     """Attributes ``self.<a> = partial(F.softmax, dim=-1)`` of the class (any method; ``partial``
     from ``functools`` however imported), with the keywords bound: a call ``self.<a>(x)`` is
     ``softmax(x, **keywords)``. An attribute also bound to anything else in the class, or bound
@@ -910,10 +929,12 @@ def _node_ids(stmt: ast.AST) -> frozenset[int]:
     return frozenset(map(id, walk(stmt)))
 
 
-def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module, softmax_attrs=None) -> Attention:
-    """The :class:`Attention` from the scores product ``first`` to the output product ``last``
-    (nodes of ``fn``), or :class:`NotCovered`."""
-    first_stmt = last_stmt = block = None
+@per_node(256)
+def _simple_statements_holding(fn: ast.AST) -> dict[int, tuple[ast.stmt, list[ast.stmt]]]:
+    """id of each node under ``fn`` -> the innermost statement holding it that is not an
+    ``if``/loop/``with``/``try``/``def`` (a region's ends), and the statement list it is in; read
+    once per function (every candidate of the function asks where its two products are)."""
+    out: dict[int, tuple[ast.stmt, list[ast.stmt]]] = {}
     for node in _statement_nodes(fn):
         for name in ("body", "orelse", "finalbody"):
             stmts = getattr(node, name, None)
@@ -922,10 +943,19 @@ def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module, s
             for st in stmts:
                 if isinstance(st, ast.stmt) and not isinstance(st, (ast.If, ast.For, ast.While, ast.With, ast.Try,
                                                                     ast.FunctionDef)):
-                    if _holds(st, first):
-                        first_stmt, block = st, stmts
-                    if _holds(st, last):
-                        last_stmt = st
+                    # (statements come outer before inner: the innermost holder is written last)
+                    here = (st, stmts)
+                    for node_id in _node_ids(st):
+                        out[node_id] = here
+    return out
+
+
+def interpret(fn: ast.AST, first: ast.expr, last: ast.expr, is_dropout_module, softmax_attrs=None) -> Attention:
+    """The :class:`Attention` from the scores product ``first`` to the output product ``last``
+    (nodes of ``fn``), or :class:`NotCovered`."""
+    holders = _simple_statements_holding(fn)
+    first_stmt, block = holders.get(id(first), (None, None))
+    last_stmt = holders.get(id(last), (None, None))[0]
     if first_stmt is None or last_stmt is None or last_stmt not in block:
         raise NotCovered("the two products of the attention are not in one block", "branch-straddle")
     region = block[block.index(first_stmt): block.index(last_stmt) + 1]
