@@ -451,25 +451,29 @@ def test_bf16_fill_against_float64():
     assert F.softmax is not None
 
 
-def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch):
-    """Applied only where it pays: on one CPU thread the shipped calibration (benchmarks/
-    calibrate_kernels.py --kernels sdpa) measured SDPA slower than the written-out ops at a
-    prototype's 1x2x16x16, faster from 2x4x64x32 on; half precision is calibrated apart."""
+@pytest.mark.shipped_policy
+@pytest.mark.parametrize("grad", [False, True])
+def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch, grad):
+    """Applied only where it pays, on CPU too (no backend policy keeps sdpa off it): on one thread
+    the shipped calibration (benchmarks/calibrate_kernels.py --kernels sdpa --threads 1) measured
+    SDPA slower than the written-out ops at a prototype's 1x2x16x16 (0.75x training, 0.85x
+    inference), faster at 4x6x197x64 (1.27x, 1.23x); half precision is calibrated apart."""
     from adopter.kernels import cost
 
-    monkeypatch.setattr(cost, "ENABLED", True)
     monkeypatch.delenv(cost.ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # (no user calibration: the shipped one)
+    cost.reload()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for shape, expect in (((1, 2, 16, 16), "original"), ((4, 6, 197, 64), "fused")):
-            q, k, v = (torch.randn(*shape) for _ in range(3))
-            with torch.no_grad(), count_kernel_calls() as calls:
+            q, k, v = (torch.randn(*shape, requires_grad=grad) for _ in range(3))
+            with torch.set_grad_enabled(grad), count_kernel_calls() as calls:
                 sdpa(q, k.transpose(-2, -1), v, scale=0.125)
             assert _paths(calls) == {expect}, calls.calls
     finally:
         torch.set_num_threads(threads)
+        cost.reload()
 
 
 def _upcast_written(q, kt, v, mask, spelling, dropout=None):
