@@ -175,6 +175,37 @@ def test_dropout_in_training_draws_what_the_source_draws(form):
     torch.testing.assert_close(got, _written(q, kt, v, scale=0.5))
 
 
+def test_plain_dropout_module_is_its_functional_call():
+    """A plain nn.Dropout runs as F.dropout(p, module.p, module.training, module.inplace) (what its
+    forward is, and what the graph's op runs): in training, in place or not, the numbers the module
+    draws, seeded alike, forward and backward; a global hook sees the module called (the source's
+    ops call it)."""
+    q, k, v = _qkv()
+    kt = k.transpose(-2, -1)
+    drop = nn.Dropout(0.3).train()
+    torch.manual_seed(11)
+    expected, expected_grads = _grads_of(lambda: _written(q, kt, v, scale=0.5, dropout=drop), q, k, v)
+    torch.manual_seed(11)
+    with count_kernel_calls() as calls:
+        got, got_grads = _grads_of(lambda: sdpa(q, kt, v, scale=0.5, dropout=drop), q, k, v)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(got, expected) and all(torch.equal(a, b) for a, b in zip(got_grads, expected_grads))
+    drop = nn.Dropout(0.3, inplace=True).train()  # (no backward: the source's in-place dropout on the
+    with torch.no_grad():                          # softmax's output has none)
+        torch.manual_seed(11)
+        expected = _written(q, kt, v, scale=0.5, dropout=drop)
+        torch.manual_seed(11)
+        assert torch.equal(sdpa(q, kt, v, scale=0.5, dropout=drop), expected)
+    seen = []
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m)))
+    try:
+        with count_kernel_calls() as calls:
+            sdpa(q, kt, v, scale=0.5, dropout=nn.Dropout(0.1).eval())
+    finally:
+        handle.remove()
+    assert _paths(calls) == {"original"} and seen == [nn.Dropout]
+
+
 def test_dropout_module_with_hooks_runs_the_source():
     q, k, v = _qkv(grad=False)
     drop = nn.Dropout(0.1).eval()
