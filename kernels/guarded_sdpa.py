@@ -44,7 +44,8 @@ The fused path runs only when it provably computes what the source computes:
   does, in half precision, a row masked by a finite additive mask only;
 * it pays: the calibrated cost model (``kernels/cost.py``, shipped ``calibration/cpu.json``:
   ``benchmarks/calibrate_kernels.py --kernels sdpa``) by the scores' size, grad mode and thread
-  count; half precision is calibrated apart.
+  count; half precision is calibrated apart. No backend policy keeps CPU off it (on one or two
+  threads the source's ops at prototype sizes such as 1x2x16x16, SDPA from ViT sizes on).
 
 **One decision, eager or in a graph.** Everything above is decided at run time by one function
 (:func:`_guarded`), which an eager call runs directly and an fx graph runs as the custom op
@@ -61,7 +62,9 @@ and ``torch.export`` tracing the source's ops through it. The source's ops stay 
 the call has no place in the op: a dropout module that is not a plain ``nn.Dropout`` of the traced
 model (or global hooks while tracing: the graph calls the module so the hooks see it), arguments
 whose run-time type the graph does not tell (a scale Proxy neither shape arithmetic nor a tensor,
-say). (Not seen by a graph: hooks put on the dropout module after tracing.)
+say). (Not seen by a graph: hooks put on the dropout module after tracing.) The op is registered
+when this module is imported (``adopter.kernels.sdpa`` imports it): a saved TorchScript or exported
+program that calls it loads after ``import adopter.kernels.guarded_sdpa``.
 
 Forward and backward go through :func:`adopter.kernels.ops.attention.run_fused` (SDPA's own
 backward; a double backward differentiates the eager ops).

@@ -41,12 +41,13 @@ BACKEND_POLICY: dict[str, dict[str, str]] = {
                "(measured: benchmarks/results/ablation_llama-tiny.json)",
     },
     # Not listed: sdpa (written-out attention as SDPA) on CPU. The calibrated cost model decides per
-    # call (kernels/calibration/cpu.json, one thread: the source's ops at 1x2x16x16, 0.75x training
-    # and 0.85x inference; SDPA from 2x4x64x32 in inference, 1.09x, and 4x6x197x64 in training,
-    # 1.27x, up to 2.2x/3.3x at 1x8x1024x64; bfloat16 is slower as SDPA on this machine's avx512_bf16
-    # CPU: the source's ops). An fx-traced copy of a model records the call as the adopter::sdpa op,
-    # which makes the decision eager makes when the graph runs (guarded_sdpa.py), so timm's fx tests
-    # (eager against traced, 1e-5) see one computation.
+    # call (kernels/calibration/cpu.json, measured on a quiet machine): the source's ops at
+    # 1x2x16x16 (1 thread: 0.77x training, 0.83x inference; 2 threads: 0.89x, 0.78x), SDPA from
+    # 2x4x64x32 in inference on one thread (1.08x) and from 4x6x197x64 otherwise (1.01-1.21x), up to
+    # 2.4-4.1x at 1x8x1024x64; bfloat16 is slower as SDPA on this avx512_bf16 CPU: the source's ops.
+    # An fx-traced copy of a model records the call as the adopter::sdpa op, which makes the decision
+    # eager makes when the graph runs (guarded_sdpa.py), so timm's fx tests (eager against traced,
+    # 1e-5) see one computation.
 }
 
 # kernel -> why torch.compile gets the original math (inductor's own fusion is at least as good).
