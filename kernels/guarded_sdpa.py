@@ -31,49 +31,78 @@ The fused path runs only when it provably computes what the source computes:
 * no random numbers drawn: SDPA's dropout does not draw the numbers ``nn.Dropout`` draws on the
   probabilities, so training with ``p > 0`` runs the source's ops with the user's dropout (the same
   numbers, seeded as the original); a dropout module runs fused only as a plain ``nn.Dropout``
-  without hooks (:func:`~adopter.kernels.guard_checks.plain_reason`), in eval mode or at ``p == 0``;
-* not under fx (Proxy inputs: the graph shows the source's ops and the user's dropout module), global
-  module hooks, ``torch.jit.trace``, ``torch.func`` transforms or forward AD
-  (:func:`~adopter.kernels.policy.policy_reason`), nor while torch.compile traces (inductor fuses the
-  source's ops itself, and the check below needs the data); TorchScript compiles the source's
-  statements the rewrite keeps under ``torch.jit.is_scripting()``;
+  without hooks (:func:`~adopter.kernels.guard_checks.plain_reason`), in eval mode or at ``p == 0``
+  (a plain one is ``F.dropout(p, module.p, module.training, module.inplace)``: the source's ops call
+  that, drawing the numbers the module draws);
+* not under global module hooks, ``torch.jit.trace``, ``torch.func`` transforms, forward AD
+  (:func:`~adopter.kernels.policy.mode_reason`) or a proxy-tensor trace (``make_fx``,
+  ``torch.export``), nor while torch.compile traces (inductor fuses the source's ops itself, and
+  the check below needs the data); TorchScript compiles the source's statements the rewrite keeps
+  under ``torch.jit.is_scripting()``;
 * SDPA gives 0 where softmax makes NaN (a fully masked or NaN row): a query row of the fused output
   that sums to 0 or NaN sends the call to the source's ops (the check of ``ops/attention.py``), as
   does, in half precision, a row masked by a finite additive mask only;
-* it pays: the calibrated cost model (``kernels/cost.py``, ``benchmarks/results/sdpa_cpu.json``)
-  by the scores' size, grad mode and thread count.
+* it pays: the calibrated cost model (``kernels/cost.py``, shipped ``calibration/cpu.json``:
+  ``benchmarks/calibrate_kernels.py --kernels sdpa``) by the scores' size, grad mode and thread
+  count; half precision is calibrated apart. No backend policy keeps CPU off it (on one or two
+  threads the source's ops at prototype sizes such as 1x2x16x16, SDPA from ViT sizes on).
 
-Forward and backward go through :mod:`adopter.kernels.ops.attention`'s fused call (SDPA's own
+**One decision, eager or in a graph.** Everything above is decided at run time by one function
+(:func:`_guarded`), which an eager call runs directly and an fx graph runs as the custom op
+``torch.ops.adopter.sdpa`` (:data:`SCHEMA`): under ``torch.fx`` symbolic tracing (Proxy
+arguments) the call is recorded as that one node, so the traced graph makes the call eager makes,
+fused or not, with the same numbers (timm's fx tests compare the two at 1e-5; the source's ops in
+the graph differed from eager SDPA by its float32 rounding). The op takes no module: a plain
+``nn.Dropout`` becomes its ``training`` and ``p`` read by ``get_attr`` nodes at run time (the
+graph module's ``train()``/``eval()`` switch them), so TorchScript compiles the graph
+(``torch.ops`` calls are scriptable). Its kernel is ``CompositeImplicitAutograd``: it runs the
+Python decision on the tensors it is given, with autograd, ``torch.func`` and forward AD seeing the
+ops it calls (the source's ops under a transform, the fused Function otherwise), ``torch.compile``
+and ``torch.export`` tracing the source's ops through it. The source's ops stay in the graph where
+the call has no place in the op: a dropout module that is not a plain ``nn.Dropout`` of the traced
+model (or global hooks while tracing: the graph calls the module so the hooks see it), arguments
+whose run-time type the graph does not tell (a scale Proxy neither shape arithmetic nor a tensor,
+say). (Not seen by a graph: hooks put on the dropout module after tracing.) The op is registered
+when this module is imported (``adopter.kernels.sdpa`` imports it): a saved TorchScript or exported
+program that calls it loads after ``import adopter.kernels.guarded_sdpa``.
+
+Forward and backward go through :func:`adopter.kernels.ops.attention.run_fused` (SDPA's own
 backward; a double backward differentiates the eager ops).
 """
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .guard_checks import context_reason, plain_reason, record_fallback
-from .ops.attention import _HALF, _finitely_masked_row, _run_fused, _suspect_row, attention_eager, attention_sdpa
+from .guard_checks import context_reason, global_hooks, plain_reason, record_fallback
+from .ops.attention import HALF_DTYPES, attention_eager, attention_sdpa, finitely_masked_row, run_fused, suspect_row
+from .ops.common import is_proxy
 from .policy import mode_reason, policy_reason
 from .telemetry import record
 
-__all__ = ["sdpa"]
+__all__ = ["SCHEMA", "sdpa"]
 
 KERNEL = "sdpa"
 
+# ``fill_value`` of a fill the source writes ``-torch.finfo(<scores>.dtype).max``: the most negative
+# finite number of the scores' dtype (the scores are not computed where the call is).
+LOWEST = "lowest"
 
-def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dropout, dropout_p, dropout_training,
-              einsum, softmax_float32, probs_to, probs_type_as):
-    """What the source's statements compute, in its order."""
+
+def _original(q, key, v, scale, divisor, mask, fills, fill_first, dropout, dropout_p, dropout_training,
+              dropout_inplace, einsum, softmax_float32, probs_to, probs_type_as):
+    """What the source's statements compute, in its order (``fills``: (mask, value) pairs; the
+    dropout the user's module, or ``F.dropout(p, dropout_p, dropout_training, dropout_inplace)``)."""
     s = torch.einsum(einsum[0], q, key) if einsum else torch.matmul(q, key)
     if scale is not None:
         s = s * scale
     if divisor is not None:
         s = s / divisor
-    fills = _fills(fill, fill_value)
     if fill_first:
         for m, value in fills:
             s = s.masked_fill(m, torch.finfo(s.dtype).min if value == LOWEST else value)
@@ -90,13 +119,8 @@ def _original(q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dro
     if dropout is not None:
         p = dropout(p)
     elif dropout_p is not None:
-        p = F.dropout(p, dropout_p, dropout_training)
+        p = F.dropout(p, dropout_p, dropout_training, dropout_inplace)
     return torch.einsum(einsum[1], p, v) if einsum else torch.matmul(p, v)
-
-
-# ``fill_value`` of a fill the source writes ``-torch.finfo(<scores>.dtype).max``: the most negative
-# finite number of the scores' dtype (the scores are not computed where the call is).
-LOWEST = "lowest"
 
 
 def _fills(fill, fill_value) -> list[tuple[Any, Any]]:
@@ -117,19 +141,12 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _dropout_reason(dropout, dropout_p, dropout_training) -> str:
-    if dropout is not None:
-        why = plain_reason(dropout, nn.Dropout)
-        if why:
-            return f"the dropout module: {why}"
-        if dropout.training and dropout.p != 0:
-            return "training with dropout: SDPA would draw other random numbers than the user's nn.Dropout"
-        return ""
+def _dropout_reason(dropout_p, dropout_training) -> str:
     if dropout_p is None or not dropout_training:
         return ""
     p = _number(dropout_p)
     if p is None or p != 0:
-        return "training with dropout: SDPA would draw other random numbers than F.dropout"
+        return "training with dropout: SDPA would draw other random numbers than the source's dropout"
     return ""
 
 
@@ -137,7 +154,7 @@ def _broadcasts(term: torch.Tensor, scores: tuple[int, ...]) -> bool:
     return 2 <= term.dim() <= 4 and all(m in (1, n) for m, n in zip(term.shape[::-1], scores[::-1]))
 
 
-def _operands_reason(q, key, v, mask, fill, fill_value, einsum) -> str:
+def _operands_reason(q, key, v, mask, fills, einsum) -> str:
     if not all(type(t) is torch.Tensor for t in (q, key, v)) or not q.is_floating_point():
         return "query/key/value are not plain floating-point tensors"
     if not q.dim() == key.dim() == v.dim() == 4 or not q.dtype == key.dtype == v.dtype:
@@ -157,7 +174,7 @@ def _operands_reason(q, key, v, mask, fill, fill_value, einsum) -> str:
         if mask.dtype != torch.bool and mask.dtype != q.dtype:
             return f"a {mask.dtype} mask added to {q.dtype} scores"
     lowest = torch.finfo(q.dtype).min
-    for m, value in _fills(fill, fill_value):
+    for m, value in fills:
         if type(m) is not torch.Tensor or m.dtype != torch.bool or m.device != q.device \
                 or not _broadcasts(m, scores):
             return "a fill mask that is not a bool tensor broadcasting to the scores"
@@ -201,20 +218,56 @@ def _casts_reason(q, softmax_float32, probs_to, probs_type_as) -> str:
     return ""
 
 
+_PROXY_MODE = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "PROXY", None)
+
+
+def _tracing_reason() -> str:
+    """A proxy-tensor trace (``make_fx``, ``torch.export``, AOTAutograd) records the ops a call
+    runs: the data-dependent checks would be baked into the graph."""
+    if _PROXY_MODE is not None and torch._C._get_dispatch_mode(_PROXY_MODE) is not None:
+        return "a proxy-tensor trace (make_fx, torch.export): the trace records the source's ops"
+    return ""
+
+
 def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, mask: Any = None,
-                   fill: Any = None, fill_value: Any = None, fill_first: bool = False, dropout: Any = None,
-                   dropout_p: Any = None, dropout_training: Any = True, einsum: tuple[str, str] | None = None,
-                   softmax_float32: bool = False, probs_to: Any = None, probs_type_as: Any = None) -> Any:
+         fill: Any = None, fill_value: Any = None, fill_first: bool = False, dropout: Any = None,
+         dropout_p: Any = None, dropout_training: Any = True, einsum: tuple[str, str] | None = None,
+         softmax_float32: bool = False, probs_to: Any = None, probs_type_as: Any = None) -> Any:
     """The written-out attention the source computed (module doc), fused where provably equal."""
-    args = (q, key, v, scale, divisor, mask, fill, fill_value, fill_first, dropout, dropout_p, dropout_training,
-            einsum, softmax_float32, probs_to, probs_type_as)
+    fills = _fills(fill, fill_value)
     if torch.compiler.is_compiling():  # (before anything dynamo would not trace)
-        return _original(*args)
-    reason = (context_reason(q, key, v, mask, *(fill if isinstance(fill, tuple) else (fill,)))
+        return _original(q, key, v, scale, divisor, mask, fills, fill_first, dropout, dropout_p, dropout_training,
+                         False, einsum, softmax_float32, probs_to, probs_type_as)
+    if any(is_proxy(a) for a in (q, key, v, scale, divisor, mask, dropout_p, dropout_training, probs_to,
+                                 probs_type_as, *(m for m, _ in fills), *(x for _, x in fills))):
+        return _in_graph(q, key, v, scale, divisor, mask, fills, fill_first, dropout, dropout_p, dropout_training,
+                         einsum, softmax_float32, probs_to, probs_type_as)
+    inplace = False
+    if dropout is not None:
+        # a plain nn.Dropout is F.dropout(p, module.p, module.training, module.inplace); any other
+        # module (or global hooks, which see it called) is called by the source's ops
+        why = plain_reason(dropout, nn.Dropout) or ("global module hooks" if global_hooks() else "")
+        if why:
+            record_fallback(KERNEL, f"the dropout module: {why}")
+            return _original(q, key, v, scale, divisor, mask, fills, fill_first, dropout, None, None, False,
+                             einsum, softmax_float32, probs_to, probs_type_as)
+        dropout_p, dropout_training, inplace = dropout.p, dropout.training, dropout.inplace
+    return _guarded(q, key, v, scale, divisor, mask, fills, fill_first, dropout_p, dropout_training, inplace, einsum,
+                    softmax_float32, probs_to, probs_type_as)
+
+
+def _guarded(q, key, v, scale, divisor, mask, fills, fill_first, dropout_p, dropout_training, dropout_inplace,
+             einsum, softmax_float32, probs_to, probs_type_as):
+    """The decision (module doc) and the path it takes: eager calls and the graph's op
+    (:func:`_op_kernel`) both run this, with a functional dropout."""
+    args = (q, key, v, scale, divisor, mask, fills, fill_first, None, dropout_p, dropout_training, dropout_inplace,
+            einsum, softmax_float32, probs_to, probs_type_as)
+    reason = (context_reason(q, key, v, mask, *(m for m, _ in fills))
               or mode_reason()  # (before any read of the data)
-              or _operands_reason(q, key, v, mask, fill, fill_value, einsum)
+              or _tracing_reason()
+              or _operands_reason(q, key, v, mask, fills, einsum)
               or _casts_reason(q, softmax_float32, probs_to, probs_type_as)
-              or _dropout_reason(dropout, dropout_p, dropout_training))
+              or _dropout_reason(dropout_p, dropout_training))
     factor = 1.0
     if not reason:
         for value, invert in ((scale, False), (divisor, True)):
@@ -230,14 +283,13 @@ def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, ma
         # (half precision calibrated apart: the written-out bf16 matmuls are slow on CPU, where SDPA
         # pays from far smaller sizes than in float32)
         reason = policy_reason(KERNEL, q, size=lambda: q.shape[0] * q.shape[1] * q.shape[2] * k_len,
-                               variant=lambda: "half" if q.dtype in _HALF else "")
+                               variant=lambda: "half" if q.dtype in HALF_DTYPES else "")
     if reason:
         record_fallback(KERNEL, reason)
         return _original(*args)
     k = key if einsum else key.transpose(-2, -1)
     if mask is not None and mask.dtype == torch.bool:
         mask = mask.to(q.dtype)  # (``s + m`` adds 1.0 where True: a summand, never a keep-mask)
-    fills = _fills(fill, fill_value)
     if any(value != -math.inf for _, value in fills) and _blocked_row(fills, mask, q.shape[2], k.shape[2]):
         record_fallback(KERNEL, "a query row has every key filled with -finfo.max (the source's softmax is uniform)")
         return _original(*args)
@@ -248,13 +300,182 @@ def sdpa(q: Any, key: Any, v: Any, *, scale: Any = None, divisor: Any = None, ma
         attn_mask = ~filled if mask is None else torch.where(filled, -math.inf, mask)
     else:
         attn_mask = mask
-    if q.dtype in _HALF and mask is not None and _finitely_masked_row(q, k, mask, None):
+    if q.dtype in HALF_DTYPES and mask is not None and finitely_masked_row(q, k, mask, None):
         record_fallback(KERNEL, "a query row is masked by a finite mask in half precision")
         return _original(*args)
-    out = _run_fused(attention_sdpa, attention_eager, q, k, v, attn_mask, None, 0.0, factor, False)
-    if _suspect_row(out):
+    out = run_fused(attention_sdpa, attention_eager, q, k, v, attn_mask, None, 0.0, factor, False)
+    if suspect_row(out):
         record_fallback(KERNEL, "a query row came out NaN or zero: maybe a fully masked (all -inf) or NaN row, "
                                 "which softmax makes NaN")
         return _original(*args)
     record(KERNEL, "torch")
     return out
+
+
+# ---------------------------------------------------------------- the same call as one graph node
+#
+# Every argument of the call in a typed slot: a number or a tensor for the scale and the divisor
+# (whichever the source passes), the fills' values as floats with a flag for the scores' lowest
+# number, the dropout functional, ``probs_to`` a dtype or a tensor.
+
+SCHEMA = ("sdpa(Tensor q, Tensor key, Tensor v, Scalar? scale, Tensor? scale_tensor, Scalar? divisor, "
+          "Tensor? divisor_tensor, Tensor? mask, Tensor[] fill, float[] fill_value, bool[] fill_lowest, "
+          "bool fill_first, Scalar? dropout_p, bool dropout_training, bool dropout_inplace, str[] einsum, "
+          "bool softmax_float32, ScalarType? probs_dtype, Tensor? probs_to, Tensor? probs_type_as) -> Tensor")
+
+_LIBRARY = torch.library.Library("adopter", "FRAGMENT")  # (adopter::linear_cross_entropy shares the namespace)
+_LIBRARY.define(SCHEMA)
+
+
+def _op_kernel(q, key, v, scale, scale_tensor, divisor, divisor_tensor, mask, fill, fill_value, fill_lowest,
+               fill_first, dropout_p, dropout_training, dropout_inplace, einsum, softmax_float32, probs_dtype,
+               probs_to, probs_type_as):
+    """``adopter::sdpa``: the slots back into the call's arguments, then :func:`_guarded` (run with
+    autograd: CompositeImplicitAutograd)."""
+    fills = [(m, LOWEST if lowest else value) for m, value, lowest in zip(fill, fill_value, fill_lowest, strict=True)]
+    return _guarded(q, key, v, scale if scale_tensor is None else scale_tensor,
+                    divisor if divisor_tensor is None else divisor_tensor, mask, fills, fill_first, dropout_p,
+                    dropout_training, dropout_inplace, tuple(einsum) or None, softmax_float32,
+                    probs_dtype if probs_to is None else probs_to, probs_type_as)
+
+
+_LIBRARY.impl("sdpa", _op_kernel, "CompositeImplicitAutograd")
+OP = torch.ops.adopter.sdpa
+
+# what a graph's value is at run time, read off the node that makes it: "tensor", "number",
+# "shape" (a tensor's shape or size()), "dtype", "" (not known)
+_ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.pow,
+               operator.mod, operator.neg, operator.pos)
+_NOT_TENSOR_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "item", "tolist", "type",
+                                 "element_size", "is_floating_point", "is_contiguous", "get_device", "stride",
+                                 "storage_offset", "data_ptr", "__len__", "__bool__"})
+
+
+def _attribute(root: nn.Module, target: str) -> Any:
+    """``root``'s attribute at the dotted ``target``, read off the modules' own dicts (while fx
+    traces, a module's ``__getattr__`` hands out Proxies of its parameters); None when absent."""
+    found: Any = root
+    for name in target.split("."):
+        if not isinstance(found, nn.Module):
+            return getattr(found, name, None)
+        found = next((d[name] for d in (found._parameters, found._buffers, found._modules, vars(found))
+                      if name in d), None)
+    return found
+
+
+def _kind(value: Any, root: nn.Module) -> str:
+    if isinstance(value, torch.fx.Proxy):
+        value = value.node
+    if not isinstance(value, torch.fx.Node):
+        if isinstance(value, torch.Tensor):
+            return "tensor"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return "number"
+        return "dtype" if isinstance(value, torch.dtype) else ""
+    node = value
+    if node.op == "get_attr":
+        return _kind(_attribute(root, node.target), root)
+    if node.op == "call_method":
+        self_kind = _kind(node.args[0], root) if node.args else ""
+        if self_kind not in ("tensor", ""):  # (a tensor's method: the value's own is not known)
+            return ""
+        if node.target == "size":
+            return "number" if len(node.args) > 1 or node.kwargs else "shape"
+        if node.target in ("dim", "ndimension", "numel", "nelement"):
+            return "number"
+        return "tensor" if self_kind == "tensor" and node.target not in _NOT_TENSOR_METHODS else ""
+    if node.op != "call_function":
+        return ""
+    args = [*node.args, *node.kwargs.values()]
+    if node.target is getattr and len(args) == 2:
+        # (``x.shape``, ``x.dtype`` of a value the graph does not type: only a tensor has them here)
+        if _kind(args[0], root) not in ("tensor", ""):
+            return ""
+        return {"shape": "shape", "dtype": "dtype", "ndim": "number"}.get(args[1], "")
+    if node.target is operator.getitem and len(args) == 2 and _kind(args[0], root) == "shape":
+        return "number" if isinstance(args[1], int) else ""
+    kinds = [_kind(a, root) for a in args]
+    if getattr(node.target, "__module__", "") == "math":  # (fx wraps math's functions of a Proxy)
+        return "number" if kinds and all(k == "number" for k in kinds) else ""
+    if node.target in _ARITHMETIC:
+        if all(k == "number" for k in kinds):
+            return "number"
+        if "tensor" in kinds and all(k in ("tensor", "number") for k in kinds):
+            return "tensor"
+        return ""
+    if getattr(node.target, "__module__", "") in ("torch", "torch.nn.functional", "torch._C._nn") and "tensor" in kinds:
+        return "tensor"
+    return ""
+
+
+def _in_graph(q, key, v, scale, divisor, mask, fills, fill_first, dropout, dropout_p, dropout_training, einsum,
+              softmax_float32, probs_to, probs_type_as):
+    """Under ``torch.fx`` symbolic tracing: the call as one ``adopter::sdpa`` node where every
+    argument has its slot (module doc), the source's ops otherwise."""
+    tracer = next(a.tracer for a in (q, key, v, scale, divisor, mask, dropout_p, dropout_training, probs_to,
+                                      probs_type_as, *(m for m, _ in fills), *(x for _, x in fills)) if is_proxy(a))
+    root = tracer.root
+    source = (q, key, v, scale, divisor, mask, fills, fill_first, dropout, dropout_p, dropout_training, False, einsum,
+              softmax_float32, probs_to, probs_type_as)
+    why, slots = _slots(tracer, root, scale, divisor, mask, fills, dropout, dropout_p, dropout_training, probs_to,
+                        probs_type_as, q, key, v, fill_first, einsum, softmax_float32)
+    if why:
+        record_fallback(KERNEL, f"fx tracing: {why}: the graph records the source's ops")
+        return _original(*source)
+    return tracer.create_proxy("call_function", OP, slots, {})
+
+
+def _slots(tracer, root, scale, divisor, mask, fills, dropout, dropout_p, dropout_training, probs_to, probs_type_as,
+           q, key, v, fill_first, einsum, softmax_float32):
+    """("", the op's arguments), or why the call has no place in the op."""
+    if not (isinstance(fill_first, bool) and isinstance(softmax_float32, bool)
+            and (einsum is None or isinstance(einsum, tuple) and all(isinstance(e, str) for e in einsum))):
+        return "arguments the graph does not tell", ()
+    for t in (q, key, v):
+        if _kind(t, root) not in ("tensor", ""):
+            return "a query, key or value that is not a tensor", ()
+    numbers = []
+    for value in (scale, divisor):
+        kind = "" if value is None else _kind(value, root)
+        if value is not None and kind not in ("number", "tensor"):
+            return "a scale that is neither a number nor a tensor where the graph tells", ()
+        numbers += [value if kind == "number" else None, value if kind == "tensor" else None]
+    for m in (mask, *(m for m, _ in fills)):
+        if m is not None and _kind(m, root) not in ("tensor", ""):
+            return "a mask that is not a tensor", ()
+    values, lowest = [], []
+    for _, value in fills:
+        if value != LOWEST and type(value) is not float:  # (TorchScript's float[]: an int is no float there)
+            return "a fill value that is not a float", ()
+        values.append(0.0 if value == LOWEST else value)
+        lowest.append(value == LOWEST)
+    if dropout is not None:
+        if plain_reason(dropout, nn.Dropout) or global_hooks():
+            return "the dropout module is not a plain nn.Dropout (or global hooks see it called)", ()
+        try:
+            path = tracer.path_of_module(dropout)
+        except NameError:
+            return "the dropout module is not a submodule of the traced model", ()
+        # (read when the graph runs: the graph module's train()/eval() switch its copy of them)
+        dropout_p = tracer.create_proxy("get_attr", f"{path}.p" if path else "p", (), {})
+        dropout_training = tracer.create_proxy("get_attr", f"{path}.training" if path else "training", (), {})
+        inplace = dropout.inplace
+    else:
+        inplace = False
+        if dropout_p is not None and _kind(dropout_p, root) != "number":
+            return "a dropout probability that is not a number", ()
+        if not isinstance(dropout_training, bool):
+            return "a dropout flag the graph computes", ()
+    probs_dtype = probs_tensor = None
+    if softmax_float32:  # (ignored otherwise, as the source's ops ignore it)
+        if probs_type_as is not None and _kind(probs_type_as, root) not in ("tensor", ""):
+            return "a cast to the type of something other than a tensor", ()
+        kind = "" if probs_to is None else _kind(probs_to, root)
+        if probs_to is not None and kind not in ("dtype", "tensor"):
+            return "a cast to something other than a dtype or a tensor", ()
+        probs_dtype, probs_tensor = (probs_to, None) if kind == "dtype" else (None, probs_to)
+    else:
+        probs_type_as = None
+    return "", (q, key, v, *numbers, mask, [m for m, _ in fills], values, lowest, fill_first, dropout_p,
+                dropout_training, inplace, list(einsum or ()), softmax_float32, probs_dtype, probs_tensor,
+                probs_type_as)

@@ -40,17 +40,14 @@ BACKEND_POLICY: dict[str, dict[str, str]] = {
         "cpu": "CPU: no faster than the original ops and 3% more peak memory in a training step "
                "(measured: benchmarks/results/ablation_llama-tiny.json)",
     },
-    # Written-out attention as SDPA on CPU: 0.40x-0.68x at prototype sizes on one thread and a
-    # 2-thread calibration taken under load (benchmarks/results/sdpa_cpu.json); and an fx-traced
-    # copy of the model records the source's ops (the graph shows the user's modules), which differ
-    # from eager SDPA by its rounding: timm's own fx test (eager against traced, 1e-5) fails on
-    # visformer_tiny (benchmarks/results/peer_timm.json). Off on CPU until the traced graph makes
-    # the call eager makes.
-    "sdpa": {
-        "cpu": "CPU: slower at prototype sizes (benchmarks/results/sdpa_cpu.json) and an fx-traced "
-               "copy of the model, which runs the source's ops, would differ from eager SDPA by its "
-               "rounding (timm's fx tests: benchmarks/results/peer_timm.json)",
-    },
+    # Not listed: sdpa (written-out attention as SDPA) on CPU. The calibrated cost model decides per
+    # call (kernels/calibration/cpu.json, measured on a quiet machine): the source's ops at
+    # 1x2x16x16 (1 thread: 0.77x training, 0.83x inference; 2 threads: 0.89x, 0.78x), SDPA from
+    # 2x4x64x32 in inference on one thread (1.08x) and from 4x6x197x64 otherwise (1.01-1.21x), up to
+    # 2.4-4.1x at 1x8x1024x64; bfloat16 is slower as SDPA on this avx512_bf16 CPU: the source's ops.
+    # An fx-traced copy of a model records the call as the adopter::sdpa op, which makes the decision
+    # eager makes when the graph runs (guarded_sdpa.py), so timm's fx tests (eager against traced,
+    # 1e-5) see one computation.
 }
 
 # kernel -> why torch.compile gets the original math (inductor's own fusion is at least as good).

@@ -38,6 +38,11 @@ What the fused paths compute as the eager ops do, and where they would not, the 
 * under ``torch.jit.trace``, a ``torch.func`` transform, a forward-AD dual level
   (:func:`~adopter.kernels.policy.mode_reason`) and while torch.compile traces (the scan needs the
   data; inductor fuses the eager ops itself) the eager ops run.
+
+Besides :func:`attention`, the pieces other guarded kernels build on (``guarded_sdpa.py``):
+:data:`HALF_DTYPES`, :func:`attention_eager`, :func:`attention_sdpa`, :func:`run_fused` (the fused
+call with its own backward and the eager ops' double backward), :func:`suspect_row` (the output
+check for fully masked or NaN rows) and :func:`finitely_masked_row`.
 """
 from __future__ import annotations
 
@@ -52,7 +57,11 @@ from ..policy import policy_reason
 from ..telemetry import ORIGINAL, record
 from .common import fx_leaf
 
-_HALF = (torch.float16, torch.bfloat16)
+__all__ = ["HALF_DTYPES", "attention", "attention_added", "attention_eager", "attention_sdpa", "attention_xformers",
+           "finitely_masked_row", "run_fused", "suspect_row"]
+
+# the dtypes whose softmax the fused paths compute in float32
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -99,7 +108,7 @@ def _expand_kv(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the fused paths (and :func:`_softmax` without ``softmax_dtype``) compute the
     softmax of ``dtype`` scores in."""
-    return torch.float32 if dtype in _HALF else dtype
+    return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
 def _softmax(scores: torch.Tensor, softmax_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -182,7 +191,7 @@ def _added_reason(q, k, v, mask, bias) -> str:
 _MASKED_ROW = -1024.0
 
 
-def _finitely_masked_row(q: torch.Tensor, k: torch.Tensor, mask, bias) -> bool:
+def finitely_masked_row(q: torch.Tensor, k: torch.Tensor, mask, bias) -> bool:
     """Whether, in half precision, some query row may have every key masked by a finite additive
     mask/bias: the eager ops then round ``scores + mask`` to the dtype (at ``finfo.min`` its ulp is
     32 in float16), and their softmax is over that rounding, where SDPA and xformers add in float32:
@@ -200,7 +209,7 @@ def _finitely_masked_row(q: torch.Tensor, k: torch.Tensor, mask, bias) -> bool:
     return top is not None and bool((top <= _MASKED_ROW).any())
 
 
-def _suspect_row(out: torch.Tensor) -> bool:
+def suspect_row(out: torch.Tensor) -> bool:
     """Whether a row of ``out`` (one query's output) may hold a NaN or nothing but zeros: its sum is NaN
     or 0 (one pass, no temporary of out's size; a row of other values that sums to exactly 0 only
     costs a recomputation)."""
@@ -317,7 +326,7 @@ def attention(
         return (out, weights) if need_weights else out
     if additive:  # the summands in the scores' dtype: a bool mask as 1.0 where True, never a keep-mask
         mask, bias = (t if t is None or t.dtype == q.dtype else t.to(q.dtype) for t in (mask, bias))
-    if q.dtype in _HALF and _finitely_masked_row(q, k, mask, bias):
+    if q.dtype in HALF_DTYPES and finitely_masked_row(q, k, mask, bias):
         record("attention", ORIGINAL, "a query row is masked by a finite mask in half precision: the "
                                       "eager ops' softmax is over the rounding of scores + mask")
         return eager(*args)[0]
@@ -333,7 +342,7 @@ def attention(
     out = None
     if backend == "xformers":
         try:
-            out = _run_fused(attention_xformers, eager, q, k, v, mask, bias, dropout_p, scale, is_causal)
+            out = run_fused(attention_xformers, eager, q, k, v, mask, bias, dropout_p, scale, is_causal)
             backend_used = "xformers"
         except (NotImplementedError, ValueError):
             # xformers refuses some shapes (no operator for them); auto mode then uses SDPA
@@ -345,9 +354,9 @@ def attention(
         record("attention", "torch")
         return eager(*args)[0]
     if out is None:
-        out = _run_fused(attention_sdpa, eager, q, k, v, mask, bias, dropout_p, scale, is_causal)
+        out = run_fused(attention_sdpa, eager, q, k, v, mask, bias, dropout_p, scale, is_causal)
         backend_used = "torch"
-    if _suspect_row(out):
+    if suspect_row(out):
         record("attention", ORIGINAL, "a query row came out NaN or zero: maybe a fully masked (all -inf) "
                                       "or NaN row, which softmax makes NaN")
         return eager(*args)[0]
@@ -355,7 +364,7 @@ def attention(
     return out
 
 
-def _run_fused(fused, eager, q, k, v, mask, bias, dropout_p, scale, is_causal) -> torch.Tensor:
+def run_fused(fused, eager, q, k, v, mask, bias, dropout_p, scale, is_causal) -> torch.Tensor:
     """``fused`` (SDPA or xformers) on the call's arguments; through :class:`_Fused` when a gradient
     is recorded and no dropout is drawn (a double backward then differentiates ``eager``)."""
     def run(q, k, v, mask, bias):

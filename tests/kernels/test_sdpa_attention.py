@@ -175,6 +175,37 @@ def test_dropout_in_training_draws_what_the_source_draws(form):
     torch.testing.assert_close(got, _written(q, kt, v, scale=0.5))
 
 
+def test_plain_dropout_module_is_its_functional_call():
+    """A plain nn.Dropout runs as F.dropout(p, module.p, module.training, module.inplace) (what its
+    forward is, and what the graph's op runs): in training, in place or not, the numbers the module
+    draws, seeded alike, forward and backward; a global hook sees the module called (the source's
+    ops call it)."""
+    q, k, v = _qkv()
+    kt = k.transpose(-2, -1)
+    drop = nn.Dropout(0.3).train()
+    torch.manual_seed(11)
+    expected, expected_grads = _grads_of(lambda: _written(q, kt, v, scale=0.5, dropout=drop), q, k, v)
+    torch.manual_seed(11)
+    with count_kernel_calls() as calls:
+        got, got_grads = _grads_of(lambda: sdpa(q, kt, v, scale=0.5, dropout=drop), q, k, v)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(got, expected) and all(torch.equal(a, b) for a, b in zip(got_grads, expected_grads))
+    drop = nn.Dropout(0.3, inplace=True).train()  # (no backward: the source's in-place dropout on the
+    with torch.no_grad():                          # softmax's output has none)
+        torch.manual_seed(11)
+        expected = _written(q, kt, v, scale=0.5, dropout=drop)
+        torch.manual_seed(11)
+        assert torch.equal(sdpa(q, kt, v, scale=0.5, dropout=drop), expected)
+    seen = []
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(type(m)))
+    try:
+        with count_kernel_calls() as calls:
+            sdpa(q, kt, v, scale=0.5, dropout=nn.Dropout(0.1).eval())
+    finally:
+        handle.remove()
+    assert _paths(calls) == {"original"} and seen == [nn.Dropout]
+
+
 def test_dropout_module_with_hooks_runs_the_source():
     q, k, v = _qkv(grad=False)
     drop = nn.Dropout(0.1).eval()
@@ -206,14 +237,203 @@ class WrittenOut(nn.Module):
                               fill_value=float("-inf"), dropout=self.attn_drop)
 
 
-def test_fx_traces_the_source_ops():
+# ---------------------------------------------------------------- fx: the graph makes the eager call
+
+def _graph_targets(gm) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+
+
+def _grads_of(fn, *tensors):
+    for t in tensors:
+        t.grad = None
+    out = fn()
+    out.pow(2).sum().backward()
+    return out, [t.grad.clone() for t in tensors]
+
+
+def test_fx_records_the_op_and_the_graph_makes_the_eager_call():
+    """timm's fx test compares eager with the traced graph: the graph holds one adopter::sdpa node
+    (no softmax, no dropout module), which decides at run time as eager does: fused both, bitwise
+    equal outputs and gradients (the source's ops in the graph differed by SDPA's rounding)."""
     module = WrittenOut().eval()
     gm = torch.fx.symbolic_trace(module)
-    names = {str(n.target) for n in gm.graph.nodes}
-    assert "attn_drop" in names and any("softmax" in n for n in names)  # the user's dropout module stays
+    targets = _graph_targets(gm)
+    assert targets.count("adopter.sdpa") == 1 and not any("softmax" in t or "attn_drop" == t for t in targets)
+    q, k, v = _qkv(b=2, h=3, q_len=6, k_len=6, d=8)
+    with count_kernel_calls() as calls:
+        eager, eager_grads = _grads_of(lambda: module(q, k, v), q, k, v)
+    assert _paths(calls) == {"fused"}
+    with count_kernel_calls() as calls:
+        graph, graph_grads = _grads_of(lambda: gm(q, k, v), q, k, v)
+    assert _paths(calls) == {"fused"}
+    assert torch.equal(graph, eager) and all(torch.equal(a, b) for a, b in zip(graph_grads, eager_grads))
+    # the source's ops differ from SDPA by rounding: what the graph held before
+    assert not torch.equal(_written(q, k.transpose(-2, -1), v, scale=8 ** -0.5, fill=module.bias == 0), eager)
+
+
+class _FillArgument(nn.Module):
+    def forward(self, q, k, v, fill):
+        return sdpa(q, k.transpose(-2, -1), v, scale=0.5, fill=fill, fill_value=float("-inf"))
+
+
+def test_fx_graph_decides_at_run_time():
+    """The run-time checks run in the graph: a fully masked row (the source's NaN) takes the
+    source's ops there as in eager, equal bitwise."""
+    module = _FillArgument()
+    gm = torch.fx.symbolic_trace(module)
     q, k, v = _qkv(q_len=6, k_len=6, grad=False)
-    torch.testing.assert_close(gm(q, k, v), module(q, k, v))
-    torch.jit.script(gm)  # (timm's fx-then-TorchScript)
+    fill = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    with count_kernel_calls() as calls:
+        assert torch.equal(gm(q, k, v, fill), module(q, k, v, fill))
+    assert _paths(calls) == {"fused"}
+    fill[3] = True  # query row 3 sees no key
+    with count_kernel_calls() as calls:
+        eager, graph = module(q, k, v, fill), gm(q, k, v, fill)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(graph[:, :, :3], eager[:, :, :3]) and graph[:, :, 3].isnan().all()
+
+
+def test_fx_graph_train_mode_draws_the_source_dropout():
+    """The graph reads the dropout's training flag and p when it runs (get_attr): after train()
+    it draws what the user's nn.Dropout draws, seeded alike, forward and backward."""
+    module = WrittenOut(p=0.3).eval()
+    gm = torch.fx.symbolic_trace(module)
+    module.train()
+    gm.train()
+    q, k, v = _qkv(q_len=6, k_len=6)
+    torch.manual_seed(5)
+    expected, expected_grads = _grads_of(lambda: _written(q, k.transpose(-2, -1), v, scale=0.5,
+                                                          fill=module.bias == 0, dropout=module.attn_drop), q, k, v)
+    torch.manual_seed(5)
+    with count_kernel_calls() as calls:
+        got, got_grads = _grads_of(lambda: gm(q, k, v), q, k, v)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(got, expected) and all(torch.equal(a, b) for a, b in zip(got_grads, expected_grads))
+    gm.eval()  # and back: nothing drawn, fused
+    with count_kernel_calls() as calls:
+        gm(q, k, v)
+    assert _paths(calls) == {"fused"}
+
+
+def test_fx_then_torchscript_makes_the_eager_call():
+    """timm's fx-then-TorchScript: the op is a TorchScript builtin; the scripted graph runs the
+    same decision (fused here), bitwise equal to eager, with gradients."""
+    module = WrittenOut().eval()
+    scripted = torch.jit.script(torch.fx.symbolic_trace(module))
+    q, k, v = _qkv(q_len=6, k_len=6)
+    eager, eager_grads = _grads_of(lambda: module(q, k, v), q, k, v)
+    with count_kernel_calls() as calls:
+        got, got_grads = _grads_of(lambda: scripted(q, k, v), q, k, v)
+    assert _paths(calls) == {"fused"}
+    assert torch.equal(got, eager) and all(torch.equal(a, b) for a, b in zip(got_grads, eager_grads))
+
+
+def test_fx_graph_under_torch_func_forward_ad_and_double_backward():
+    """The op's kernel is CompositeImplicitAutograd: under torch.func (functional_call + grad) and
+    forward AD the graph runs the source's ops, as eager does; a double backward of the fused
+    path differentiates the eager ops."""
+    module = WrittenOut().eval()
+    gm = torch.fx.symbolic_trace(module)
+    q, k, v = _qkv(q_len=6, k_len=6, grad=False)
+
+    def ref(q):
+        return _written(q, k.transpose(-2, -1), v, scale=0.5, fill=module.bias == 0).sum()
+
+    params = dict(gm.named_buffers())
+    with count_kernel_calls() as calls:
+        got = torch.func.grad(lambda q: torch.func.functional_call(gm, params, (q, k, v)).sum())(q)
+    assert _paths(calls) == {"original"}
+    assert torch.equal(got, torch.func.grad(ref)(q))
+    import torch.autograd.forward_ad as fwAD
+    tangent_in = torch.randn_like(q)
+    with fwAD.dual_level(), count_kernel_calls() as calls:
+        tangent = fwAD.unpack_dual(gm(fwAD.make_dual(q, tangent_in), k, v)).tangent
+    assert _paths(calls) == {"original"}
+    _, expected_tangent = torch.func.jvp(lambda q: _written(q, k.transpose(-2, -1), v, scale=0.5,
+                                                            fill=module.bias == 0), (q,), (tangent_in,))
+    torch.testing.assert_close(tangent, expected_tangent)
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    with count_kernel_calls() as calls:
+        assert torch.autograd.gradcheck(lambda a, b, c: gm.double()(a, b, c), (qd, kd, vd))
+        assert torch.autograd.gradgradcheck(lambda a, b, c: gm(a, b, c), (qd, kd, vd))
+    assert "fused" in _paths(calls)
+
+
+def test_fx_graph_exports_and_compiles():
+    """torch.export keeps the op (its kernel runs when the exported program does: the same
+    decision); torch.compile of the graph traces the op's source ops, equal within rounding."""
+    module = WrittenOut().eval()
+    gm = torch.fx.symbolic_trace(module)
+    q, k, v = _qkv(q_len=6, k_len=6, grad=False)
+    eager = module(q, k, v)
+    exported = torch.export.export(gm, (q, k, v))
+    assert "adopter.sdpa.default" in {str(n.target) for n in exported.graph.nodes}
+    with count_kernel_calls() as calls:
+        assert torch.equal(exported.module()(q, k, v), eager)
+    assert _paths(calls) == {"fused"}
+    torch._dynamo.reset()
+    compiled = torch.compile(gm, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), eager)
+
+
+class _ScaleArgument(nn.Module):
+    def forward(self, q, k, v, scale):
+        return sdpa(q, k.transpose(-2, -1), v, scale=scale)
+
+
+def test_fx_records_the_source_ops_where_the_op_has_no_place():
+    """A dropout module that is not a plain nn.Dropout (here: with a hook) stays in the graph with the
+    source's ops (the graph must call it); so does a scale whose run-time type the graph does not tell."""
+    module = WrittenOut().eval()
+    seen = []
+    module.attn_drop.register_forward_hook(lambda m, i, o: seen.append(o))
+    gm = torch.fx.symbolic_trace(module)
+    targets = _graph_targets(gm)
+    assert "attn_drop" in targets and "adopter.sdpa" not in targets and any("softmax" in t for t in targets)
+    q, k, v = _qkv(q_len=6, k_len=6, grad=False)
+    assert torch.equal(gm(q, k, v), module(q, k, v)) and len(seen) == 2  # (eager: the source's ops too)
+    gm = torch.fx.symbolic_trace(_ScaleArgument())
+    assert "adopter.sdpa" not in _graph_targets(gm)
+    torch.testing.assert_close(gm(q, k, v, 0.5), _written(q, k.transpose(-2, -1), v, scale=0.5))
+
+
+class _Spellings(nn.Module):
+    """The other arguments in a graph: an additive mask, two fills (one None, -finfo.max), a
+    scale tensor (learned or a buffer), divisor, an einsum and the float32 softmax cast back by
+    ``probs_to=q.dtype``."""
+
+    def __init__(self, learned: bool):
+        super().__init__()
+        if learned:
+            self.temperature = nn.Parameter(torch.tensor(0.7))
+        else:
+            self.register_buffer("temperature", torch.tensor(0.7))
+        self.register_buffer("future", torch.ones(6, 6, dtype=torch.bool).triu(1))
+
+    def forward(self, q, k, v, mask):
+        eqs = ("b h i d, b h j d -> b h i j", "b h i j, b h j d -> b h i d")
+        return sdpa(q, k, v, scale=self.temperature, divisor=math.sqrt(q.shape[-1]), mask=mask,
+                    fill=(None, self.future), fill_value=("lowest", "lowest"), einsum=eqs, softmax_float32=True,
+                    probs_to=q.dtype)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_fx_graph_other_arguments(grad):
+    """Every slot of the op from a graph, bitwise equal to eager: fused with a buffer's scale, the
+    source's ops (and the gradient of the learned scale) with a parameter's."""
+    module = _Spellings(learned=grad)
+    gm = torch.fx.symbolic_trace(module)
+    assert _graph_targets(gm).count("adopter.sdpa") == 1
+    q, k, v = _qkv(q_len=6, k_len=6, grad=grad)
+    mask = torch.randn(1, 3, 6, 6)
+    with torch.set_grad_enabled(grad), count_kernel_calls() as calls:
+        eager, graph = module(q, k, v, mask), gm(q, k, v, mask)
+    assert _paths(calls) == {"original" if grad else "fused"}
+    assert torch.equal(graph, eager)
+    if grad:
+        (g_graph,) = torch.autograd.grad(graph.sum(), module.temperature)
+        (g_eager,) = torch.autograd.grad(eager.sum(), module.temperature)
+        assert torch.equal(g_graph, g_eager)
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -262,25 +482,31 @@ def test_bf16_fill_against_float64():
     assert F.softmax is not None
 
 
-def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch):
-    """Applied only where it pays: on one CPU thread the shipped calibration (benchmarks/
-    calibrate_kernels.py --kernels sdpa) measured SDPA slower than the written-out ops at a
-    prototype's 1x2x16x16, faster from 2x4x64x32 on; half precision is calibrated apart."""
+@pytest.mark.shipped_policy
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("grad", [False, True])
+def test_shipped_calibration_sends_prototype_sizes_to_the_source(monkeypatch, grad, threads):
+    """Applied only where it pays, on CPU too (no backend policy keeps sdpa off it): the shipped
+    calibration (benchmarks/calibrate_kernels.py --kernels sdpa --threads 1,2) measured SDPA slower
+    than the written-out ops at a prototype's 1x2x16x16 (1 thread: 0.77x training, 0.83x inference;
+    2 threads: 0.89x, 0.78x), faster at 4x6x197x64 (1.21x, 1.21x; 1.12x, 1.01x); half precision is
+    calibrated apart."""
     from adopter.kernels import cost
 
-    monkeypatch.setattr(cost, "ENABLED", True)
     monkeypatch.delenv(cost.ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent")  # (no user calibration: the shipped one)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    cost.reload()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         for shape, expect in (((1, 2, 16, 16), "original"), ((4, 6, 197, 64), "fused")):
-            q, k, v = (torch.randn(*shape) for _ in range(3))
-            with torch.no_grad(), count_kernel_calls() as calls:
+            q, k, v = (torch.randn(*shape, requires_grad=grad) for _ in range(3))
+            with torch.set_grad_enabled(grad), count_kernel_calls() as calls:
                 sdpa(q, k.transpose(-2, -1), v, scale=0.125)
             assert _paths(calls) == {expect}, calls.calls
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(previous)
+        cost.reload()
 
 
 def _upcast_written(q, kt, v, mask, spelling, dropout=None):
