@@ -58,6 +58,12 @@ _LAZY = {
 }
 
 
+# the guarded SDPA registers the op ``torch.ops.adopter.sdpa`` that an fx graph of a rewritten
+# attention records: a TorchScript or exported graph saved with it loads after ``import
+# adopter.kernels`` (registered here, not on first use; ~5 ms)
+from . import guarded_sdpa as _guarded_sdpa  # noqa: E402,F401
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib

@@ -323,8 +323,19 @@ SCHEMA = ("sdpa(Tensor q, Tensor key, Tensor v, Scalar? scale, Tensor? scale_ten
           "bool fill_first, Scalar? dropout_p, bool dropout_training, bool dropout_inplace, str[] einsum, "
           "bool softmax_float32, ScalarType? probs_dtype, Tensor? probs_to, Tensor? probs_type_as) -> Tensor")
 
+def _registered() -> bool:
+    try:
+        return torch.ops.adopter.sdpa.default is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# once per process: this module imported a second time under another name (a test or tool putting
+# the repository's kernels/ on sys.path) finds the op the first copy registered, the same code
+_DEFINE = not _registered()
 _LIBRARY = torch.library.Library("adopter", "FRAGMENT")  # (adopter::linear_cross_entropy shares the namespace)
-_LIBRARY.define(SCHEMA)
+if _DEFINE:
+    _LIBRARY.define(SCHEMA)
 
 
 def _op_kernel(q, key, v, scale, scale_tensor, divisor, divisor_tensor, mask, fill, fill_value, fill_lowest,
@@ -339,7 +350,8 @@ def _op_kernel(q, key, v, scale, scale_tensor, divisor, divisor_tensor, mask, fi
                     probs_dtype if probs_to is None else probs_to, probs_type_as)
 
 
-_LIBRARY.impl("sdpa", _op_kernel, "CompositeImplicitAutograd")
+if _DEFINE:
+    _LIBRARY.impl("sdpa", _op_kernel, "CompositeImplicitAutograd")
 OP = torch.ops.adopter.sdpa
 
 # what a graph's value is at run time, read off the node that makes it: "tensor", "number",

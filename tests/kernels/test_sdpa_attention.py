@@ -672,3 +672,14 @@ def test_meta_tensors_take_the_source_ops():
     q, k, v = (torch.empty(2, 3, 5, 8, device="meta") for _ in range(3))
     out = sdpa(q, k.transpose(-2, -1), v, scale=8 ** -0.5)
     assert out.device.type == "meta" and out.shape == (2, 3, 5, 8)
+
+
+def test_importing_adopter_kernels_registers_the_op_a_saved_graph_calls():
+    # a TorchScript or exported graph of a rewritten attention calls torch.ops.adopter.sdpa: loading
+    # it after a plain `import adopter.kernels` must find the op (no first use of the kernel needed)
+    import subprocess
+    import sys
+
+    code = "import torch, adopter.kernels; torch.ops.adopter.sdpa.default; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
