@@ -18,7 +18,10 @@ The fused path runs only when it provably computes what the source computes:
 
 * query, key, value plain floating tensors of one dtype and device, rank 4, the key
   ``(B, H, D, S)`` as multiplied (``(B, H, S, D)`` for an einsum), equal batch and head sizes
-  (grouped-query attention: the source repeats the keys itself, so they are equal);
+  (grouped-query attention: the source repeats the keys itself, so they are equal); or rank 3,
+  heads folded into the batch (``torch.bmm``: fairseq, diffusers), viewed as one head (the masks
+  of rank 3 likewise) for the checks and the fused call, the output viewed back (the source's
+  ops, where they run, run on the tensors as given);
 * a mask that is a tensor of the query's dtype (or bool, added as 1.0 where True as ``s + m``
   adds it) of rank 2-4 broadcasting to the scores without changing their shape; a bool fill
   broadcasting likewise, whose value is ``-inf`` or the scores' ``-finfo.max`` (another
@@ -262,6 +265,11 @@ def _guarded(q, key, v, scale, divisor, mask, fills, fill_first, dropout_p, drop
     (:func:`_op_kernel`) both run this, with a functional dropout."""
     args = (q, key, v, scale, divisor, mask, fills, fill_first, None, dropout_p, dropout_training, dropout_inplace,
             einsum, softmax_float32, probs_to, probs_type_as)
+    folded = einsum is None and all(type(t) is torch.Tensor and t.dim() == 3 for t in (q, key, v))
+    if folded:  # (batch * heads, L, E): one head of a batch of batch * heads
+        q, key, v = q.unsqueeze(1), key.unsqueeze(1), v.unsqueeze(1)
+        mask = _one_head(mask)
+        fills = [(_one_head(m), value) for m, value in fills]
     reason = (context_reason(q, key, v, mask, *(m for m, _ in fills))
               or mode_reason()  # (before any read of the data)
               or _tracing_reason()
@@ -309,7 +317,12 @@ def _guarded(q, key, v, scale, divisor, mask, fills, fill_first, dropout_p, drop
                                 "which softmax makes NaN")
         return _original(*args)
     record(KERNEL, "torch")
-    return out
+    return out.squeeze(1) if folded else out
+
+
+def _one_head(term: Any) -> Any:
+    """A mask of rank-3 scores ``(batch * heads, L, S)`` as one of rank-4 scores with one head."""
+    return term.unsqueeze(-3) if type(term) is torch.Tensor and term.dim() == 3 else term
 
 
 # ---------------------------------------------------------------- the same call as one graph node

@@ -683,3 +683,41 @@ def test_importing_adopter_kernels_registers_the_op_a_saved_graph_calls():
     code = "import torch, adopter.kernels; torch.ops.adopter.sdpa.default; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"scale": 0.5}, {"mask": torch.randn(6, 5, 7)}, {"mask": torch.randn(5, 7)},
+    {"fill": torch.zeros(6, 1, 7, dtype=torch.bool).index_fill_(2, torch.tensor([5, 6]), True)},
+    {"fill": torch.ones(5, 7, dtype=torch.bool).triu(1), "mask": torch.randn(1, 5, 7)},
+], ids=["plain", "scale", "mask-3d", "mask-2d", "padding-fill", "causal-fill-mask"])
+def test_heads_folded_into_the_batch_run_fused_as_one_head(kwargs):
+    # fairseq / diffusers: (batch * heads, L, E) operands multiplied by torch.bmm; the kernel views
+    # them (and rank-3 masks) with one head, and gives the rank-3 output back
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, n, 4, generator=g).requires_grad_() for n in (5, 7, 7))
+    kt = k.transpose(1, 2)
+    expected = _written(q, kt, v, **kwargs)
+    expected.pow(2).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, fill_value=float("-inf") if "fill" in kwargs else None, **kwargs)
+    assert _paths(calls) == {"fused"}, calls.calls
+    assert got.shape == expected.shape == (6, 5, 4)
+    got.pow(2).sum().backward()
+    torch.testing.assert_close(got, expected)
+    for a, b in zip((t.grad for t in (q, k, v)), grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_heads_folded_into_the_batch_with_a_blocked_row_run_the_source_on_the_tensors_given():
+    q, k, v = (torch.randn(6, n, 4) for n in (5, 7, 7))
+    fill = torch.zeros(6, 5, 7, dtype=torch.bool)
+    fill[2, 3] = True  # one query row of one (batch, head) masks every key
+    kt = k.transpose(1, 2)
+    with count_kernel_calls() as calls:
+        got = sdpa(q, kt, v, fill=fill, fill_value="lowest")
+    assert _paths(calls) == {"original"}
+    expected = (q @ kt).masked_fill(fill, -torch.finfo(q.dtype).max).softmax(-1) @ v
+    assert torch.equal(got, expected)

@@ -95,8 +95,7 @@ directly (they feed another product first) is no candidate. A helper function th
 inline (transformers' ``eager_attention_forward``) is reported and rewritten once, under the
 helper. The kernel runs SDPA only where it is provably the same computation —
 query/key/value plain floating tensors of rank 4 with equal batch and head sizes (the rank-3
-tensors of ``bmm`` attentions always run the source's ops: ``torch.matmul`` of them, which is
-``bmm``), a float mask
+tensors of ``bmm`` attentions are viewed as one head of a batch of batch * heads), a float mask
 of the query's dtype broadcasting to the scores, bool fills, fill values of ``-inf`` or the scores' ``-finfo.max`` (the latter only where no query
 row has every key filled or masked: the source's softmax of it is uniform), a scale
 that is a number (or a one-element tensor without gradient), a float32 softmax cast back only
