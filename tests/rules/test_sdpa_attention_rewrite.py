@@ -23,6 +23,53 @@ def _load(path: Path, name: str):
     return module
 
 
+def _floats(xs):
+    return [x for x in xs if x is not None and x.is_floating_point()]
+
+
+def _run_pair(stem: str, name: str, spec, train: bool, tracked=_floats):
+    """The fixture ``stem``'s class ``name`` and its rewritten twin, same weights, in train or eval,
+    each run forward and backward (``out.pow(2).sum()``) on the same inputs and dropout seed:
+    ``(original, rewritten, (out, grads) of the original, (out, grads) of the rewritten, the
+    rewritten run's kernel calls)``; grads are the parameters' then the ``tracked`` inputs'."""
+    args, kwargs, inputs = spec
+    before = _load(FIXTURES / f"{stem}.py", f"sdpa_before_{stem}")
+    after = _load(SNAPSHOTS / f"{stem}.rewritten.py", f"sdpa_after_{stem}")
+    torch.manual_seed(0)
+    original = getattr(before, name)(*args, **kwargs)
+    rewritten = getattr(after, name)(*args, **kwargs)
+    rewritten.load_state_dict(original.state_dict())
+    assert list(rewritten.state_dict()) == list(original.state_dict())
+    original.train(train), rewritten.train(train)
+    torch.manual_seed(1)
+    xs = inputs()
+    grad_inputs = tracked(xs)
+    for x in grad_inputs:
+        x.requires_grad_()
+    results = []
+    for model in (original, rewritten):
+        torch.manual_seed(2)  # (the same dropout draws)
+        with count_kernel_calls() as calls:
+            out = model(*xs)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in model.parameters()]
+                        + [x.grad.clone() for x in grad_inputs], calls))
+        for x in grad_inputs:
+            x.grad = None
+    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    return original, rewritten, (out_a, grads_a), (out_b, grads_b), calls
+
+
+def _close(b, a):
+    """Equal up to float32 rounding of another order of operations, relative to the tensor's scale
+    (a weight gradient of magnitude 37 differs by 3e-5 at one element on some CPUs)."""
+    torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
+
+
+def _equal(b, a):
+    assert torch.equal(b, a), (b - a).abs().max()
+
+
 CASES = {
     "VitAttention": ((32,), {"num_heads": 4, "attn_drop": 0.2}, lambda: (torch.randn(2, 9, 32),)),
     "CausalSelfAttention": ((32, 4, 16), {"dropout": 0.2}, lambda: (torch.randn(2, 11, 32),)),
@@ -59,35 +106,9 @@ ALL = {**{("positive", n): c for n, c in CASES.items()}, **{("positive_spellings
 @pytest.mark.parametrize("train", [False, True])
 def test_rewritten_equals_original(case, train):
     stem, name = case
-    before = _load(FIXTURES / f"{stem}.py", f"sdpa_before_{stem}")
-    after = _load(SNAPSHOTS / f"{stem}.rewritten.py", f"sdpa_after_{stem}")
-    args, kwargs, inputs = ALL[case]
-    torch.manual_seed(0)
-    original = getattr(before, name)(*args, **kwargs)
-    rewritten = getattr(after, name)(*args, **kwargs)
-    rewritten.load_state_dict(original.state_dict())
-    assert list(rewritten.state_dict()) == list(original.state_dict())
-    original.train(train), rewritten.train(train)
-    torch.manual_seed(1)
-    xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs()]
-    results = []
-    for model in (original, rewritten):
-        torch.manual_seed(2)  # (the same dropout draws)
-        with count_kernel_calls() as calls:
-            out = model(*xs)
-        out.pow(2).sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()] + [xs[0].grad.clone()]
-        xs[0].grad = None
-        results.append((out.detach(), grads, calls))
-    (out_a, grads_a, _), (out_b, grads_b, calls) = results
-    # float32 rounding of a different order of operations, relative to each tensor's scale (a
-    # weight gradient of magnitude 37 differs by 3e-5 at one element on some CPUs)
-    def close(b, a):
-        torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
-
-    close(out_b, out_a)
-    for a, b in zip(grads_a, grads_b):
-        close(b, a)
+    original, _, (out_a, grads_a), (out_b, grads_b), calls = _run_pair(stem, name, ALL[case], train)
+    for a, b in zip([out_a, *grads_a], [out_b, *grads_b], strict=True):
+        _close(b, a)
     paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
     draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules()) or (
         train and name == "EinsumAttention")
@@ -240,36 +261,15 @@ def test_masks_built_in_branches(case, train):
     the branch ran; eval and train, forward and backward, equal the source's, the branch taken and
     not. The fused path runs where no dropout is drawn; with dropout drawn the source's ops run,
     bitwise equal."""
-    name, taken = case
-    before = _load(FIXTURES / "positive_branch_masks.py", "sdpa_branch_before")
-    after = _load(SNAPSHOTS / "positive_branch_masks.rewritten.py", "sdpa_branch_after")
-    args, kwargs, inputs = BRANCH_MASKS[case]
-    torch.manual_seed(0)
-    original = getattr(before, name)(*args, **kwargs).train(train)
-    rewritten = getattr(after, name)(*args, **kwargs).train(train)
-    rewritten.load_state_dict(original.state_dict())
-    torch.manual_seed(1)
-    xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs()]
-    results = []
-    for model in (original, rewritten):
-        torch.manual_seed(2)  # (the same dropout draws)
-        with count_kernel_calls() as calls:
-            out = model(*xs)
-        out.pow(2).sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone() for x in xs if x.requires_grad]
-        for x in xs:
-            x.grad = None
-        results.append((out.detach(), grads, calls))
-    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    name, _taken = case
+    original, _, (out_a, grads_a), (out_b, grads_b), calls = _run_pair(
+        "positive_branch_masks", name, BRANCH_MASKS[case], train)
     paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
     draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules())
     assert paths == ({False} if draws else {True}), calls.calls
-    if draws:  # the source's ops with the user's dropout
-        assert torch.equal(out_b, out_a) and all(torch.equal(b, a) for a, b in zip(grads_a, grads_b))
-    else:
-        torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
-        for a, b in zip(grads_a, grads_b):
-            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    for a, b in zip([out_a, *grads_a], [out_b, *grads_b], strict=True):
+        # (the source's ops with the user's dropout where it is drawn)
+        (_equal if draws else _close)(b, a)
     assert not math.isnan(out_b.sum().item())
 
 
@@ -356,38 +356,15 @@ def test_masks_bound_in_their_branch(case, train):
     train, forward and backward, equal the source's, the branch taken and not; fused where no
     dropout is drawn, the source's ops (bitwise) where it is."""
     name, _ = case
-    before = _load(FIXTURES / "positive_branch_bound.py", "sdpa_bound_before")
-    after = _load(SNAPSHOTS / "positive_branch_bound.rewritten.py", "sdpa_bound_after")
-    args, kwargs, inputs = BRANCH_BOUND[case]
-    torch.manual_seed(0)
-    original = getattr(before, name)(*args, **kwargs).train(train)
-    rewritten = getattr(after, name)(*args, **kwargs).train(train)
-    rewritten.load_state_dict(original.state_dict())
-    torch.manual_seed(1)
-    xs = inputs()
-    grad_inputs = [x for x in xs[:3] if x is not None and x.is_floating_point()]
-    for x in grad_inputs:
-        x.requires_grad_()
-    results = []
-    for model in (original, rewritten):
-        torch.manual_seed(2)  # (the same dropout draws)
-        with count_kernel_calls() as calls:
-            out = model(*xs)
-        out.pow(2).sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone() for x in grad_inputs]
-        for x in grad_inputs:
-            x.grad = None
-        results.append((out.detach(), grads, calls))
-    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    original, rewritten, (out_a, grads_a), (out_b, grads_b), calls = _run_pair(
+        "positive_branch_bound", name, BRANCH_BOUND[case], train, tracked=lambda xs: _floats(xs[:3]))
     assert getattr(rewritten, "checks", 1) == getattr(original, "checks", 1) == 1
     paths = {c.fused for c in calls.calls if c.kernel == "sdpa"}
     draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules())
     assert paths == ({False} if draws else {True}), calls.calls
-    if draws:  # the source's ops with the user's dropout
-        assert torch.equal(out_b, out_a) and all(torch.equal(b, a) for a, b in zip(grads_a, grads_b))
-    else:  # (float32 rounding of another order of operations, relative to each tensor's scale)
-        for a, b in zip([out_a, *grads_a], [out_b, *grads_b]):
-            torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
+    for a, b in zip([out_a, *grads_a], [out_b, *grads_b], strict=True):
+        # (the source's ops with the user's dropout where it is drawn)
+        (_equal if draws else _close)(b, a)
     assert not math.isnan(out_b.sum().item())
 
 
@@ -433,28 +410,8 @@ def test_folded_heads_and_permuted_keys(name, train):
     tensors is ``bmm``; ``baddbmm``'s alpha with beta=0 is the product's scale, to the bit on CPU,
     forward — its backward scales the gradient in another order than ``(q @ kᵀ) * alpha``'s:
     float32 rounding)."""
-    stem = "positive_bmm_permute"
-    before = _load(FIXTURES / f"{stem}.py", f"sdpa_before_{stem}")
-    after = _load(SNAPSHOTS / f"{stem}.rewritten.py", f"sdpa_after_{stem}")
-    args, kwargs, inputs = BMM_PERMUTE[name]
-    torch.manual_seed(0)
-    original = getattr(before, name)(*args, **kwargs)
-    rewritten = getattr(after, name)(*args, **kwargs)
-    rewritten.load_state_dict(original.state_dict())
-    original.train(train), rewritten.train(train)
-    torch.manual_seed(1)
-    xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs()]
-    results = []
-    for model in (original, rewritten):
-        torch.manual_seed(2)  # (the same dropout draws)
-        with count_kernel_calls() as calls:
-            out = model(*xs)
-        out.pow(2).sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone() for x in xs if x.requires_grad]
-        for x in xs:
-            x.grad = None
-        results.append((out.detach(), grads, calls))
-    (out_a, grads_a, _), (out_b, grads_b, calls) = results
+    original, _, (out_a, grads_a), (out_b, grads_b), calls = _run_pair(
+        "positive_bmm_permute", name, BMM_PERMUTE[name], train)
     sdpa_calls = [c for c in calls.calls if c.kernel == "sdpa"]
     assert sdpa_calls, calls.calls
     draws = train and any(getattr(m, "p", 0) > 0 for m in original.modules())
@@ -462,14 +419,7 @@ def test_folded_heads_and_permuted_keys(name, train):
     assert {c.fused for c in sdpa_calls} == {fused}, calls.calls
     if name in FOLDED:
         assert out_b.shape == out_a.shape and out_b.dim() == 3
-    def close(b, a):
-        torch.testing.assert_close(b, a, atol=1e-5 * max(1.0, a.abs().max().item()), rtol=1e-4)
-
-    def equal(b, a):
-        assert torch.equal(b, a), (b - a).abs().max()
-
-    (close if fused else equal)(out_b, out_a)
-    assert len(grads_a) == len(grads_b)
-    for a, b in zip(grads_a, grads_b):
-        (close if fused or name == "ZeroBetaBaddbmm" else equal)(b, a)
+    (_close if fused else _equal)(out_b, out_a)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        (_close if fused or name == "ZeroBetaBaddbmm" else _equal)(b, a)
     assert not math.isnan(out_b.sum().item())

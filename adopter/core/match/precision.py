@@ -640,9 +640,8 @@ def _computes_chain(method: ast.AST, first: str, last: str) -> bool:
     through names and ``+`` only (the value may also be read elsewhere: timm's taps). A name keeps
     its latest binding in the method's own statements; a binding under a branch or loop is added
     to the ones it may have (so what is unsure counts as reaching: the refusal stays)."""
-    Env = dict  # name -> tuple of (value, the bindings its names read)
-
-    def reaches(expr: ast.AST, env: Env, depth: int = 0) -> bool:
+    # env: name -> tuple of (value, the env its names read)
+    def reaches(expr: ast.AST, env: dict, depth: int = 0) -> bool:
         if depth > 64:
             return True
         if _self_call_of(expr) == first:
@@ -653,13 +652,13 @@ def _computes_chain(method: ast.AST, first: str, last: str) -> bool:
             return reaches(expr.left, env, depth + 1) or reaches(expr.right, env, depth + 1)
         return False
 
-    def calls_last(node: ast.AST, env: Env) -> bool:
+    def calls_last(node: ast.AST, env: dict) -> bool:
         return any(_self_call_of(c) == last and c.args and reaches(c.args[0], env) for c in ast.walk(node))
 
-    def run(body: list, env: Env, nested: bool) -> bool:
+    def run(body: list, env: dict, nested: bool) -> bool:
         for stmt in body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                if run(getattr(stmt, "body", []), env, True):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if run(stmt.body, env, True):
                     return True
                 continue
             blocks = [v for f, v in ast.iter_fields(stmt) if f in ("body", "orelse", "finalbody", "handlers")]
